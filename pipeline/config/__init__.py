@@ -1,0 +1,103 @@
+"""Load `params.yaml` into frozen, validated stage configs.
+
+`load_config(path)` returns a `RunConfig` with one attribute per section. Errors name the
+file and the dotted key (`params.yaml: train.lr: Input should be greater than 0`).
+
+Command line: `python -m pipeline.config check [PATH]` prints `ok` or the errors (exit 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from pipeline.config.base import StageConfig
+from pipeline.config.sections import (
+    CurateConfig,
+    EvaluateConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunSection,
+    SandboxConfig,
+    SearchConfig,
+    SFTConfig,
+    TrainConfig,
+)
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+
+class ConfigError(ValueError):
+    """A params file that cannot be used; the message lists every problem, one per line."""
+
+
+class RunConfig(StageConfig):
+    """Every stage's config, one section each, as in params.yaml."""
+
+    run: RunSection = Field(default_factory=RunSection, description="Seed, tracking and output locations shared by all stages.")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The base policy model.")
+    curate: CurateConfig = Field(default_factory=CurateConfig, description="Dataset curation.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Code-interpreter service.")
+    search: SearchConfig = Field(default_factory=SearchConfig, description="Search service and cache.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Tool-augmented rollouts.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Rule-based rewards.")
+    sft: SFTConfig = Field(default_factory=SFTConfig, description="Cold-start supervised fine-tuning.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="RL training.")
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Benchmark evaluation.")
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"{source}: {key}: {msg}")
+    return "\n".join(lines)
+
+
+def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
+    """Validate a parsed params mapping; raises ConfigError naming every bad key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, source)) from None
+
+
+def load_config(path: str | Path = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read and validate a params file. `overrides` maps dotted keys to values (tests, CLIs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such params file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    return config_from_dict(data, str(path))
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "StageConfig",
+    "config_from_dict",
+    "load_config",
+    "DEFAULT_PARAMS",
+]

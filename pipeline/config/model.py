@@ -1,0 +1,19 @@
+"""Which base model the policy starts from."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.config.base import StageConfig
+
+
+class ModelConfig(StageConfig):
+    path: str = Field(
+        "smollm2-135m-instruct",
+        min_length=1,
+        description="A local Hugging Face directory, a hub id, or 'smollm2-135m-instruct' (the embedded GGUF default).",
+    )
+    base_dir: str = Field("models/base", min_length=1, description="Where prepare-model writes the safetensors copy of the base model.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype for training and rollouts.")

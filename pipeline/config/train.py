@@ -1,0 +1,49 @@
+"""RL training: the policy-gradient variant, optimiser and schedule."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from pipeline.config.base import StageConfig
+
+
+class DAPOLoss(StageConfig):
+    """DAPO: token-level loss, clip-higher, no KL, dynamic sampling."""
+
+    kind: Literal["dapo"] = "dapo"
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the importance ratio.")
+    eps_high: float = Field(0.28, ge=0.0, le=1.0, description="Upper clip range (clip-higher keeps entropy up).")
+    dual_clip: float = Field(10.0, gt=1.0, description="Dual-clip bound c for negative advantages.")
+    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards all agree and sample more.")
+
+
+class GRPOLoss(StageConfig):
+    """GRPO: sequence-mean loss, symmetric clip, optional KL to the reference policy."""
+
+    kind: Literal["grpo"] = "grpo"
+    eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL estimate to the reference model.")
+    std_normalize: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
+    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree.")
+
+
+LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
+
+
+class TrainConfig(StageConfig):
+    algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
+    steps: int = Field(4, ge=1, description="Optimiser steps (one rollout batch each).")
+    prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
+    max_gen_rounds: int = Field(3, ge=1, description="Dynamic sampling: most rollout rounds spent filling one batch.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
+    lr: float = Field(1e-6, gt=0.0, lt=1.0, description="AdamW peak learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+    gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
+    checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
+    output_dir: str = Field("models/policy", min_length=1, description="Final model and checkpoints.")
+    max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")

@@ -1,0 +1,211 @@
+"""Records passed between stages.
+
+Every stage hands the next one of these frozen dataclasses, never a dict. Sequence fields
+are tuples (immutable); tensor fields carry their shape in the name suffix
+(`_BT` = [batch, tokens]) and in a comment.
+
+Token spans are half-open `(start, end)` indices into `Trajectory.response_ids`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+ProblemType = Literal["math", "fact", "calculator", "complex", "multihop", "code"]
+PROBLEM_TYPES: tuple[str, ...] = ("math", "fact", "calculator", "complex", "multihop", "code")
+Split = Literal["train", "test", "validation"]
+ToolName = Literal["code", "search"]
+FinishReason = Literal["answer", "eos", "max_tokens", "max_turns", "error"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One question with its accepted answers.
+
+    `answers` holds every accepted gold string (aliases for fact questions; one exact
+    value for math and calculator problems). `type` selects the verifier and the tools a
+    prompt may offer; `source` names the data set it came from (e.g. "gsm8k", "nq",
+    "calculator") and routes rewards per TAPO Tables 4-5.
+    """
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    type: ProblemType
+    source: str
+    split: Split
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "question": self.question,
+            "answers": list(self.answers),
+            "type": self.type,
+            "source": self.source,
+            "split": self.split,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Problem:
+        """Build from a JSON row; raises ValueError naming the offending key."""
+        missing = [k for k in ("id", "question", "answers", "type", "source", "split") if k not in row]
+        if missing:
+            raise ValueError(f"missing key(s) {missing}")
+        answers = row["answers"]
+        if isinstance(answers, str):
+            answers = [answers]
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise ValueError("'answers' must be a string or a list of strings")
+        if row["type"] not in PROBLEM_TYPES:
+            raise ValueError(f"'type' is {row['type']!r}, expected one of {PROBLEM_TYPES}")
+        return cls(
+            id=str(row["id"]),
+            question=str(row["question"]),
+            answers=tuple(answers),
+            type=row["type"],
+            source=str(row["source"]),
+            split=row["split"],
+            meta=dict(row.get("meta") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool returned. Failures are observations, never exceptions.
+
+    `output` is the text shown to the model (for a failed code run: stdout plus the last
+    traceback line, ToRL-style). `error` is None on success, else a short reason.
+    `status` is the service's own verdict (e.g. "ok", "error", "timeout", "memory",
+    "rejected", "unavailable").
+    """
+
+    output: str
+    ok: bool
+    status: str = "ok"
+    error: str | None = None
+    latency_s: float = 0.0
+
+    @classmethod
+    def failure(cls, message: str, status: str = "error", latency_s: float = 0.0) -> ToolResult:
+        return cls(output=message, ok=False, status=status, error=message, latency_s=latency_s)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call inside a trajectory.
+
+    `call_span`: response-token span of the model's call (e.g. `<code>...</code>`), mask 1.
+    `output_span`: response-token span of the inserted tool output (`<response>...</response>`), mask 0.
+    """
+
+    tool: ToolName
+    input: str
+    result: ToolResult
+    call_span: tuple[int, int]
+    output_span: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sampled response to one prompt, with tool outputs spliced in.
+
+    Invariants (tested): len(response_ids) == len(loss_mask) == len(logprobs);
+    loss_mask is 1 exactly on sampled tokens and 0 on tool-output tokens;
+    logprobs are the sampling log-probs of sampled tokens (0.0 where mask is 0).
+    """
+
+    problem_id: str
+    prompt_ids: tuple[int, ...]  # [P] chat-templated prompt
+    response_ids: tuple[int, ...]  # [R] sampled tokens and tool-output tokens, in order
+    loss_mask: tuple[int, ...]  # [R] 1 = sampled by the policy, 0 = inserted tool output
+    logprobs: tuple[float, ...]  # [R] log pi_old(token) at sampling time; 0.0 where mask is 0
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: FinishReason
+    text: str  # the decoded response, tool outputs included
+    turns: int  # generation segments (1 + number of tool calls answered)
+
+    @property
+    def policy_token_count(self) -> int:
+        return sum(self.loss_mask)
+
+    def calls_of(self, tool: ToolName) -> int:
+        return sum(1 for c in self.tool_calls if c.tool == tool)
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """The reward of one trajectory, term by term, for logging. `total` is what trains."""
+
+    format_ok: bool
+    accuracy: float  # f_T(o, gt) in [0, 1] (0 when the format is wrong)
+    format: float  # 0, or the format penalty (TAPO Eq. 7: -1) when the format is wrong
+    length: float  # overlong shaping over policy tokens (TAPO Eq. 9), <= 0
+    code_penalty: float = 0.0  # ToRL: -0.5 when a code call failed to execute, else 0
+    entropy: float = 0.0  # TEPO shaping term added to the total
+    total: float = 0.0
+    predicted: str | None = None
+
+    @property
+    def correct(self) -> bool:
+        return self.accuracy > 0.9
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Group:
+    """G trajectories sampled for one problem (the unit of group-relative advantages)."""
+
+    problem: Problem
+    trajectories: tuple[Trajectory, ...]
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """A group with one reward per trajectory."""
+
+    group: Group
+    rewards: tuple[RewardBreakdown, ...]  # [G]
+
+    @property
+    def totals(self) -> tuple[float, ...]:
+        return tuple(r.total for r in self.rewards)
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Right-padded tensors for one optimisation step (B = trajectories, T = prompt + response).
+
+    `loss_mask_BT` is 1 on sampled response tokens only (prompt, tool output and padding
+    are 0). `n_policy_tokens` is the global count of mask-1 tokens over the whole batch,
+    the single normaliser of the token-level loss (DAPO), so micro-batching cannot change
+    the gradient.
+    """
+
+    input_ids_BT: torch.Tensor  # [B, T] long
+    attention_mask_BT: torch.Tensor  # [B, T] long
+    loss_mask_BT: torch.Tensor  # [B, T] float
+    old_logprobs_BT: torch.Tensor  # [B, T] float, sampling log-probs aligned with input_ids
+    advantages_BT: torch.Tensor  # [B, T] float, per-token advantage (0 where loss_mask is 0)
+    n_policy_tokens: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids_BT.shape[0])
+
+    def select(self, rows: slice | list[int]) -> TrainBatch:
+        """A micro-batch: same global normaliser, subset of rows."""
+        return TrainBatch(
+            input_ids_BT=self.input_ids_BT[rows],
+            attention_mask_BT=self.attention_mask_BT[rows],
+            loss_mask_BT=self.loss_mask_BT[rows],
+            old_logprobs_BT=self.old_logprobs_BT[rows],
+            advantages_BT=self.advantages_BT[rows],
+            n_policy_tokens=self.n_policy_tokens,
+        )

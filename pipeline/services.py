@@ -1,0 +1,132 @@
+"""Start and stop the tool services as child processes on 127.0.0.1.
+
+Used by the services flow and by tests. A `ServiceProcess` runs a command, waits until
+its health URL answers (or a TCP port accepts, for Redis), and on `stop()` terminates
+the whole process group, so nothing outlives the run. Output goes to a log file whose
+tail is quoted when start-up fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A currently unused TCP port on loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((LOOPBACK, port)) == 0
+
+
+@dataclass
+class ServiceProcess:
+    """A child service. `url` is its base URL (http://... or redis://...)."""
+
+    name: str
+    command: list[str]
+    port: int
+    log_path: Path
+    health_path: str | None = "/health"  # None: ready when the TCP port accepts
+    scheme: str = "http"
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{LOOPBACK}:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+            start_new_session=True,  # own process group: stop() kills children too
+        )
+        log.close()
+        self._wait_ready(timeout_s)
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.process.returncode} during start-up:\n{self.log_tail()}")
+            if self._healthy():
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f}s on port {self.port}:\n{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        if self.health_path is None:
+            return _port_open(self.port)
+        try:
+            return httpx.get(self.url + self.health_path, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log_tail(self, n_lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n_lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(grace_s)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> ServiceProcess:
+        return self if self.process is not None else self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def redis_service(data_dir: Path, port: int | None = None) -> ServiceProcess:
+    """A private redis-server on loopback with its own data directory (AOF on, so it survives restarts)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise FileNotFoundError("redis-server not found: run ./setup.sh as root, or apt-get install redis-server")
+    port = port or free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        binary, "--bind", LOOPBACK, "--port", str(port), "--dir", str(data_dir),
+        "--appendonly", "yes", "--save", "", "--protected-mode", "yes", "--daemonize", "no",
+    ]
+    return ServiceProcess("redis", command, port, data_dir / "redis.log", health_path=None, scheme="redis")
+
+
+def python_service(name: str, module: str, args: list[str], port: int, log_dir: Path) -> ServiceProcess:
+    """A `python -m module --host 127.0.0.1 --port PORT ...` service from this environment."""
+    command = [sys.executable, "-m", module, "--host", LOOPBACK, "--port", str(port), *args]
+    return ServiceProcess(name, command, port, log_dir / f"{name}.log")

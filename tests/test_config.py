@@ -1,0 +1,77 @@
+"""params.yaml loads into frozen configs; bad keys, types and ranges name the key and the file."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pydantic
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, load_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_default_params_load(repo_root: Path) -> None:
+    cfg = load_config(repo_root / "params.yaml")
+    assert cfg.model.path == "smollm2-135m-instruct"
+    assert cfg.train.algorithm.kind == "dapo"
+
+
+def test_config_is_frozen(repo_root: Path) -> None:
+    cfg = load_config(repo_root / "params.yaml")
+    with pytest.raises(pydantic.ValidationError):
+        cfg.train.lr = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("train:\n  stepz: 3\n", "train.stepz: unknown key"),
+        ("train:\n  lr: fast\n", "train.lr"),
+        ("train:\n  lr: -1.0\n", "train.lr"),
+        ("rollout:\n  group_size: 0\n", "rollout.group_size"),
+        ("bogus_section: {}\n", "bogus_section: unknown key"),
+        ("train:\n  algorithm:\n    kind: ppo\n", "train.algorithm"),
+        ("rollout:\n  max_policy_tokens: 4096\n  max_total_tokens: 1024\n", "rollout"),
+    ],
+)
+def test_bad_values_name_key_and_file(tmp_path: Path, text: str, needle: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert needle in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such params file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_params_yaml_mirrors_every_field(repo_root: Path) -> None:
+    """Every config field appears in params.yaml, so the file documents the whole run."""
+    data = yaml.safe_load((repo_root / "params.yaml").read_text())
+    cfg = load_config(repo_root / "params.yaml")
+    dumped = cfg.model_dump()
+    assert set(dumped) == set(data)
+    for section, fields in dumped.items():
+        assert set(fields) == set(data[section]), section
+
+
+def test_cli_check(repo_root: Path, tmp_path: Path) -> None:
+    ok = subprocess.run([sys.executable, "-m", "pipeline.config", "check", str(repo_root / "params.yaml")],
+                        capture_output=True, text=True, cwd=repo_root)
+    assert ok.returncode == 0 and ok.stdout.strip() == "ok"
+    bad = _write(tmp_path, (repo_root / "params.yaml").read_text().replace("  steps:", "  stepz:"))
+    res = subprocess.run([sys.executable, "-m", "pipeline.config", "check", str(bad)],
+                         capture_output=True, text=True, cwd=repo_root)
+    assert res.returncode == 1
+    assert "train.stepz" in res.stderr

@@ -1,4 +1,4 @@
-"""The search service and its Redis cache."""
+"""The search service, its backends and its Redis cache."""
 
 from __future__ import annotations
 
@@ -15,3 +15,17 @@ class SearchConfig(StageConfig):
     backend: Literal["local-bm25", "serper"] = Field("local-bm25", description="Where results come from.")
     redis_url: str = Field("", description="Redis for the cache; empty = the services flow starts a private one.")
     top_k: int = Field(3, ge=1, le=50, description="Results per query.")
+    corpus_path: str = Field("", description="Corpus for the local BM25 index; empty = the Wikipedia dump excerpt in the gensim wheel.")
+    corpus_format: Literal["wikidump", "jsonl", "kilt", "wiki18"] = Field(
+        "wikidump", description="Format of corpus_path: MediaWiki XML dump, {id,title,text} JSONL, KILT pages, or wiki-18 JSONL.")
+    passage_words: int = Field(100, ge=10, le=2000, description="Long texts are cut into passages of about this many words.")
+    index_dir: str = Field("data/search/index", description="Where the build-index stage writes the BM25 index and the service reads it.")
+    cache_ttl_s: int = Field(604800, ge=1, description="Seconds a cached result lives in Redis (TAPO: 7 days).")
+    fuzzy: bool = Field(True, description="Serve guarded fuzzy cache hits; false = exact hits only.")
+    fuzzy_threshold: float = Field(0.9, ge=0.5, le=1.0, description="Minimum Indel similarity (difflib-style ratio) of a fuzzy hit.")
+    max_query_chars: int = Field(512, ge=8, le=10000, description="Longer queries are refused with HTTP 413.")
+    backend_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one backend call.")
+    backend_retries: int = Field(2, ge=0, le=10, description="Retries of a failed backend call before answering 502/503.")
+    serper_url: str = Field("https://google.serper.dev/search", description="Serper search endpoint.")
+    serper_api_key_env: str = Field("SERPER_API_KEY", description="Environment variable that holds the Serper API key.")
+    serper_rate_per_s: float = Field(5.0, gt=0, le=1000, description="Maximum Serper requests per second from one service.")

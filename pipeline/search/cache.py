@@ -1,0 +1,185 @@
+"""The search cache: exact then guarded fuzzy lookups in Redis, degrading to "off" when Redis is down.
+
+Layout in Redis (all keys under `namespace`, default "tapo:search:v1"):
+- `{ns}:r:{sha1(backend, top_k, normalised query)}` -> JSON `{"query", "results"}` with a TTL;
+- `{ns}:z:{backend}:{top_k}` sorted set: member = normalised query, score = its expiry time (epoch s).
+
+The sorted set is what makes the fuzzy index survive a restart: on connect (and on every reconnect)
+the live members are loaded into an in-process `FuzzyIndex` per (backend, top_k), and expired ones
+are pruned. Writes go to Redis and to the local index. Entries written by another service process
+are found by the exact lookup at once and by the fuzzy lookup after this process's next reload.
+
+When a Redis call fails (refused, timeout), the cache switches to "off", logs once, and every request
+is served uncached; at most once per `retry_s` a request probes Redis with PING and, when it answers,
+reloads the index and switches back on. Deviation from TAPO: TAPO caches pickled strings keyed by md5
+of the raw query and has no index or outage handling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from pipeline.search.fuzzy import FuzzyIndex
+from pipeline.search.results import Passage
+
+log = logging.getLogger(__name__)
+
+CacheOutcome = Literal["exact", "fuzzy", "miss", "off"]
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    outcome: CacheOutcome
+    results: tuple[Passage, ...] | None = None
+    matched_query: str | None = None
+
+
+@dataclass
+class CacheCounters:
+    exact_hits: int = 0
+    fuzzy_hits: int = 0
+    misses: int = 0
+    off: int = 0
+
+
+class SearchCache:
+    """Exact + guarded fuzzy cache in Redis. Create, then `await connect()`; never raises on Redis failures."""
+
+    def __init__(self, redis_url: str, *, ttl_s: int, fuzzy_threshold: float, fuzzy: bool = True,
+                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 0.5) -> None:
+        self.ttl_s = ttl_s
+        self.fuzzy_threshold = fuzzy_threshold
+        self.fuzzy = fuzzy
+        self.namespace = namespace
+        self.retry_s = retry_s
+        self.counters = CacheCounters()
+        self._redis = aioredis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                        decode_responses=True) if redis_url else None
+        self._indexes: dict[tuple[str, int], FuzzyIndex] = {}
+        self._online = False
+        self._next_probe = 0.0
+
+    @property
+    def online(self) -> bool:
+        return self._online
+
+    def size(self) -> int:
+        return sum(len(index) for index in self._indexes.values())
+
+    def _result_key(self, backend: str, top_k: int, normalized: str) -> str:
+        digest = hashlib.sha1(f"{backend}\x00{top_k}\x00{normalized}".encode()).hexdigest()
+        return f"{self.namespace}:r:{digest}"
+
+    def _index_key(self, backend: str, top_k: int) -> str:
+        return f"{self.namespace}:z:{backend}:{top_k}"
+
+    def _index(self, backend: str, top_k: int) -> FuzzyIndex:
+        key = (backend, top_k)
+        if key not in self._indexes:
+            self._indexes[key] = FuzzyIndex(self.fuzzy_threshold)
+        return self._indexes[key]
+
+    def _went_down(self, err: Exception) -> None:
+        if self._online:
+            log.warning("search cache off: Redis unreachable (%s); serving uncached until it answers", err)
+        self._online = False
+        self._next_probe = time.monotonic() + self.retry_s
+
+    async def connect(self) -> bool:
+        """Load the persisted index; True when Redis answered."""
+        if self._redis is None:
+            return False
+        try:
+            await self._redis.ping()
+            await self._reload()
+        except (RedisError, OSError) as err:
+            self._went_down(err)
+            return False
+        if not self._online:
+            log.info("search cache on: %d cached queries loaded", self.size())
+        self._online = True
+        return True
+
+    async def _reload(self) -> None:
+        now = time.time()
+        indexes: dict[tuple[str, int], FuzzyIndex] = {}
+        async for key in self._redis.scan_iter(match=f"{self.namespace}:z:*", count=1000):
+            backend, top_k = key.rsplit(":", 2)[-2:]
+            await self._redis.zremrangebyscore(key, "-inf", now)
+            index = indexes.setdefault((backend, int(top_k)), FuzzyIndex(self.fuzzy_threshold))
+            for member in await self._redis.zrange(key, 0, -1):
+                index.add(member)
+        self._indexes = indexes
+
+    async def _available(self) -> bool:
+        if self._online:
+            return True
+        if self._redis is None or time.monotonic() < self._next_probe:
+            return False
+        return await self.connect()
+
+    async def get(self, backend: str, top_k: int, normalized: str) -> CacheHit:
+        if not await self._available():
+            self.counters.off += 1
+            return CacheHit("off")
+        try:
+            hit = await self._lookup(backend, top_k, normalized)
+        except (RedisError, OSError) as err:
+            self._went_down(err)
+            self.counters.off += 1
+            return CacheHit("off")
+        if hit.outcome == "exact":
+            self.counters.exact_hits += 1
+        elif hit.outcome == "fuzzy":
+            self.counters.fuzzy_hits += 1
+        else:
+            self.counters.misses += 1
+        return hit
+
+    async def _lookup(self, backend: str, top_k: int, normalized: str) -> CacheHit:
+        stored = await self._redis.get(self._result_key(backend, top_k, normalized))
+        if stored is not None:
+            return CacheHit("exact", _decode(stored), normalized)
+        if not self.fuzzy:
+            return CacheHit("miss")
+        index = self._index(backend, top_k)
+        index.remove(normalized)  # it expired in Redis, or was never here
+        matched = index.lookup(normalized)
+        if matched is None:
+            return CacheHit("miss")
+        stored = await self._redis.get(self._result_key(backend, top_k, matched))
+        if stored is None:
+            index.remove(matched)  # expired since it was indexed
+            return CacheHit("miss")
+        return CacheHit("fuzzy", _decode(stored), matched)
+
+    async def put(self, backend: str, top_k: int, normalized: str, results: tuple[Passage, ...]) -> None:
+        """Store results; a Redis failure only switches the cache off."""
+        if not self._online or not results:
+            return
+        payload = json.dumps({"query": normalized, "results": [p.to_dict() for p in results]})
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(self._result_key(backend, top_k, normalized), payload, ex=self.ttl_s)
+                pipe.zadd(self._index_key(backend, top_k), {normalized: time.time() + self.ttl_s})
+                await pipe.execute()
+        except (RedisError, OSError) as err:
+            self._went_down(err)
+            return
+        self._index(backend, top_k).add(normalized)
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+def _decode(stored: str) -> tuple[Passage, ...]:
+    return tuple(Passage.from_dict(row) for row in json.loads(stored)["results"])

@@ -1,0 +1,105 @@
+"""A candidate index over cached queries, so a fuzzy lookup never scans every key.
+
+TAPO's cache SCANs up to 200 Redis keys and runs difflib on each: slow (seconds at 100k keys with a
+full scan) and arbitrary (it only sees whichever 200 keys SCAN returns). This index finds every
+cached query that can pass the guard of `pipeline.search.normalize.may_merge`, and only those:
+
+- Rule 2 of the guard says a match has the same words as the query, except at most one typo'd word
+  (or the same words joined differently: a spacing variant). So a match contains at least
+  (m - 1) of the query's m words exactly, and therefore at least 2 of its 3 rarest words
+  (or 1 of its 2 when m = 2). Postings (word -> sorted entry ids) are intersected with numpy.
+- A one-word query may be one typo away from a one-word entry: one-word entries are also indexed
+  under their single-deletion variants (SymSpell), which catch any single edit.
+- Spacing variants are found through a dict keyed by the words joined without spaces.
+
+Candidates are ranked with rapidfuzz's C++ `fuzz.ratio` and the best one that passes the guard wins.
+`max_candidates` bounds the work for queries made only of very common words (documented trade-off:
+such a query may miss a fuzzy hit, never get a wrong one).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import defaultdict
+
+import numpy as np
+from rapidfuzz import fuzz, process
+
+from pipeline.search.normalize import TYPO_MIN_LETTERS, QueryTerms, may_merge, query_terms
+
+
+def _deletions(word: str) -> set[str]:
+    return {word[:i] + word[i + 1 :] for i in range(len(word))} | {word}
+
+
+class FuzzyIndex:
+    """Normalised cached queries with a guarded nearest-match lookup. Not thread-safe; one per event loop."""
+
+    def __init__(self, threshold: float = 0.9, max_candidates: int = 5000) -> None:
+        self.threshold = threshold
+        self.max_candidates = max_candidates
+        self._texts: list[str | None] = []  # entry id -> normalised query (None once removed)
+        self._ids: dict[str, int] = {}
+        self._postings: dict[str, array] = defaultdict(lambda: array("I"))
+        self._compact: dict[str, list[int]] = defaultdict(list)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __contains__(self, normalized: str) -> bool:
+        return normalized in self._ids
+
+    def add(self, normalized: str) -> None:
+        if normalized in self._ids or not normalized:
+            return
+        entry = len(self._texts)
+        self._texts.append(normalized)
+        self._ids[normalized] = entry
+        terms = query_terms(normalized)
+        for word in set(terms.words):
+            self._postings[word].append(entry)
+        if len(terms.words) == 1 and len(terms.words[0]) >= TYPO_MIN_LETTERS:
+            for variant in _deletions(terms.words[0]):
+                self._postings["\x00" + variant].append(entry)
+        self._compact[terms.compact].append(entry)
+
+    def remove(self, normalized: str) -> None:
+        """Forget an entry (expired in Redis). Its postings stay; lookups skip removed ids."""
+        entry = self._ids.pop(normalized, None)
+        if entry is not None:
+            self._texts[entry] = None
+
+    def _posting(self, key: str) -> np.ndarray:
+        found = self._postings.get(key)
+        if found is None:
+            return np.empty(0, dtype=np.uint32)
+        return np.frombuffer(found, dtype=np.uint32)
+
+    def _candidate_ids(self, terms: QueryTerms) -> np.ndarray:
+        words = sorted(set(terms.words), key=lambda w: len(self._postings.get(w, ())))
+        if len(words) >= 3:
+            p1, p2, p3 = (self._posting(w) for w in words[:3])
+            pairs = [np.intersect1d(x, y, assume_unique=True) for x, y in ((p1, p2), (p1, p3), (p2, p3))]
+            found = np.concatenate(pairs)
+        elif len(words) == 2:
+            found = np.concatenate([self._posting(words[0]), self._posting(words[1])])
+        elif len(words) == 1 and len(words[0]) >= TYPO_MIN_LETTERS:
+            found = np.concatenate([self._posting("\x00" + v) for v in _deletions(words[0])])
+        else:
+            found = np.concatenate([self._posting(w) for w in words] or [np.empty(0, dtype=np.uint32)])
+        spaced = np.asarray(self._compact.get(terms.compact, ()), dtype=np.uint32)
+        ids = np.unique(np.concatenate([found, spaced]))
+        return ids[: self.max_candidates]
+
+    def lookup(self, normalized: str) -> str | None:
+        """The cached query that may answer `normalized` (never itself), or None."""
+        terms = query_terms(normalized)
+        texts = [t for t in (self._texts[i] for i in self._candidate_ids(terms)) if t is not None and t != normalized]
+        if not texts:
+            return None
+        ranked = process.extract(normalized, texts, scorer=fuzz.ratio, limit=None,
+                                 score_cutoff=self.threshold * 100.0)
+        for text, _score, _pos in ranked:
+            if may_merge(terms, query_terms(text), self.threshold):
+                return text
+        return None

@@ -1,0 +1,138 @@
+"""Query normalisation and the guard that decides whether two cached queries may share results.
+
+`normalize_query` gives the exact-cache key text: Unicode NFKC, lower case, hyphens/slashes/dashes
+turned into spaces, other punctuation dropped (a decimal point between digits is kept, so "3.5"
+never becomes "35"; thousands commas go, so "1,000" == "1000"; "#%&@" and symbols such as "+" stay,
+so "c#" and "c++" keep apart from "c"), whitespace collapsed.
+
+`may_merge(a, b)` is the fuzzy rule. TAPO accepts any cached query whose difflib ratio is >= 0.9,
+which merges "population of china in 2010" with "... in 2020" and "world war i" with "world war ii".
+Here a fuzzy hit needs ALL of:
+
+1. every number token (anything with a digit: "2010", "1990s", "3.5", "19th") and every Roman
+   numeral token ("i", "ii", "iv", "xiv", ...) identical, in the same order;
+2. the same words in the same order once articles (a, an, the) are dropped, where two words count as
+   the same when they are equal after plural stripping ("presidents" = "president",
+   "countries" = "country"), or when both have >= 5 letters, start with the same letter and are one
+   edit apart (insert, delete, substitute, swap neighbours): "einstien" = "einstein". At most one
+   such typo per query. Words under 5 letters ("who"/"how", "is"/"was", "not", "of") must match
+   exactly, which keeps question words, tense and negation apart;
+   - spacing variants pass too: the words, joined without spaces, are equal ("new york" = "newyork");
+3. the Indel similarity of the normalised strings (rapidfuzz `fuzz.ratio`, the same number as
+   difflib's ratio on these inputs) is at least the threshold (0.9 by default).
+
+So "austria"/"australia" (two edits), "2010"/"2020", "war i"/"war ii", "is"/"is not" never merge.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from rapidfuzz import fuzz
+from rapidfuzz.distance import OSA
+
+ARTICLES = frozenset({"a", "an", "the"})
+TYPO_MIN_LETTERS = 5
+
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+# Punctuation that changes what is asked ("c#" vs "c", "at&t", "100%") is kept.
+_KEPT_PUNCTUATION = frozenset("#%&@")
+_SEPARATORS = re.compile(r"[-\u2010-\u2015/\\_]+")
+_ROMAN = re.compile(r"^(?=[mdclxvi]+$)m{0,4}(cm|cd|d?c{0,3})(xc|xl|l?x{0,3})(ix|iv|v?i{0,3})$")
+
+
+def _drop_punctuation(text: str) -> str:
+    out = []
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch).startswith("P") and ch not in _KEPT_PUNCTUATION:
+            # A decimal point between two digits is part of the number.
+            if ch == "." and 0 < i < len(text) - 1 and text[i - 1].isdigit() and text[i + 1].isdigit():
+                out.append(ch)
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
+def normalize_query(query: str) -> str:
+    """The cache key text of a query (see the module docstring)."""
+    text = unicodedata.normalize("NFKC", query).lower()
+    text = _THOUSANDS.sub("", text)
+    text = _SEPARATORS.sub(" ", text)
+    text = _drop_punctuation(text)
+    return " ".join(text.split())
+
+
+def plural_stem(word: str) -> str:
+    """Strip an English plural/possessive ending; applied to both sides, so over-stripping is harmless."""
+    if any(ch.isdigit() for ch in word) or len(word) < 4:
+        return word
+    if word.endswith("ies") and len(word) >= 5:
+        return word[:-3] + "y"
+    if word.endswith(("ches", "shes", "sses", "xes", "zes")):
+        return word[:-2]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        return word[:-1]
+    return word
+
+
+def is_numeric_token(token: str) -> bool:
+    """Numbers and Roman numerals: tokens that must be identical for a fuzzy merge."""
+    return any(ch.isdigit() for ch in token) or bool(_ROMAN.match(token))
+
+
+@dataclass(frozen=True)
+class QueryTerms:
+    """The parts of a normalised query the guard compares."""
+
+    text: str  # normalised query
+    words: tuple[str, ...]  # non-article tokens, plural-stemmed (numbers kept verbatim)
+    numbers: tuple[str, ...]  # number and Roman-numeral tokens, in order
+
+    @property
+    def compact(self) -> str:
+        return "".join(self.words)
+
+
+def query_terms(normalized: str) -> QueryTerms:
+    tokens = [t for t in normalized.split() if t not in ARTICLES]
+    return QueryTerms(
+        text=normalized,
+        words=tuple(plural_stem(t) for t in tokens),
+        numbers=tuple(t for t in tokens if is_numeric_token(t)),
+    )
+
+
+def _same_word_or_typo(a: str, b: str) -> tuple[bool, bool]:
+    """(acceptable, is_typo) for one aligned word pair."""
+    if a == b:
+        return True, False
+    if is_numeric_token(a) or is_numeric_token(b):
+        return False, False
+    long_enough = len(a) >= TYPO_MIN_LETTERS and len(b) >= TYPO_MIN_LETTERS
+    if long_enough and a[0] == b[0] and OSA.distance(a, b, score_cutoff=1) <= 1:
+        return True, True
+    return False, False
+
+
+def words_match(a: QueryTerms, b: QueryTerms) -> bool:
+    """Rule 2 of the module docstring: aligned words equal up to plural and one typo, or spacing."""
+    if a.compact == b.compact:
+        return True
+    if len(a.words) != len(b.words):
+        return False
+    typos = 0
+    for wa, wb in zip(a.words, b.words):
+        ok, typo = _same_word_or_typo(wa, wb)
+        if not ok:
+            return False
+        typos += typo
+    return typos <= 1
+
+
+def may_merge(a: QueryTerms, b: QueryTerms, threshold: float) -> bool:
+    """Whether a cached result for `b` may answer query `a` (the full rule of the module docstring)."""
+    if a.numbers != b.numbers or not words_match(a, b):
+        return False
+    return fuzz.ratio(a.text, b.text, score_cutoff=threshold * 100.0) > 0.0

@@ -1,0 +1,90 @@
+"""Async client of the search service, as a rollout `Tool`.
+
+`await client(query)` returns a `ToolResult` whose output is what the model reads, formatted like
+Search-R1's `_passages2string` / TAPO's Serper formatter: "Doc 1 (Title: ...) text" lines. It never
+raises: an unreachable or failing service (after `retries` retries with back-off) gives
+`ToolResult.failure(..., status="unavailable")`; a query the service refuses (empty, too long) gives
+status "rejected" without retrying; no results gives an ok result saying nothing was found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from pipeline.config.search import SearchConfig
+from pipeline.types import ToolResult
+
+RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+def format_results(results: list[dict]) -> str:
+    return "\n".join(f"Doc {i} (Title: {r.get('title', '')}) {r.get('text', '')}" for i, r in enumerate(results, 1))
+
+
+class SearchClient:
+    name = "search"
+
+    def __init__(self, url: str, *, top_k: int = 3, timeout_s: float = 10.0, concurrency: int = 8,
+                 retries: int = 2) -> None:
+        self.url = url.rstrip("/")
+        self.top_k = top_k
+        self.retries = retries
+        self._limit = asyncio.Semaphore(concurrency)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
+
+    @classmethod
+    def from_config(cls, cfg: SearchConfig, url: str) -> SearchClient:
+        # The service itself retries the backend; the client's timeout covers all of those attempts.
+        timeout_s = cfg.backend_timeout_s * (cfg.backend_retries + 1) + 5.0
+        return cls(url, top_k=cfg.top_k, timeout_s=timeout_s, retries=2)
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        started = time.perf_counter()
+        query = call_input.strip()
+        if not query:
+            return ToolResult.failure("empty search query", status="rejected")
+        async with self._limit:
+            result = await self._search_with_retries(query)
+        return ToolResult(result.output, result.ok, result.status, result.error, time.perf_counter() - started)
+
+    async def _search_with_retries(self, query: str) -> ToolResult:
+        failure = ToolResult.failure("search service unavailable", status="unavailable")
+        for attempt in range(self.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
+            try:
+                response = await self._http.post(f"{self.url}/search", json={"query": query, "top_k": self.top_k})
+            except httpx.HTTPError as err:
+                failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}", status="unavailable")
+                continue
+            if response.status_code in RETRYABLE_STATUS:
+                failure = ToolResult.failure(f"search failed: HTTP {response.status_code} {_detail(response)}",
+                                             status="unavailable")
+                continue
+            if response.status_code != 200:
+                return ToolResult.failure(f"search refused the query: {_detail(response)}", status="rejected")
+            return _parse(response)
+        return failure
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", ""))[:300]
+    except (ValueError, AttributeError):
+        return response.text[:300]
+
+
+def _parse(response: httpx.Response) -> ToolResult:
+    try:
+        results = response.json()["results"]
+    except (ValueError, KeyError, TypeError):
+        return ToolResult.failure("search service sent a malformed answer", status="unavailable")
+    if not results:
+        return ToolResult("No results found.", ok=True)
+    return ToolResult(format_results(results), ok=True)

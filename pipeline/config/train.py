@@ -20,11 +20,10 @@ class DAPOLoss(StageConfig):
 
 
 class GRPOLoss(StageConfig):
-    """GRPO: sequence-mean loss, symmetric clip, optional KL to the reference policy."""
+    """GRPO: sequence-mean loss, symmetric clip (Dr.GRPO: std_normalize false)."""
 
     kind: Literal["grpo"] = "grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
-    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL estimate to the reference model.")
     std_normalize: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree.")
 
@@ -46,4 +45,7 @@ class TrainConfig(StageConfig):
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     output_dir: str = Field("models/policy", min_length=1, description="Final model and checkpoints.")
+    logprobs_source: Literal["rollout", "recompute"] = Field(
+        "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
+    )
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")

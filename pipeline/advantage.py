@@ -1,0 +1,27 @@
+"""Group-relative advantages and DAPO's dynamic sampling (pure functions).
+
+Departures from GRPO: none by default; `std_normalize=False` gives Dr.GRPO's (r - mean),
+which does not up-weight groups whose rewards barely differ.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.types import ScoredGroup
+
+STD_EPS = 1e-6
+
+
+def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarray:
+    """A_i = (r_i - mean(r)) [/ (std(r) + eps)] over one group; shape [G]."""
+    centred = rewards_G - rewards_G.mean()
+    if not std_normalize:
+        return centred
+    return centred / (rewards_G.std() + STD_EPS)
+
+
+def is_informative(group: ScoredGroup) -> bool:
+    """A group whose rewards all agree gives zero advantage everywhere (DAPO drops it)."""
+    totals = group.totals
+    return max(totals) - min(totals) > 1e-9

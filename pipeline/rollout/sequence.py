@@ -1,0 +1,63 @@
+"""The mutable state of one trajectory while it is being generated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.types import FinishReason, Problem, ToolCall, ToolName, Trajectory
+
+
+@dataclass
+class Sequence:
+    """Token-exact state: `response_ids`, `loss_mask` and `logprobs` grow together."""
+
+    problem: Problem
+    tools: tuple[ToolName, ...]
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    segment_start: int = 0  # response index where the current sampled segment began
+    turns: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def policy_tokens(self) -> int:
+        return len(self.response_ids) - self.inserted_tokens
+
+    @property
+    def inserted_tokens(self) -> int:
+        return sum(1 for m in self.loss_mask if m == 0)
+
+    def append_sampled(self, token_id: int, logprob: float) -> None:
+        self.response_ids.append(token_id)
+        self.loss_mask.append(1)
+        self.logprobs.append(logprob)
+
+    def append_inserted(self, token_ids: list[int]) -> tuple[int, int]:
+        """Append tool-output tokens (mask 0); return their response span."""
+        start = len(self.response_ids)
+        self.response_ids.extend(token_ids)
+        self.loss_mask.extend([0] * len(token_ids))
+        self.logprobs.extend([0.0] * len(token_ids))
+        self.segment_start = len(self.response_ids)
+        return start, len(self.response_ids)
+
+    def to_trajectory(self, text: str) -> Trajectory:
+        assert self.finish_reason is not None, "trajectory still running"
+        return Trajectory(
+            problem_id=self.problem.id,
+            prompt_ids=tuple(self.prompt_ids),
+            response_ids=tuple(self.response_ids),
+            loss_mask=tuple(self.loss_mask),
+            logprobs=tuple(self.logprobs),
+            tool_calls=tuple(self.tool_calls),
+            finish_reason=self.finish_reason,
+            text=text,
+            turns=self.turns,
+        )

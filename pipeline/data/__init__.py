@@ -1,0 +1,1 @@
+"""Dataset curation: source adapters, the Calculator generator, filters, splits, multi-LLM filtering."""

@@ -1,0 +1,186 @@
+"""The curation stage: sources + Calculator -> filters -> multi-LLM filtering -> split files.
+
+`run(cfg)` writes, under `cfg.output_dir`:
+- `train.jsonl`, `test.jsonl`: one `Problem.to_dict()` a line, in config order (calculator
+  first, then each source in file order);
+- `rejected.jsonl`: every row that did not make it, with its source, file, line, filter and
+  reason — nothing is dropped silently;
+- `report.json`: counts per source and per filter, and judge token/cost totals.
+
+Filters run cheapest first so judges are only paid for rows that passed everything else:
+malformed -> invalid answer -> time-ambiguous -> duplicates -> contamination -> judges.
+Duplicates are resolved with test rows first, so a training row that repeats a test row is
+the one dropped. Generated calculator rows are exempt from the n-gram contamination check
+(their shared template wording would match; the generator already keeps train and test
+questions disjoint) but not from exact-duplicate checks.
+
+Outputs depend only on the config and the input files: no timestamps or timings are written,
+so a re-run is byte-identical. Timings and cache hits are returned in `CurationReport.run_stats`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from pipeline.config.curate import CurateConfig, FilterConfig
+from pipeline.data.calculator import generate_splits
+from pipeline.data.dedupe import Deduper, NgramIndex
+from pipeline.data.filters import rule_rejection
+from pipeline.data.formats import SourceError
+from pipeline.data.sources import Rejection, load_source, location
+from pipeline.jsonl import write_json, write_json_lines, write_problems
+from pipeline.types import Problem
+
+log = logging.getLogger(__name__)
+
+FILTERS: tuple[str, ...] = ("malformed", "invalid_answer", "time_ambiguous", "duplicate", "near_duplicate",
+                            "contamination", "judges")
+
+
+@dataclass(frozen=True)
+class CurationReport:
+    """What a curation run kept and dropped. `to_dict()` is what report.json holds."""
+
+    output_dir: str
+    n_train: int
+    n_test: int
+    n_rejected: int
+    per_source: dict[str, dict[str, int]]
+    per_filter: dict[str, int]
+    judges: dict[str, dict[str, float]] = field(default_factory=dict)
+    run_stats: dict[str, float] = field(default_factory=dict)  # timings, cache hits: not written
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_train": self.n_train, "n_test": self.n_test, "n_rejected": self.n_rejected,
+                "per_source": self.per_source, "per_filter": self.per_filter, "judges": self.judges}
+
+
+def _progress(items: Iterable[Any], desc: str) -> Iterable[Any]:
+    return tqdm(items, desc=desc, unit="row", disable=not sys.stderr.isatty(), leave=False)
+
+
+def check_sources(cfg: CurateConfig) -> None:
+    """Fail at once, naming the source and file, before any work is done."""
+    for src in cfg.sources:
+        if src.path and not Path(src.path).is_file():
+            raise SourceError(f"source {src.name!r}: no such file {src.path}")
+
+
+def read_all(cfg: CurateConfig) -> tuple[list[Problem], list[Rejection]]:
+    """Calculator problems and every configured source, in config order."""
+    train, test = generate_splits(cfg.calculator.n_train, cfg.calculator.n_test, cfg.seed, cfg.calculator.levels)
+    problems: list[Problem] = [*train, *test]
+    rejections: list[Rejection] = []
+    for src in cfg.sources:
+        for item in _progress(load_source(src, cfg.seed, cfg.test_fraction), f"read {src.name}"):
+            (problems if isinstance(item, Problem) else rejections).append(item)
+        log.info("read %s (%s)", src.name, location(src))
+    return problems, rejections
+
+
+def apply_rules(problems: list[Problem], cfg: FilterConfig) -> tuple[list[Problem], list[Rejection]]:
+    kept, rejected = [], []
+    for p in _progress(problems, "rules"):
+        verdict = rule_rejection(p, cfg)
+        if verdict:
+            rejected.append(Rejection.of(p, *verdict))
+        else:
+            kept.append(p)
+    return kept, rejected
+
+
+def drop_duplicates(problems: list[Problem], cfg: FilterConfig) -> tuple[list[Problem], list[Rejection]]:
+    """Exact and near duplicates; test rows are seen first so train copies are the ones dropped."""
+    order = sorted(range(len(problems)), key=lambda i: (problems[i].split != "test", i))
+    deduper = Deduper(cfg.near_duplicate_threshold)
+    dropped: dict[int, Rejection] = {}
+    by_id = {p.id: p for p in problems}
+    for i in _progress(order, "dedupe"):
+        p = problems[i]
+        if not cfg.exact_duplicates and cfg.near_duplicate_threshold <= 0:
+            break
+        hit = deduper.check(p.id, p.question, near=p.type in cfg.near_duplicate_types)
+        if hit is None or (hit[0] == "exact" and not cfg.exact_duplicates):
+            continue
+        kind, other = hit
+        where = f" in split {by_id[other].split}" if by_id[other].split != p.split else ""
+        name = "duplicate" if kind == "exact" else "near_duplicate"
+        dropped[i] = Rejection.of(p, name, f"{kind} duplicate of {other}{where}")
+    kept = [p for i, p in enumerate(problems) if i not in dropped]
+    return kept, [dropped[i] for i in sorted(dropped)]
+
+
+def drop_contaminated(problems: list[Problem], n: int) -> tuple[list[Problem], list[Rejection]]:
+    """Training rows sharing an n-gram with a test row (generated calculator rows exempt)."""
+    if n <= 0:
+        return problems, []
+    index = NgramIndex(n)
+    for p in problems:
+        if p.split == "test":
+            index.add(p.id, p.question)
+    kept, rejected = [], []
+    for p in _progress(problems, "contamination"):
+        hit = None if p.split == "test" or p.source == "calculator" else index.overlap(p.question)
+        if hit:
+            rejected.append(Rejection.of(p, "contamination", f"shares {n}-gram '{hit[1]}' with test row {hit[0]}"))
+        else:
+            kept.append(p)
+    return kept, rejected
+
+
+def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejected: list[Rejection]) -> tuple[
+        dict[str, dict[str, int]], dict[str, int]]:
+    names = ["calculator", *(s.name for s in cfg.sources)]
+    per_source: dict[str, dict[str, int]] = {n: {"read": 0, "train": 0, "test": 0, "rejected": 0} for n in names}
+    for p in read:
+        per_source[p.source]["read"] += 1
+    for p in kept:
+        per_source[p.source][p.split] += 1
+    for r in rejected:
+        row = per_source[r.source]
+        row["rejected"] += 1
+        row[f"rejected:{r.filter}"] = row.get(f"rejected:{r.filter}", 0) + 1
+        if r.filter == "malformed" and not r.id:
+            row["read"] += 1  # unreadable rows never became a Problem
+    counts = Counter(r.filter for r in rejected)
+    return per_source, {f: counts.get(f, 0) for f in FILTERS}
+
+
+def run(cfg: CurateConfig) -> CurationReport:
+    """Curate, write the split files, rejected rows and report; return the report."""
+    started = time.perf_counter()
+    check_sources(cfg)
+    read, rejected = read_all(cfg)
+    kept, dropped = apply_rules(read, cfg.filters)
+    rejected += dropped
+    kept, dropped = drop_duplicates(kept, cfg.filters)
+    rejected += dropped
+    kept, dropped = drop_contaminated(kept, cfg.filters.contamination_ngram)
+    rejected += dropped
+    judge_totals: dict[str, dict[str, float]] = {}
+    run_stats: dict[str, float] = {}
+    if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
+        from pipeline.data.judging import judge_filter  # only runs that configure judges need it
+
+        kept, dropped, judge_totals, run_stats = judge_filter(kept, cfg)
+        rejected += dropped
+    out = Path(cfg.output_dir)
+    n_train = write_problems(out / "train.jsonl", (p for p in kept if p.split == "train"))
+    n_test = write_problems(out / "test.jsonl", (p for p in kept if p.split != "train"))
+    write_json_lines(out / "rejected.jsonl", (r.to_dict() for r in rejected))
+    per_source, per_filter = summarize(cfg, read, kept, rejected)
+    report = CurationReport(str(out), n_train, n_test, len(rejected), per_source, per_filter, judge_totals,
+                            {**run_stats, "rows_read": float(len(read) + sum(1 for r in rejected if not r.id)),
+                             "wall_s": time.perf_counter() - started})
+    write_json(out / "report.json", report.to_dict())
+    log.info("curated %d train, %d test, %d rejected into %s", n_train, n_test, len(rejected), out)
+    return report

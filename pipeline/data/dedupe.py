@@ -1,0 +1,116 @@
+"""Duplicate and contamination detection over normalised question text.
+
+- Exact duplicates: same normalised text (NFKC, lower case, punctuation dropped, spaces collapsed).
+- Near duplicates: Jaccard similarity of word-3-gram sets at or above a threshold. Candidates
+  come from MinHash locality-sensitive hashing (64 hashes in 16 bands of 4), then every
+  candidate is confirmed with the exact Jaccard, so LSH only affects speed, never a verdict.
+- Contamination: a training row sharing any word n-gram (13 by default, as in GPT-3's and
+  DeepSeek's decontamination) with any evaluation row. Shorter rows are covered by the exact
+  and near-duplicate checks, which run over both splits together.
+
+All hashing uses crc32 and a fixed-seed permutation table, so results are the same in every
+process (Python's `hash()` of strings is salted per process).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+import zlib
+from collections import defaultdict
+
+import numpy as np
+
+_NON_WORD = re.compile(r"[^\w\s]+")
+_SPACE = re.compile(r"\s+")
+_PRIME = np.uint64(4294967291)  # largest prime below 2**32
+_N_HASHES, _BAND_ROWS = 64, 4
+_RNG = np.random.default_rng(20250101)
+_A = _RNG.integers(1, 2**31, size=_N_HASHES, dtype=np.uint64)
+_B = _RNG.integers(0, 2**31, size=_N_HASHES, dtype=np.uint64)
+
+
+def normalize(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = _NON_WORD.sub(" ", text)
+    return _SPACE.sub(" ", text).strip()
+
+
+def tokens(text: str) -> list[str]:
+    return normalize(text).split()
+
+
+def shingles(words: list[str], n: int = 3) -> frozenset[str]:
+    if len(words) < n:
+        return frozenset([" ".join(words)])
+    return frozenset(" ".join(words[i:i + n]) for i in range(len(words) - n + 1))
+
+
+def _minhash(shingle_set: frozenset[str]) -> np.ndarray:
+    h = np.fromiter((zlib.crc32(s.encode("utf-8")) for s in shingle_set), dtype=np.uint64, count=len(shingle_set))
+    # (a*h + b) mod p for 64 (a, b) pairs at once: a < 2**31 and h < 2**32 keep it under 2**63.
+    return ((np.outer(_A, h) + _B[:, None]) % _PRIME).min(axis=1)
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+class Deduper:
+    """Remembers kept questions; `check` says whether a new one duplicates a kept one."""
+
+    def __init__(self, near_threshold: float) -> None:
+        self.near_threshold = near_threshold
+        self._exact: dict[str, str] = {}
+        self._shingles: dict[str, frozenset[str]] = {}
+        self._bands: dict[tuple[int, bytes], list[str]] = defaultdict(list)
+
+    def check(self, key: str, question: str, near: bool) -> tuple[str, str] | None:
+        """(kind, id of the kept row) if `question` duplicates one, else None and remember it."""
+        norm = normalize(question)
+        if norm in self._exact:
+            return "exact", self._exact[norm]
+        self._exact[norm] = key
+        if not near or self.near_threshold <= 0.0:
+            return None
+        sh = shingles(norm.split())
+        signature = _minhash(sh)
+        bands = [(b, signature[b * _BAND_ROWS:(b + 1) * _BAND_ROWS].tobytes()) for b in range(_N_HASHES // _BAND_ROWS)]
+        seen: set[str] = set()
+        for band in bands:
+            for other in self._bands.get(band, ()):
+                if other not in seen:
+                    seen.add(other)
+                    if jaccard(sh, self._shingles[other]) >= self.near_threshold:
+                        del self._exact[norm]  # a rejected row must not shadow later exact matches
+                        return "near", other
+        self._shingles[key] = sh
+        for band in bands:
+            self._bands[band].append(key)
+        return None
+
+
+class NgramIndex:
+    """Word n-grams of the evaluation rows; `overlap` finds a shared one in a training row.
+
+    Keys are the n-gram strings themselves, not hashes, so a reported overlap is always real.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._grams: dict[str, str] = {}
+
+    def _grams_of(self, question: str) -> list[str]:
+        words = tokens(question)
+        return [" ".join(words[i:i + self.n]) for i in range(len(words) - self.n + 1)]
+
+    def add(self, key: str, question: str) -> None:
+        for gram in self._grams_of(question):
+            self._grams.setdefault(gram, key)
+
+    def overlap(self, question: str) -> tuple[str, str] | None:
+        """(id of an evaluation row, the shared n-gram), or None."""
+        for gram in self._grams_of(question):
+            if gram in self._grams:
+                return self._grams[gram], gram
+        return None

@@ -1,12 +1,109 @@
-"""Rule-based rewards."""
+"""Rule-based rewards: format grammar, per-source verifiers, length/code shaping, TEPO.
+
+Routing follows TAPO Tables 4-5 (nq -> fact, gsm8k/dapo/deepmath/aime -> math,
+calculator -> calculator, complex -> complex): `routing` maps a problem's `source` to a
+verifier kind and `type_routing` is the fallback by problem `type`.
+"""
 
 from __future__ import annotations
+
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from pipeline.config.base import StageConfig
 
+VerifierKind = Literal["math", "fact", "calculator", "complex", "em", "f1"]
+
+DEFAULT_SOURCE_ROUTING: dict[str, str] = {
+    "nq": "fact",
+    "nq_open": "fact",
+    "triviaqa": "fact",
+    "popqa": "fact",
+    "hotpotqa": "fact",
+    "2wikimultihopqa": "fact",
+    "musique": "fact",
+    "bamboogle": "fact",
+    "gsm8k": "math",
+    "dapo": "math",
+    "dapo_math": "math",
+    "deepmath": "math",
+    "math": "math",
+    "math500": "math",
+    "aime": "math",
+    "aime24": "math",
+    "aime25": "math",
+    "amc23": "math",
+    "calculator": "calculator",
+    "complex": "complex",
+}
+
+DEFAULT_TYPE_ROUTING: dict[str, str] = {
+    "math": "math",
+    "fact": "fact",
+    "calculator": "calculator",
+    "complex": "complex",
+    "multihop": "fact",
+    "code": "math",
+}
+
+
+class TepoOff(StageConfig):
+    """No entropy shaping: the reward is the rule-based reward alone."""
+
+    kind: Literal["off"] = "off"
+
+
+class TepoSparse(StageConfig):
+    """TEPO sparse outcome reward: R = base * m / n (m entropy-reducing calls of n; R = base when n = 0)."""
+
+    kind: Literal["sparse"] = "sparse"
+    min_segment_tokens: int = Field(1, ge=1, description="A segment shorter than this has no entropy; its call counts as not entropy-reducing.")
+
+
+class TepoDense(StageConfig):
+    """TEPO dense process reward: r_k = base * (1 + alpha * 1[dH_k < 0]) per call, advantages over a group's calls."""
+
+    kind: Literal["dense"] = "dense"
+    alpha: float = Field(0.5, ge=0.0, le=10.0, description="Bonus factor for an entropy-reducing call.")
+    min_segment_tokens: int = Field(1, ge=1, description="A segment shorter than this has no entropy; its call counts as not entropy-reducing.")
+    advantage_eps: float = Field(1e-6, gt=0.0, description="Added to the std of a group's call rewards before dividing.")
+
+
+TepoConfig = Annotated[TepoOff | TepoSparse | TepoDense, Field(discriminator="kind")]
+
 
 class RewardConfig(StageConfig):
     format_penalty: float = Field(-1.0, le=0.0, description="Reward when the format is wrong (TAPO Eq. 7).")
     overlong_buffer: int = Field(64, ge=0, description="L_cache: policy tokens over which the overlong penalty ramps to -1 (TAPO Eq. 9).")
+    format_strictness: Literal["strict", "lenient"] = Field(
+        "strict", description="strict: only whitespace between tag blocks; lenient: free text allowed between blocks (TAPO's code)."
+    )
+    math_mode: Literal["equivalent", "strict"] = Field(
+        "equivalent", description="equivalent: numeric/symbolic equivalence; strict: TAPO's normalised string equality."
+    )
+    verify_timeout_s: float = Field(2.0, gt=0.0, le=60.0, description="Time limit of one symbolic equivalence check; over it counts as not equivalent.")
+    symbolic_workers: int = Field(1, ge=1, le=16, description="Processes that run symbolic checks (each killable on time-out).")
+    cache_size: int = Field(65536, ge=0, description="Verified (kind, prediction, gold) results kept in memory (0 = no cache).")
+    wrong_answer_reward: float = Field(
+        0.0, ge=-1.0, le=0.0, description="Outcome of a well-formed wrong answer: 0 (TAPO) or -1 (ToRL); accuracy a maps to w + (1 - w) * a."
+    )
+    code_penalty: float = Field(0.0, ge=-1.0, le=0.0, description="Added once when any code call failed to execute (ToRL: -0.5; 0 = off).")
+    code_failure_statuses: tuple[str, ...] = Field(
+        ("error", "timeout", "memory", "rejected"), description="Tool-result statuses that count as code that failed to execute."
+    )
+    fact_max_ratio: float = Field(0.5, ge=0.0, le=1.0, description="f_fact is 0 above this normalised Levenshtein ratio (TAPO Eq. 8).")
+    fold_diacritics: bool = Field(True, description="Fact/EM/F1 normalisation also drops accents (Röntgen == Rontgen).")
+    calculator_abs_tol: float = Field(1e-3, gt=0.0, description="Calculator answers match within this absolute error (TAPO code).")
+    calculator_rel_tol: float = Field(1e-6, ge=0.0, lt=1.0, description="... or within this relative error, for large magnitudes.")
+    complex_rel_tol: float = Field(0.05, gt=0.0, lt=1.0, description="Complex answers match within this relative error (TAPO code).")
+    eos_strings: tuple[str, ...] = Field(
+        ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "</s>"), description="End-of-sequence markers allowed after the final answer."
+    )
+    routing: dict[str, VerifierKind] = Field(
+        default_factory=lambda: dict(DEFAULT_SOURCE_ROUTING), description="Problem source -> verifier kind (TAPO Tables 4-5)."
+    )
+    type_routing: dict[str, VerifierKind] = Field(
+        default_factory=lambda: dict(DEFAULT_TYPE_ROUTING), description="Problem type -> verifier kind, for sources not in `routing`."
+    )
+    tepo: TepoConfig = Field(default_factory=TepoOff, description="TEPO entropy shaping (a typed choice: off, sparse or dense).")

@@ -1,0 +1,82 @@
+"""Final-answer extraction per tag protocol.
+
+- tapo / search-r1: the content of the last `<answer>...</answer>`; when that content holds
+  a `\\boxed{...}` (ARPO style), the content of its last box.
+- torl: the content of the last `\\boxed{...}` (or `\\fbox{...}`), braces nested to any depth.
+
+Departures from the anchors: ToRL's regex handles three brace levels and strips a trailing
+"}" by hand; here braces are matched by counting, to any depth. TAPO keeps only the last
+100 characters of the answer; here the answer is kept whole (the verifiers bound their
+own work). Search-R1 needs two `<answer>` matches because it decodes prompt + response;
+we score the response alone, so the last one is taken.
+"""
+
+from __future__ import annotations
+
+import re
+
+PROTOCOL_NAMES: tuple[str, ...] = ("tapo", "torl", "search-r1")
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def _matching_brace(text: str, open_at: int) -> int | None:
+    """Index of the `}` closing the `{` at `open_at`, skipping escaped braces; None if unbalanced."""
+    depth = 0
+    i = open_at
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\":
+            i += 2  # `\{` and `\}` are literal braces, not grouping
+            continue
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+def last_boxed_span(text: str) -> tuple[int, int] | None:
+    """(start, end) of the content of the last complete `\\boxed{...}`; text[end] is its `}`."""
+    span: tuple[int, int] | None = None
+    for match in _BOX_RE.finditer(text):
+        close = _matching_brace(text, match.end() - 1)
+        if close is not None:
+            span = (match.end(), close)
+    return span
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete `\\boxed{...}` in `text` (nested braces allowed), else None.
+
+    `\\boxed 5` (no braces, as some models write) is accepted when no braced box exists.
+    """
+    span = last_boxed_span(text)
+    if span is not None:
+        return text[span[0] : span[1]].strip()
+    spaced = _BOX_SPACE_RE.findall(text)
+    return spaced[-1].strip() if spaced else None
+
+
+def last_answer_tag(text: str) -> str | None:
+    """Content of the last `<answer>...</answer>` block, stripped, else None."""
+    matches = _ANSWER_RE.findall(text)
+    return matches[-1].strip() if matches else None
+
+
+def extract_answer(text: str, protocol: str) -> str | None:
+    """The final answer a response gives under `protocol`, or None when it gives none."""
+    if protocol == "torl":
+        return last_boxed(text)
+    if protocol not in PROTOCOL_NAMES:
+        raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOL_NAMES}")
+    answer = last_answer_tag(text)
+    if answer is None:
+        return None
+    boxed = last_boxed(answer)
+    return answer if boxed is None else boxed

@@ -1,0 +1,158 @@
+"""Fast, exact handling of numeric and near-numeric math answers (no sympy).
+
+`normalize_math` strips presentation (`$`, `\\left`, `\\text{}` units, `^\\circ`, `x =`,
+thousands separators, `\\dfrac`) and `parse_number` reads integers, decimals, scientific
+notation, `a/b`, `\\frac{a}{b}`, percentages and number words as exact `Fraction`s. Most
+graded answers (GSM8K, AIME, calculator) are decided here in microseconds; only what this
+module cannot decide goes to the symbolic checker.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
+    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20,
+}  # fmt: skip
+_SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+
+_DROP_TOKENS = (
+    "\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "$", "\\$",
+    "^{\\circ}", "^\\circ", "°", "{,}",
+)  # fmt: skip
+_TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\{([^{}]*)\}")
+_TRAILING_UNIT_RE = re.compile(r"(?<=[\d}.])\s*\\(?:text|mbox|mathrm)\{[^{}]*\}\s*$")
+_VARIABLE_PREFIX_RE = re.compile(r"^\s*(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\{?\w+\}?)?\s*=\s*(?=\S)")
+_THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_FRAC_RE = re.compile(r"^([-+]?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
+_FRAC_SHORT_RE = re.compile(r"^([-+]?)\\[dt]?frac(\d)(\d)$")
+_PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?$", re.IGNORECASE)
+_NUMBER_TOKEN_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Number:
+    """An exact value; `percent` is True when written with a % sign (value already divided by 100)."""
+
+    value: Fraction
+    percent: bool = False
+
+
+@lru_cache(maxsize=65536)
+def normalize_math(text: str) -> str:
+    """Presentation-free form of a math answer (still a string; no evaluation)."""
+    s = text.strip()
+    for token in _DROP_TOKENS:
+        s = s.replace(token, "")
+    s = _TRAILING_UNIT_RE.sub("", s)
+    s = _TEXT_RE.sub(r"\1", s)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _VARIABLE_PREFIX_RE.sub("", s, count=1)
+    s = s.strip().rstrip(".").strip()
+    if _THOUSANDS_RE.match(s.replace(" ", "")):
+        s = s.replace(",", "")
+    return s.replace(" ", "")
+
+
+def _plain_number(text: str) -> Fraction | None:
+    if _PLAIN_NUMBER_RE.match(text):
+        mantissa, _, exponent = text.lower().partition("e")
+        # Guard 1e999999: an exact power that large is a denial of service, not an answer.
+        if exponent and abs(int(exponent)) > 400:
+            return None
+        return Fraction(mantissa) * (Fraction(10) ** int(exponent or 0))
+    return None
+
+
+def _ratio(sign: str, top: str, bottom: str) -> Fraction | None:
+    num, den = _plain_number(top), _plain_number(bottom)
+    if num is None or den is None or den == 0:
+        return None
+    return -num / den if sign == "-" else num / den
+
+
+@lru_cache(maxsize=65536)
+def parse_number(text: str) -> Number | None:
+    """Exact value of a normalised answer that is a single number, else None."""
+    s = text.strip()
+    percent = s.endswith("%")
+    if percent:
+        s = s.rstrip("%").rstrip("\\")
+    value = _plain_number(s)
+    if value is None and s.lower() in _NUMBER_WORDS:
+        value = Fraction(_NUMBER_WORDS[s.lower()])
+    if value is None:
+        frac = _FRAC_RE.match(s) or _FRAC_SHORT_RE.match(s)
+        if frac:
+            value = _ratio(*frac.groups())
+    if value is None and s.count("/") == 1:
+        top, bottom = s.split("/")
+        sign = "-" if top.startswith("-") else ""
+        value = _ratio(sign, top.lstrip("-+"), bottom)
+    if value is None:
+        return None
+    return Number(value / 100, True) if percent else Number(value)
+
+
+def numbers_equal(a: Number, b: Number) -> bool:
+    """Exact equality; a percentage also matches its written number (50% ~ 0.5 ~ 50)."""
+    candidates_a = {a.value, a.value * 100} if a.percent else {a.value}
+    candidates_b = {b.value, b.value * 100} if b.percent else {b.value}
+    for x in candidates_a:
+        for y in candidates_b:
+            # Float-printed decimals (0.3333333333 for 1/3) differ from the exact value
+            # only in the last printed digits; 1e-9 relative absorbs that and nothing more.
+            if x == y or abs(x - y) <= Fraction(1, 10**9) * max(1, abs(y)):
+                return True
+    return False
+
+
+def split_top_level(text: str) -> list[str] | None:
+    """Items of a bracketed tuple/interval `(a,b]` split at top-level commas, else None."""
+    if len(text) < 2 or text[0] not in "([" or text[-1] not in ")]":
+        return None
+    items, depth, start = [], 0, 1
+    for i, ch in enumerate(text[1:-1], start=1):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:-1])
+    return items if len(items) > 1 else None
+
+
+def number_in_text(text: str) -> Number | None:
+    """The first number written in free text, with a scale word ("3.5 million") or %."""
+    match = _NUMBER_TOKEN_RE.search(text)
+    if match is None:
+        return None
+    value = _plain_number(match.group().replace(",", ""))
+    if value is None:
+        return None
+    rest = text[match.end() :].lstrip().lower()
+    if rest.startswith("%"):
+        return Number(value / 100, True)
+    for word, scale in _SCALE_WORDS.items():
+        if rest.startswith(word):
+            return Number(value * scale)
+    return Number(value)
+
+
+def tapo_normalize(text: str) -> str:
+    """TAPO code's `normalize_answer`: strip, lower, number words 1-12, drop commas in digit strings."""
+    s = text.strip().lower()
+    words = {w: str(n) for w, n in _NUMBER_WORDS.items() if 1 <= n <= 12}
+    s = words.get(s, s)
+    if s.replace(",", "").isdigit():
+        s = s.replace(",", "")
+    return s

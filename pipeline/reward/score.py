@@ -1,0 +1,117 @@
+"""Score one trajectory: format (Eq. 7) + accuracy f_T + length (Eq. 9) + code penalty (+ TEPO).
+
+    total = format_penalty + length + code_penalty                      if the format is wrong
+    total = w + (1 - w) * f_T(answer, gold) + length + code_penalty + entropy   otherwise
+
+with w = `wrong_answer_reward` (0 = TAPO Eq. 10; -1 = ToRL's +-1). f_T is chosen by routing
+the problem's `source` (else its `type`) to a verifier kind (TAPO Tables 4-5). The answer is
+extracted from the model's own text, with the engine's tool outputs removed, so a search
+result that happens to contain `<answer>` cannot answer for the model.
+
+`entropy` is 0 here: TEPO needs the policy's token entropies, which only the trainer has.
+It calls `apply_tepo` with the delta segment entropies (tepo.py) to add the sparse term;
+the dense variant shapes advantages per call instead (tepo.tool_level_advantages).
+
+A `RewardScorer` is built once per config (verifier cache, symbolic workers, routing);
+`score_trajectory` and `verify` reuse one per distinct config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+
+from pipeline.config.reward import RewardConfig, TepoSparse
+from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer
+from pipeline.reward.format import check_format
+from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
+from pipeline.reward.tepo import tepo_sparse_reward
+from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier
+from pipeline.types import PROBLEM_TYPES, Group, Problem, RewardBreakdown, ScoredGroup, Trajectory
+
+
+def route(problem: Problem, cfg: RewardConfig) -> str:
+    """The verifier kind for a problem: by source (TAPO Tables 4-5), else by type."""
+    kind = cfg.routing.get(problem.source) or cfg.type_routing.get(problem.type)
+    if kind is None:
+        raise ValueError(
+            f"problem {problem.id!r}: no verifier for source {problem.source!r} or type {problem.type!r}; "
+            "add it to reward.routing or reward.type_routing in params.yaml"
+        )
+    return kind
+
+
+class RewardScorer:
+    """Everything scoring needs, resolved once from a RewardConfig."""
+
+    def __init__(self, cfg: RewardConfig, verifier: Verifier | None = None) -> None:
+        missing = [t for t in PROBLEM_TYPES if t not in cfg.type_routing]
+        if missing:
+            raise ValueError(f"reward.type_routing lacks problem type(s) {missing}")
+        self.cfg = cfg
+        self.verifier = verifier or Verifier(cfg)
+
+    def score(self, problem: Problem, trajectory: Trajectory, *, protocol: str, max_policy_tokens: int) -> RewardBreakdown:
+        cfg = self.cfg
+        if protocol not in PROTOCOL_NAMES:
+            raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOL_NAMES}")
+        length = overlong_penalty(trajectory.policy_token_count, max_policy_tokens, cfg.overlong_buffer)
+        code = code_failure_penalty(trajectory.tool_calls, cfg.code_penalty, cfg.code_failure_statuses)
+        outputs = [call.result.output for call in trajectory.tool_calls]
+        fmt = check_format(
+            trajectory.text, protocol, outputs, strict=cfg.format_strictness == "strict", eos_strings=cfg.eos_strings
+        )
+        predicted = extract_answer(fmt.model_text, protocol)
+        if not fmt.ok or predicted is None:
+            total = cfg.format_penalty + length + code
+            return RewardBreakdown(False, 0.0, cfg.format_penalty, length, code, 0.0, total, predicted)
+        accuracy = self.verifier.score(route(problem, cfg), predicted, problem.answers)
+        outcome = cfg.wrong_answer_reward + (1.0 - cfg.wrong_answer_reward) * accuracy
+        return RewardBreakdown(True, accuracy, 0.0, length, code, 0.0, outcome + length + code, predicted)
+
+    def score_group(self, group: Group, *, protocol: str, max_policy_tokens: int) -> ScoredGroup:
+        rewards = tuple(
+            self.score(group.problem, t, protocol=protocol, max_policy_tokens=max_policy_tokens) for t in group.trajectories
+        )
+        return ScoredGroup(group, rewards)
+
+
+def apply_tepo(breakdown: RewardBreakdown, delta_entropies: Sequence[float], cfg: RewardConfig) -> RewardBreakdown:
+    """Add TEPO's sparse term: entropy = f_T * m/n - f_T (0 when TEPO is not sparse or the format is wrong)."""
+    if not isinstance(cfg.tepo, TepoSparse) or not breakdown.format_ok:
+        return breakdown
+    base = breakdown.accuracy * (1.0 - cfg.wrong_answer_reward)
+    entropy = tepo_sparse_reward(base, delta_entropies) - base
+    return dataclasses.replace(breakdown, entropy=entropy, total=breakdown.total - breakdown.entropy + entropy)
+
+
+_scorers: dict[str, RewardScorer] = {}
+_scorers_lock = threading.Lock()
+
+
+def scorer_for(cfg: RewardConfig) -> RewardScorer:
+    """The shared scorer of this config (one verifier cache and worker pool per distinct config)."""
+    key = cfg.model_dump_json()
+    with _scorers_lock:
+        scorer = _scorers.get(key)
+        if scorer is None:
+            scorer = _scorers[key] = RewardScorer(cfg)
+    return scorer
+
+
+def score_trajectory(
+    problem: Problem, trajectory: Trajectory, cfg: RewardConfig, *, protocol: str, max_policy_tokens: int
+) -> RewardBreakdown:
+    """The reward of one trajectory, term by term (see the module docstring for the formula)."""
+    return scorer_for(cfg).score(problem, trajectory, protocol=protocol, max_policy_tokens=max_policy_tokens)
+
+
+def verify(kind: str, predicted: str, gold: str | list[str]) -> float:
+    """f_kind(predicted, gold) in [0, 1] with the default reward settings (max over aliases)."""
+    if kind not in VERIFIER_KINDS:
+        raise ValueError(f"unknown verifier kind {kind!r}; expected one of {VERIFIER_KINDS}")
+    return scorer_for(_DEFAULT_CONFIG).verifier.score(kind, predicted, gold)
+
+
+_DEFAULT_CONFIG = RewardConfig()

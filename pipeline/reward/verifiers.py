@@ -1,0 +1,154 @@
+"""Verifiers: f_T(prediction, gold aliases) -> [0, 1] for each answer kind, cached.
+
+Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
+- math: equivalence. Exact numeric comparison first (numeric.py: 1/2 == 0.5 == \\frac{1}{2},
+  50% ~ 0.5, 1,000 == 1000, `x = 3` == 3, `\\text{}` units dropped, tuples and intervals
+  element-wise); what that cannot decide goes to math-verify in a killable worker under
+  a time limit (symbolic.py). `math_mode="strict"` is TAPO's paper/code rule instead:
+  equality of `tapo_normalize`d strings.
+- fact: TAPO Eq. 8 (normalised Levenshtein), em: exact match, f1: token F1 (textmatch.py).
+- calculator: |pred - gold| < abs_tol, or relative error < rel_tol for large magnitudes.
+- complex: relative error < 5%, reading the first number of the prediction (with a scale
+  word such as "million"). TAPO's code instead deletes every non-digit character, which
+  turns "3.5 million (2020)" into 3.52020; this reads the number that was written.
+
+Every score is the max over gold aliases. Results are cached per (kind, prediction, sorted
+aliases): a group of G samples usually repeats a handful of answers, and the expensive
+symbolic check then runs once per distinct pair.
+"""
+
+from __future__ import annotations
+
+import cmath
+from collections.abc import Callable, Sequence
+from functools import lru_cache, partial
+
+from pipeline.config.reward import RewardConfig
+from pipeline.reward.numeric import (
+    normalize_math,
+    number_in_text,
+    numbers_equal,
+    parse_number,
+    split_top_level,
+    tapo_normalize,
+)
+from pipeline.reward.symbolic import SymbolicChecker
+from pipeline.reward.textmatch import exact_match, fact_score, token_f1
+
+VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em", "f1")
+
+PairScore = Callable[[str, str], float]
+
+
+def fast_math_equal(pred: str, gold: str) -> bool | None:
+    """Decide equivalence without sympy when possible; None means "ask the symbolic checker"."""
+    p, g = normalize_math(pred), normalize_math(gold)
+    if not p:
+        return False
+    if p == g:
+        return True
+    p_num, g_num = parse_number(p), parse_number(g)
+    if p_num is not None and g_num is not None:
+        return numbers_equal(p_num, g_num)
+    p_items, g_items = split_top_level(p), split_top_level(g)
+    if p_items is not None and g_items is not None:
+        if (p[0], p[-1]) != (g[0], g[-1]) or len(p_items) != len(g_items):
+            return None if len(p_items) == len(g_items) else False
+        verdicts = [fast_math_equal(a, b) for a, b in zip(p_items, g_items, strict=True)]
+        if all(v is True for v in verdicts):
+            return True
+        if any(v is False for v in verdicts) and all(parse_number(normalize_math(x)) for x in p_items + g_items):
+            return False
+    return None
+
+
+def _complex_value(text: str) -> complex | None:
+    """A (possibly complex) number written alone: our exact parser, else Python's complex()."""
+    number = parse_number(normalize_math(text))
+    if number is not None:
+        return complex(float(number.value))
+    try:
+        value = complex(normalize_math(text).replace("i", "j"))
+    except ValueError:
+        return None
+    return value if cmath.isfinite(value) else None
+
+
+def calculator_score(pred: str, gold: str, abs_tol: float, rel_tol: float) -> float:
+    p, g = _complex_value(pred), _complex_value(gold)
+    if p is None or g is None:
+        return 0.0
+    error = abs(p - g)
+    return float(error < abs_tol or error <= rel_tol * abs(g))
+
+
+def complex_score(pred: str, gold: str, rel_tol: float) -> float:
+    p, g = number_in_text(pred), number_in_text(gold)
+    if p is None or g is None:
+        return 0.0
+    p_val, g_val = float(p.value), float(g.value)
+    if g_val == 0:
+        return float(abs(p_val) < 1e-9)
+    return float(abs(p_val - g_val) / abs(g_val) < rel_tol)
+
+
+class Verifier:
+    """All verifier kinds with one config, resolved once; `score` is cached and thread-safe."""
+
+    def __init__(self, cfg: RewardConfig, checker: SymbolicChecker | None = None) -> None:
+        self.checker = checker or SymbolicChecker(cfg.verify_timeout_s, cfg.symbolic_workers)
+        fold = cfg.fold_diacritics
+        math_score: PairScore = self._math_equivalent if cfg.math_mode == "equivalent" else _math_strict
+        self._pair_scores: dict[str, PairScore] = {
+            "math": math_score,
+            "fact": partial(_fact, max_ratio=cfg.fact_max_ratio, fold=fold),
+            "em": partial(_em, fold=fold),
+            "f1": partial(_f1, fold=fold),
+            "calculator": partial(calculator_score, abs_tol=cfg.calculator_abs_tol, rel_tol=cfg.calculator_rel_tol),
+            "complex": partial(complex_score, rel_tol=cfg.complex_rel_tol),
+        }
+        self._cached = lru_cache(maxsize=cfg.cache_size)(self._score_uncached) if cfg.cache_size else self._score_uncached
+
+    def score(self, kind: str, predicted: str, gold: str | Sequence[str]) -> float:
+        """max over gold aliases of f_kind(predicted, alias), in [0, 1]."""
+        if kind not in self._pair_scores:
+            raise ValueError(f"unknown verifier kind {kind!r}; expected one of {VERIFIER_KINDS}")
+        golds = (gold,) if isinstance(gold, str) else tuple(gold)
+        if not golds:
+            raise ValueError("no gold answer given")
+        return self._cached(kind, predicted, tuple(sorted(set(golds))))
+
+    def cache_info(self) -> str:
+        return str(self._cached.cache_info()) if hasattr(self._cached, "cache_info") else "no cache"
+
+    def _score_uncached(self, kind: str, predicted: str, golds: tuple[str, ...]) -> float:
+        pair_score = self._pair_scores[kind]
+        best = 0.0
+        for gold in golds:
+            best = max(best, pair_score(predicted, gold))
+            if best >= 1.0:
+                break
+        return min(1.0, max(0.0, best))
+
+    def _math_equivalent(self, pred: str, gold: str) -> float:
+        fast = fast_math_equal(pred, gold)
+        if fast is not None:
+            return float(fast)
+        # math-verify gets the raw strings: the space-free form above would turn `\sin x` into `\sinx`.
+        return float(self.checker.equivalent(pred.strip(), gold.strip()))
+
+
+def _math_strict(pred: str, gold: str) -> float:
+    return float(bool(pred.strip()) and tapo_normalize(pred) == tapo_normalize(gold))
+
+
+def _fact(pred: str, gold: str, max_ratio: float, fold: bool) -> float:
+    return fact_score(pred, gold, max_ratio, fold)
+
+
+def _em(pred: str, gold: str, fold: bool) -> float:
+    return exact_match(pred, gold, fold)
+
+
+def _f1(pred: str, gold: str, fold: bool) -> float:
+    return token_f1(pred, gold, fold)

@@ -10,7 +10,7 @@ from pipeline.config.base import StageConfig
 
 AdapterName = Literal[
     "gsm8k", "math", "aime", "amc", "olympiadbench", "deepmath",
-    "nq_open", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle",
+    "nq_open", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "verl",
 ]
 FileFormat = Literal["auto", "jsonl", "json", "csv", "parquet"]
 ProblemTypeName = Literal["math", "fact", "calculator", "complex", "multihop", "code"]

@@ -13,7 +13,9 @@ Answer extraction:
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -126,12 +128,18 @@ def competition(row: dict[str, Any]) -> Adapted:
     return question, answers, meta
 
 
+def _inline_math(answer: str) -> str:
+    # OlympiadBench writes several values as "$69$,$84$" or "$f(x)=x$, $g(x)=1$": drop the
+    # unescaped inline-math delimiters and a trailing full stop.
+    return re.sub(r"(?<!\\)\$", "", answer).strip().rstrip(".").strip()
+
+
 def olympiadbench(row: dict[str, Any]) -> Adapted:
     question = _text(row, "question")
     context = row.get("context")
     if isinstance(context, str) and context.strip():
         question = f"{context.strip()}\n\n{question}"
-    parts = [_strip_dollars(a) for a in _answers(row, "final_answer")]
+    parts = [_inline_math(a) for a in _answers(row, "final_answer")]
     answers = [", ".join(parts)] if row.get("is_multiple_answer") is True else parts
     meta = {k: row[k] for k in ("id", "subfield", "answer_type", "unit") if isinstance(row.get(k), str | int)}
     return question, answers, meta
@@ -163,6 +171,12 @@ def triviaqa(row: dict[str, Any]) -> Adapted:
 
 
 def popqa(row: dict[str, Any]) -> Adapted:
+    possible = row.get("possible_answers")
+    if isinstance(possible, str) and possible.startswith("["):  # the hub's PopQA stores a JSON list as text
+        try:
+            row = {**row, "possible_answers": json.loads(possible)}
+        except json.JSONDecodeError:
+            raise RowError("field 'possible_answers' is not a valid JSON list") from None
     meta_in = row.get("metadata") if isinstance(row.get("metadata"), dict) else row
     meta = {k: meta_in[k] for k in ("prop", "s_pop") if isinstance(meta_in.get(k), str | int)}
     return _text(row, "question"), _answers(row, "golden_answers", "possible_answers"), meta
@@ -176,6 +190,28 @@ def multihop_qa(row: dict[str, Any]) -> Adapted:
     if isinstance(aliases, list):
         answers += [a.strip() for a in aliases if isinstance(a, str) and a.strip() and a.strip() not in answers]
     meta = {k: row[k] for k in ("type", "level") if isinstance(row.get(k), str)}
+    return question, answers, meta
+
+
+def verl(row: dict[str, Any]) -> Adapted:
+    """verl-style rows (ToRL's and TAPO's parquet files): chat `prompt`, `reward_model.ground_truth`.
+
+    The question is the last user message; ground_truth may be a string, a list, or TAPO's
+    `{"target": [...]}`.
+    """
+    messages = _field(row, "prompt")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise RowError("field 'prompt' must be a list of chat messages")
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    question = _text({"prompt": users[-1] if users else None}, "prompt")
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, dict):
+        raise RowError("field 'reward_model' must be an object")
+    truth = reward_model.get("ground_truth")
+    if isinstance(truth, dict):
+        truth = truth.get("target")
+    answers = [_strip_dollars(a) for a in _answers({"ground_truth": truth}, "ground_truth")]
+    meta = {"data_source": row["data_source"]} if isinstance(row.get("data_source"), str) else {}
     return question, answers, meta
 
 
@@ -193,6 +229,7 @@ ADAPTERS: dict[str, Callable[[dict[str, Any]], Adapted]] = {
     "2wikimultihopqa": multihop_qa,
     "musique": multihop_qa,
     "bamboogle": multihop_qa,
+    "verl": verl,
 }
 
 

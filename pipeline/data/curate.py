@@ -108,7 +108,7 @@ def drop_duplicates(problems: list[Problem], cfg: FilterConfig) -> tuple[list[Pr
         p = problems[i]
         if not cfg.exact_duplicates and cfg.near_duplicate_threshold <= 0:
             break
-        hit = deduper.check(p.id, p.question, near=p.type in cfg.near_duplicate_types)
+        hit = deduper.check(p.id, p.question, p.answers, near=p.type in cfg.near_duplicate_types)
         if hit is None or (hit[0] == "exact" and not cfg.exact_duplicates):
             continue
         kind, other = hit

@@ -1,9 +1,13 @@
 """Duplicate and contamination detection over normalised question text.
 
-- Exact duplicates: same normalised text (NFKC, lower case, punctuation dropped, spaces collapsed).
-- Near duplicates: Jaccard similarity of word-3-gram sets at or above a threshold. Candidates
-  come from MinHash locality-sensitive hashing (64 hashes in 16 bands of 4), then every
-  candidate is confirmed with the exact Jaccard, so LSH only affects speed, never a verdict.
+- Exact duplicates: same normalised text (NFKC, lower case, prose punctuation dropped, spaces
+  collapsed). Signs, decimal points and math symbols are kept: "-32.9" is not "32.9" and
+  "3+5" is not "3-5".
+- Near duplicates: Jaccard similarity of token-3-gram sets at or above a threshold *and* a
+  shared normalised answer. The answer condition is ours: math variants that change one number
+  ("...rceil$" vs "...rceil^2$") and fact questions about another year look alike but are
+  different problems. Candidates come from MinHash locality-sensitive hashing (64 hashes in 16
+  bands of 4); every candidate is confirmed exactly, so LSH only affects speed, never a verdict.
 - Contamination: a training row sharing any word n-gram (13 by default, as in GPT-3's and
   DeepSeek's decontamination) with any evaluation row. Shorter rows are covered by the exact
   and near-duplicate checks, which run over both splits together.
@@ -21,8 +25,8 @@ from collections import defaultdict
 
 import numpy as np
 
-_NON_WORD = re.compile(r"[^\w\s]+")
-_SPACE = re.compile(r"\s+")
+_TOKEN = re.compile(r"-?\d+(?:[.,]\d+)*|\w+|[^\w\s]")
+_PROSE = frozenset(".,;:!?'\"`\u201c\u201d\u2018\u2019")
 _PRIME = np.uint64(4294967291)  # largest prime below 2**32
 _N_HASHES, _BAND_ROWS = 64, 4
 _RNG = np.random.default_rng(20250101)
@@ -30,14 +34,18 @@ _A = _RNG.integers(1, 2**31, size=_N_HASHES, dtype=np.uint64)
 _B = _RNG.integers(0, 2**31, size=_N_HASHES, dtype=np.uint64)
 
 
-def normalize(text: str) -> str:
+def _all_tokens(text: str) -> list[str]:
     text = unicodedata.normalize("NFKC", text).lower()
-    text = _NON_WORD.sub(" ", text)
-    return _SPACE.sub(" ", text).strip()
+    return [t for t in _TOKEN.findall(text) if t not in _PROSE]
+
+
+def normalize(text: str) -> str:
+    return " ".join(_all_tokens(text))
 
 
 def tokens(text: str) -> list[str]:
-    return normalize(text).split()
+    """Words and numbers only: the units of n-gram contamination checks."""
+    return [t for t in _all_tokens(text) if t[-1].isalnum() or t[-1] == "_"]
 
 
 def shingles(words: list[str], n: int = 3) -> frozenset[str]:
@@ -63,9 +71,10 @@ class Deduper:
         self.near_threshold = near_threshold
         self._exact: dict[str, str] = {}
         self._shingles: dict[str, frozenset[str]] = {}
+        self._answers: dict[str, frozenset[str]] = {}
         self._bands: dict[tuple[int, bytes], list[str]] = defaultdict(list)
 
-    def check(self, key: str, question: str, near: bool) -> tuple[str, str] | None:
+    def check(self, key: str, question: str, answers: tuple[str, ...], near: bool) -> tuple[str, str] | None:
         """(kind, id of the kept row) if `question` duplicates one, else None and remember it."""
         norm = normalize(question)
         if norm in self._exact:
@@ -74,6 +83,7 @@ class Deduper:
         if not near or self.near_threshold <= 0.0:
             return None
         sh = shingles(norm.split())
+        answer_set = frozenset(normalize(a) for a in answers)
         signature = _minhash(sh)
         bands = [(b, signature[b * _BAND_ROWS:(b + 1) * _BAND_ROWS].tobytes()) for b in range(_N_HASHES // _BAND_ROWS)]
         seen: set[str] = set()
@@ -81,10 +91,12 @@ class Deduper:
             for other in self._bands.get(band, ()):
                 if other not in seen:
                     seen.add(other)
-                    if jaccard(sh, self._shingles[other]) >= self.near_threshold:
+                    if (answer_set & self._answers[other]
+                            and jaccard(sh, self._shingles[other]) >= self.near_threshold):
                         del self._exact[norm]  # a rejected row must not shadow later exact matches
                         return "near", other
         self._shingles[key] = sh
+        self._answers[key] = answer_set
         for band in bands:
             self._bands[band].append(key)
         return None

@@ -24,28 +24,35 @@ from pipeline.config.curate import FilterConfig
 from pipeline.types import Problem
 
 TIME_CUES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern, re.IGNORECASE))
+    (name, re.compile(pattern))
     for name, pattern in (
         ("this-period", r"\bthis (?:year|month|week|season|decade|century|term|summer|winter|spring|fall)\b"),
         ("current", r"\b(?:current|currently|presently|present-day|nowadays|at present|right now|as of now|as of today)\b"),
         ("now", r"\bnow\b"),
         ("today", r"\btoday(?:'s)?\b"),
-        ("latest", r"\b(?:latest|newest|most recent|recently|upcoming|incumbent|reigning)\b"),
-        ("last-time", r"\blast (?:time|year|month|week|season|election)\b"),
+        # Not "recently": "released more recently" compares two dates, "the recently abdicated
+        # queen" is history; both are common in multi-hop sets.
+        ("latest", r"\b(?:latest|newest|most recent|upcoming|incumbent|reigning)\b"),
+        ("last-time", r"\blast (?:time|year|month|week|season|election)\b(?! of)"),
         ("so-far", r"\b(?:so far|to date|until now|up to now|as of yet|still)\b"),
         ("next", r"\b(?:the next|next year|next season)\b"),
-        ("present-perfect-count", r"\bhow many (?:times )?(?:\w+ ){0,4}(?:has|have)\b.*\b(?:won|been|had|played|scored|appeared)\b"),
+        ("present-perfect-count", r"\bhow many (?:\w+ ){0,4}(?:has|have) (?:[\w.'-]+ ){0,6}(?:won|played|scored|appeared in|been to)\b"),
     )
 )
 _YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})s?\b")
 
 
 def time_ambiguity(question: str) -> str | None:
-    """The name of the first time cue in a question without an explicit year, else None."""
+    """The name of the first time cue in a question without an explicit year, else None.
+
+    Cues match lower-case words only (the first letter of the question is lowered first), so
+    capitalised titles and names such as "Standing Still" or "USA TODAY" do not trigger them.
+    """
     if _YEAR.search(question):
         return None
+    text = question[:1].lower() + question[1:]
     for name, pattern in TIME_CUES:
-        if pattern.search(question):
+        if pattern.search(text):
             return name
     return None
 
@@ -85,7 +92,7 @@ def invalid_math_answer(answer: str) -> str | None:
     core = answer.strip().strip("$").strip()
     if not core:
         return "empty math answer"
-    if "$" in core:
+    if "$" in core.replace("\\$", ""):  # an escaped dollar sign (\$36) is part of the answer
         return f"stray '$' in math answer {answer!r}"
     if not _balanced(core):
         return f"unbalanced braces in math answer {answer!r}"

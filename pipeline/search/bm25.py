@@ -75,5 +75,13 @@ class BM25Index:
         return self.search_many([query], k)[0]
 
 
+def index_vocabulary(directory: Path) -> frozenset[str]:
+    """The words of a built index (empty when there is none): the cache's list of real words."""
+    vocab_file = directory / "vocab.index.json"
+    if not vocab_file.is_file():
+        return frozenset()
+    return frozenset(w for w in json.loads(vocab_file.read_text(encoding="utf-8")) if w.isalpha())
+
+
 def _scored(passage: Passage, score: float) -> Passage:
     return Passage(id=passage.id, title=passage.title, text=passage.text, url=passage.url, score=score)

@@ -54,7 +54,9 @@ class SearchCache:
     """Exact + guarded fuzzy cache in Redis. Create, then `await connect()`; never raises on Redis failures."""
 
     def __init__(self, redis_url: str, *, ttl_s: int, fuzzy_threshold: float, fuzzy: bool = True,
-                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 0.5) -> None:
+                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 0.5,
+                 known_words: frozenset[str] = frozenset()) -> None:
+        self.known_words = known_words
         self.ttl_s = ttl_s
         self.fuzzy_threshold = fuzzy_threshold
         self.fuzzy = fuzzy
@@ -84,7 +86,7 @@ class SearchCache:
     def _index(self, backend: str, top_k: int) -> FuzzyIndex:
         key = (backend, top_k)
         if key not in self._indexes:
-            self._indexes[key] = FuzzyIndex(self.fuzzy_threshold)
+            self._indexes[key] = FuzzyIndex(self.fuzzy_threshold, known_words=self.known_words)
         return self._indexes[key]
 
     def _went_down(self, err: Exception) -> None:
@@ -114,7 +116,7 @@ class SearchCache:
         async for key in self._redis.scan_iter(match=f"{self.namespace}:z:*", count=1000):
             backend, top_k = key.rsplit(":", 2)[-2:]
             await self._redis.zremrangebyscore(key, "-inf", now)
-            index = indexes.setdefault((backend, int(top_k)), FuzzyIndex(self.fuzzy_threshold))
+            index = indexes.setdefault((backend, int(top_k)), FuzzyIndex(self.fuzzy_threshold, known_words=self.known_words))
             for member in await self._redis.zrange(key, 0, -1):
                 index.add(member)
         self._indexes = indexes

@@ -32,11 +32,21 @@ def _deletions(word: str) -> set[str]:
     return {word[:i] + word[i + 1 :] for i in range(len(word))} | {word}
 
 
+def _single_word_deletions(terms: QueryTerms) -> set[str]:
+    """SymSpell keys of a one-word query, for the word as written and plural-stripped (the guard accepts
+    a typo in either form)."""
+    if len(terms.words) != 1:
+        return set()
+    return set().union(*(_deletions(w) for w in {terms.words[0], terms.raw[0]} if len(w) >= TYPO_MIN_LETTERS))
+
+
 class FuzzyIndex:
     """Normalised cached queries with a guarded nearest-match lookup. Not thread-safe; one per event loop."""
 
-    def __init__(self, threshold: float = 0.9, max_candidates: int = 5000) -> None:
+    def __init__(self, threshold: float = 0.9, max_candidates: int = 5000,
+                 known_words: frozenset[str] = frozenset()) -> None:
         self.threshold = threshold
+        self.known_words = known_words
         self.max_candidates = max_candidates
         self._texts: list[str | None] = []  # entry id -> normalised query (None once removed)
         self._ids: dict[str, int] = {}
@@ -58,9 +68,8 @@ class FuzzyIndex:
         terms = query_terms(normalized)
         for word in set(terms.words):
             self._postings[word].append(entry)
-        if len(terms.words) == 1 and len(terms.words[0]) >= TYPO_MIN_LETTERS:
-            for variant in _deletions(terms.words[0]):
-                self._postings["\x00" + variant].append(entry)
+        for variant in _single_word_deletions(terms):
+            self._postings["\x00" + variant].append(entry)
         self._compact[terms.compact].append(entry)
 
     def remove(self, normalized: str) -> None:
@@ -83,8 +92,8 @@ class FuzzyIndex:
             found = np.concatenate(pairs)
         elif len(words) == 2:
             found = np.concatenate([self._posting(words[0]), self._posting(words[1])])
-        elif len(words) == 1 and len(words[0]) >= TYPO_MIN_LETTERS:
-            found = np.concatenate([self._posting("\x00" + v) for v in _deletions(words[0])])
+        elif len(terms.words) == 1 and len(words[0]) >= TYPO_MIN_LETTERS:
+            found = np.concatenate([self._posting("\x00" + v) for v in _single_word_deletions(terms)])
         else:
             found = np.concatenate([self._posting(w) for w in words] or [np.empty(0, dtype=np.uint32)])
         spaced = np.asarray(self._compact.get(terms.compact, ()), dtype=np.uint32)
@@ -100,6 +109,6 @@ class FuzzyIndex:
         ranked = process.extract(normalized, texts, scorer=fuzz.ratio, limit=None,
                                  score_cutoff=self.threshold * 100.0)
         for text, _score, _pos in ranked:
-            if may_merge(terms, query_terms(text), self.threshold):
+            if may_merge(terms, query_terms(text), self.threshold, self.known_words):
                 return text
         return None

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import uvicorn
 
 from pipeline.config import load_config
 from pipeline.paths import REPO_ROOT
+from pipeline.search.bm25 import index_vocabulary
 from pipeline.search.cache import SearchCache
 from pipeline.search.engine import SearchEngine, make_backend
 from sandbox.search.app import create_app
@@ -29,10 +31,13 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.params).search
     redis_url = args.redis_url if args.redis_url is not None else cfg.redis_url
     backend = make_backend(cfg, REPO_ROOT)  # fail fast, before the port opens
+    index_dir = Path(cfg.index_dir) if Path(cfg.index_dir).is_absolute() else REPO_ROOT / cfg.index_dir
+    known_words = index_vocabulary(index_dir)  # real words are never treated as typos of each other
     deadline_s = cfg.backend_timeout_s * (cfg.backend_retries + 1) + 2.0 * cfg.backend_retries
 
     async def make_engine() -> SearchEngine:
-        cache = SearchCache(redis_url, ttl_s=cfg.cache_ttl_s, fuzzy_threshold=cfg.fuzzy_threshold, fuzzy=cfg.fuzzy)
+        cache = SearchCache(redis_url, ttl_s=cfg.cache_ttl_s, fuzzy_threshold=cfg.fuzzy_threshold, fuzzy=cfg.fuzzy,
+                            known_words=known_words)
         await cache.connect()
         return SearchEngine(backend, cache, deadline_s=deadline_s)
 

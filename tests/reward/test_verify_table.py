@@ -1,0 +1,237 @@
+"""Hand-checked verifier cases, one table per kind: equivalences, non-equivalences, Unicode, aliases."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.reward import verify
+
+# (predicted, gold, expected) - expected is exact (0/1) unless the kind is graded.
+MATH_CASES = [
+    # equivalences the strict string match of TAPO misses
+    ("1/2", "\\frac{1}{2}", 1.0),
+    ("0.5", "\\frac{1}{2}", 1.0),
+    ("0.5", "1/2", 1.0),
+    ("\\dfrac{1}{2}", "0.5", 1.0),
+    ("\\tfrac12", "0.5", 1.0),
+    ("-\\frac{3}{4}", "-0.75", 1.0),
+    ("\\frac{-3}{4}", "-0.75", 1.0),
+    ("x = 3", "3", 1.0),
+    ("x=3", "3", 1.0),
+    ("\\theta = 30", "30", 1.0),
+    ("50\\%", "0.5", 1.0),
+    ("50%", "50", 1.0),
+    ("0.5", "50\\%", 1.0),
+    ("12.5%", "\\frac{1}{8}", 1.0),
+    ("1,000", "1000", 1.0),
+    ("1,234,567", "1234567", 1.0),
+    ("1{,}000", "1000", 1.0),
+    ("10\\text{ cm}", "10", 1.0),
+    ("18 \\text{ dollars}", "18", 1.0),
+    ("\\$18", "18", 1.0),
+    ("$18.00$", "18", 1.0),
+    ("90^\\circ", "90", 1.0),
+    ("90°", "90", 1.0),
+    ("\\text{5}", "5", 1.0),
+    ("5.", "5", 1.0),
+    ("05", "5", 1.0),
+    ("5.000", "5", 1.0),
+    ("1e3", "1000", 1.0),
+    ("2.5e-1", "\\frac14", 1.0),
+    ("0.3333333333", "\\frac{1}{3}", 1.0),
+    ("(1, 2]", "(1,2]", 1.0),
+    ("(0.5, 3)", "(\\frac{1}{2}, 3)", 1.0),
+    ("[1,2]", "\\left[1, 2\\right]", 1.0),
+    ("(3,4)", "(3, 4)", 1.0),
+    ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", 1.0),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
+    ("2\\sqrt{3}", "\\sqrt{12}", 1.0),
+    ("(x+1)^2", "x^2+2x+1", 1.0),
+    ("2^{10}", "1024", 1.0),
+    ("\\pi/2", "\\frac{\\pi}{2}", 1.0),
+    ("\\{1, 2\\}", "\\{2, 1\\}", 1.0),
+    ("five", "5", 1.0),
+    ("twelve", "12", 1.0),
+    ("  42  ", "42", 1.0),
+    ("-7", "-7", 1.0),
+    ("+7", "7", 1.0),
+    ("3.0", "3", 1.0),
+    ("\\frac{6}{8}", "\\frac{3}{4}", 1.0),
+    ("2/4", "1/2", 1.0),
+    ("0.75", "75\\%", 1.0),
+    ("100\\%", "1", 1.0),
+    ("1\\,000", "1000", 1.0),
+    ("10", "10\\text{ meters}", 1.0),
+    ("x^2+1", "1+x^2", 1.0),
+    ("\\infty", "\\infty", 1.0),
+    # non-equivalences
+    ("3", "4", 0.0),
+    ("0.51", "0.5", 0.0),
+    ("0.333", "\\frac{1}{3}", 0.0),
+    ("1/3", "0.33", 0.0),
+    ("-5", "5", 0.0),
+    ("50", "0.5", 0.0),
+    ("(1, 2)", "[1, 2]", 0.0),
+    ("(1,2]", "[1,2)", 0.0),
+    ("(1, 2)", "(2, 1)", 0.0),
+    ("(1, 2, 3)", "(1, 2)", 0.0),
+    ("\\sqrt{3}", "\\sqrt{2}", 0.0),
+    ("\\pi", "3.14159", 0.0),
+    ("x^2", "2x", 0.0),
+    ("1000", "100", 0.0),
+    ("12", "1,200", 0.0),
+    ("", "5", 0.0),
+    ("\\frac{1}{0}", "1", 0.0),
+    ("seven", "8", 0.0),
+    ("1e999999", "1", 0.0),
+    ("abc", "5", 0.0),
+    ("2/3", "0.67", 0.0),
+    ("\\frac{1}{2}", "\\frac{1}{3}", 0.0),
+    ("x+1", "x-1", 0.0),
+    ("-\\infty", "\\infty", 0.0),
+]
+
+FACT_CASES = [
+    # TAPO's Röntgen example: partial credit 1 - 7/22 instead of EM's 0
+    ("Wilhelm Röntgen", "Wilhelm Conrad Röntgen", 1 - 7 / 22),
+    ("Wilhelm Conrad Röntgen", "Wilhelm Conrad Röntgen", 1.0),
+    ("wilhelm conrad rontgen", "Wilhelm Conrad Röntgen", 1.0),
+    ("WILHELM CONRAD RÖNTGEN", "Wilhelm Conrad Röntgen", 1.0),
+    ("The Eiffel Tower.", "Eiffel Tower", 1.0),
+    ("eiffel-tower", "Eiffel Tower", 1.0),
+    ("Paris", "paris", 1.0),
+    ("Paris, France", "Paris", 0.0),  # r = 7/13 > 0.5
+    ("Pari", "Paris", 0.8),
+    ("London", "Paris", 0.0),
+    ("", "Paris", 0.0),
+    ("the", "The", 0.0),  # nothing left after dropping the article
+    ("Ｔｏｋｙｏ", "Tokyo", 1.0),  # NFKC folds full-width letters
+    ("Beyoncé", "Beyonce", 1.0),
+    ("Zoë Saldaña", "Zoe Saldana", 1.0),
+    ("São Paulo", "Sao Paulo", 1.0),
+    ("ﬁsh", "fish", 1.0),  # the fi ligature
+    ("Strasse", "Straße", 1.0),  # casefold: ß -> ss
+    ("Москва", "москва", 1.0),
+    ("北京", "北京", 1.0),
+    ("北京", "上海", 0.0),
+    ("George Washington", "Washington", 1 - 7 / 17),  # r = 7/17 <= 0.5: partial credit
+    ("1969", "1969", 1.0),
+    ("1968", "1969", 0.75),
+    ("J. K. Rowling", "JK Rowling", 1 - 1 / 11),
+    ("Barack Obama", "Barack Hussein Obama", 1 - 8 / 20),
+    ("Obama", "Barack Hussein Obama", 0.0),
+]
+
+EM_CASES = [
+    ("Wilhelm Röntgen", "Wilhelm Conrad Röntgen", 0.0),
+    ("the Eiffel Tower.", "Eiffel tower", 1.0),
+    ("An apple", "apple", 1.0),
+    ("  Paris ", "paris", 1.0),
+    ("Paris France", "Paris", 0.0),
+    ("", "", 0.0),
+    ("Beyoncé", "Beyonce", 1.0),
+    ("U.S.", "U S", 1.0),
+    ("yes", "Yes.", 1.0),
+    ("no", "yes", 0.0),
+    ("The Beatles", "Beatles", 1.0),
+    ("Röntgen", "Roentgen", 0.0),
+]
+
+F1_CASES = [
+    ("Wilhelm Röntgen", "Wilhelm Conrad Röntgen", 0.8),
+    ("Wilhelm Conrad Röntgen", "Wilhelm Conrad Röntgen", 1.0),
+    ("the cat sat", "cat sat on mat", 2 * (2 / 2) * (2 / 4) / ((2 / 2) + (2 / 4))),
+    ("Paris", "London", 0.0),
+    ("yes", "no", 0.0),
+    ("yes", "yes", 1.0),
+    ("no answer", "noanswer", 0.0),
+    ("", "Paris", 0.0),
+    ("New York City", "New York", 0.8),
+]
+
+CALCULATOR_CASES = [
+    ("7006652", "7006652", 1.0),
+    ("7006652.0004", "7006652", 1.0),
+    ("3.14159", "3.1416", 1.0),
+    ("3.14", "3.1416", 0.0),
+    ("1/3", "0.33333", 1.0),
+    ("-2.5", "-2.5", 1.0),
+    ("9449772114007", "9449772114007.0", 1.0),
+    ("9.44977211e12", "9449772114007", 1.0),  # relative 1e-6 for large magnitudes
+    ("9.45e12", "9449772114007", 0.0),
+    ("1,024", "1024", 1.0),
+    ("3+4j", "3+4j", 1.0),
+    ("3+4i", "3+4j", 1.0),
+    ("12 apples", "12", 0.0),
+    ("abc", "1", 0.0),
+    ("nan", "1", 0.0),
+    ("inf", "inf", 0.0),
+    ("0.001", "0.0015", 1.0),
+    ("0.001", "0.0025", 0.0),
+    ("1e-4", "0.0001", 1.0),
+    ("\\frac{22}{7}", "3.142857", 1.0),
+]
+
+COMPLEX_CASES = [
+    ("8104.4", "8104.4", 1.0),
+    ("8,104.4 people/km²", "8104.4", 1.0),
+    ("8500", "8104.4", 1.0),  # 4.9% off
+    ("8600", "8104.4", 0.0),  # 6.1% off
+    ("3.5 million", "3500000", 1.0),
+    ("3.5 million (2020)", "3500000", 1.0),
+    ("about 2 billion", "1.95 billion", 1.0),
+    ("42%", "0.42", 1.0),
+    ("no idea", "12", 0.0),
+    ("0", "0", 1.0),
+    ("0.1", "0", 0.0),
+    ("-12", "12", 0.0),
+]
+
+ALIAS_CASES = [
+    ("fact", "Röntgen", ["Wilhelm Conrad Röntgen", "Röntgen", "W. C. Röntgen"], 1.0),
+    ("em", "JFK", ["John F. Kennedy", "JFK"], 1.0),
+    ("em", "Kennedy", ["John F. Kennedy", "JFK"], 0.0),
+    ("f1", "Kennedy", ["John F. Kennedy", "JFK"], 0.5),
+    ("math", "0.5", ["\\frac{1}{2}", "1/2"], 1.0),
+    ("math", "2", ["-2", "2"], 1.0),
+    ("calculator", "4", ["3", "4"], 1.0),
+    ("complex", "100", ["1000", "10"], 0.0),
+]
+
+
+def _cases(kind: str, table: list[tuple[str, str, float]]) -> list[tuple[str, str, str, float]]:
+    return [(kind, p, g, e) for p, g, e in table]
+
+
+ALL_CASES = (
+    _cases("math", MATH_CASES)
+    + _cases("fact", FACT_CASES)
+    + _cases("em", EM_CASES)
+    + _cases("f1", F1_CASES)
+    + _cases("calculator", CALCULATOR_CASES)
+    + _cases("complex", COMPLEX_CASES)
+)
+
+
+@pytest.mark.parametrize(("kind", "predicted", "gold", "expected"), ALL_CASES)
+def test_verify_table(kind: str, predicted: str, gold: str, expected: float) -> None:
+    assert verify(kind, predicted, gold) == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize(("kind", "predicted", "golds", "expected"), ALIAS_CASES)
+def test_max_over_aliases(kind: str, predicted: str, golds: list[str], expected: float) -> None:
+    assert verify(kind, predicted, golds) == pytest.approx(expected, abs=1e-9)
+
+
+def test_table_is_large_enough() -> None:
+    assert len(ALL_CASES) + len(ALIAS_CASES) >= 150
+
+
+def test_unknown_kind_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown verifier kind 'maths'"):
+        verify("maths", "1", "1")
+
+
+def test_empty_gold_list_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no gold answer"):
+        verify("em", "1", [])

@@ -33,6 +33,8 @@ LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
 
 class TrainConfig(StageConfig):
     algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
+    init_model: str = Field("models/base", min_length=1, description="Model directory RL starts from (the base or SFT model).")
+    train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
     steps: int = Field(4, ge=1, description="Optimiser steps (one rollout batch each).")
     prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
     max_gen_rounds: int = Field(3, ge=1, description="Dynamic sampling: most rollout rounds spent filling one batch.")
@@ -44,7 +46,8 @@ class TrainConfig(StageConfig):
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
-    output_dir: str = Field("models/policy", min_length=1, description="Final model and checkpoints.")
+    checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
+    output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
     logprobs_source: Literal["rollout", "recompute"] = Field(
         "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
     )

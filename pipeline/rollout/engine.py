@@ -55,7 +55,7 @@ class RolloutEngine:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
         self.protocol: Protocol = make_protocol(cfg.protocol)
         self.seed = seed
-        self._calls = 0
+        self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
         """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
@@ -68,9 +68,9 @@ class RolloutEngine:
             max_policy_tokens=self.cfg.max_policy_tokens,
             max_total_tokens=self.cfg.max_total_tokens,
         )
-        self._calls += 1
+        self.calls += 1
         decoder = HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
-                            seed=self.seed * 1_000_003 + self._calls)
+                            seed=self.seed * 1_000_003 + self.calls)
         seqs = [self._new_sequence(p) for p in problems for _ in range(n)]
         run = _Run(self, seqs, asyncio.get_running_loop())
         t0 = time.perf_counter()

@@ -1,0 +1,35 @@
+"""Shared command-line handling for the stage flows."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
+from pipeline.jsonl import read_problems
+from pipeline.rollout.protocol import TOOLS_FOR_TYPE
+from pipeline.types import ToolName
+
+
+def stage_args(description: str, *, resume: bool = False) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
+    if resume:
+        parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    return parser.parse_args()
+
+
+def load_or_exit(params: str | Path) -> RunConfig:
+    """Validate the params file before any flow starts; print every error and exit 1 on failure."""
+    try:
+        return load_config(params)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def tools_needed(problem_file: str | Path) -> tuple[ToolName, ...]:
+    """The tools the problems in a file may call (from their types)."""
+    types = {p.type for p in read_problems(problem_file)}
+    return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))

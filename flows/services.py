@@ -1,0 +1,60 @@
+"""Start the tool services (Redis, code sandbox, search), hand their URLs on, stop them on exit.
+
+`running_services(cfg, tools)` is a context manager the other flows use; `services_flow`
+runs it as a Prefect flow that keeps the services up until interrupted. A service whose
+URL is set in params is used as it is, not started.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+
+from flows.common import load_or_exit, stage_args
+from pipeline.config import RunConfig
+from pipeline.services import free_port, python_service, redis_service
+from pipeline.types import ToolName
+
+LOG_DIR = Path("logs/services")
+
+
+@contextmanager
+def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: str = "params.yaml",
+                     log_dir: Path = LOG_DIR) -> Iterator[dict[ToolName, str]]:
+    """Yield {tool: base URL} for the requested tools, with everything they need running."""
+    urls: dict[ToolName, str] = {}
+    with ExitStack() as stack:
+        if "code" in tools:
+            urls["code"] = cfg.sandbox.url or stack.enter_context(python_service(
+                "sandbox", "sandbox.code", ["--workers", str(cfg.sandbox.workers)],
+                cfg.sandbox.port or free_port(), log_dir)).url
+        if "search" in tools:
+            redis_url = cfg.search.redis_url or stack.enter_context(redis_service(log_dir / "redis")).url
+            urls["search"] = cfg.search.url or stack.enter_context(python_service(
+                "search", "sandbox.search", ["--redis-url", redis_url, "--params", params_path],
+                cfg.search.port or free_port(), log_dir)).url
+        yield urls
+
+
+@flow(name="services", log_prints=True)
+def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code", "search")) -> None:
+    """Run the services until SIGINT/SIGTERM (for interactive use and notebooks)."""
+    cfg = load_or_exit(params)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with running_services(cfg, tools, params) as urls:
+        get_run_logger().info("services up: %s", urls)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    args = stage_args("Start the tool services and keep them running.")
+    services_flow(args.params)

@@ -1,0 +1,187 @@
+"""RL with tools: DAPO / GRPO over tool-augmented rollouts (TAPO's training loop).
+
+`run` reads like the algorithm: sample groups with tools -> reward -> drop uninformative
+groups -> group-relative advantages -> clipped token-level loss -> update -> log/checkpoint.
+
+Departures from the papers, and why:
+1. Tool-output tokens are excluded from the loss numerator *and* denominator (TAPO's code
+   zeroes their advantage but still counts them, diluting the gradient by the share of
+   tool tokens).
+2. The importance ratio uses the log-probs recorded at sampling time by default; the
+   sampled tokens are never re-tokenized, so they are exactly the trained tokens.
+3. Dynamic sampling gives up after `max_gen_rounds` and trains on what it kept (TAPO pads
+   with unfiltered groups "for testing", which adds zero-advantage rows); a step with no
+   informative group makes no update.
+4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.advantage import group_advantages, is_informative
+from pipeline.batching import make_train_batch
+from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from pipeline.config import RunConfig
+from pipeline.config.train import GRPOLoss
+from pipeline.history import MetricHistory
+from pipeline.jsonl import read_problems, write_json
+from pipeline.loss import make_policy_loss
+from pipeline.model import load_policy
+from pipeline.problem_stream import ProblemStream
+from pipeline.reward import score_trajectory
+from pipeline.rollout.engine import RolloutEngine
+from pipeline.tools.factory import make_tools
+from pipeline.tracking import tracked_run
+from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
+from pipeline.update import UpdateSettings, micro_batches, policy_gradient_step, token_logprobs_and_entropy
+
+CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
+                 "train/entropy", "train/kept_group_fraction"]
+
+
+@dataclass
+class Trainer:
+    """Everything the loop touches, built once by `set_up`."""
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    tokenizer: object
+    engine: RolloutEngine
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: ProblemStream
+    state: TrainerState
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Trainer:
+    seed_everything(cfg.run.seed)
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype)
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    tc = cfg.train
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (tc.warmup_steps + 1)))
+    problems = read_problems(tc.train_file)
+    if tc.max_train_problems:
+        problems = problems[: tc.max_train_problems]
+    state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
+    checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
+    engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
+    engine.calls = state.rollout_calls
+    stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
+    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state)
+
+
+def score_group(group: Group, cfg: RunConfig) -> ScoredGroup:
+    rewards = tuple(
+        score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
+                         max_policy_tokens=cfg.rollout.max_policy_tokens)
+        for t in group.trajectories
+    )
+    return ScoredGroup(group, rewards)
+
+
+def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """Sample, score and (DAPO) keep informative groups until the batch is full or rounds run out."""
+    tc, algo = tr.cfg.train, tr.cfg.train.algorithm
+    kept: list[ScoredGroup] = []
+    seen: list[ScoredGroup] = []
+    metrics: dict[str, float] = defaultdict(float)
+    for _ in range(tc.max_gen_rounds):
+        result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
+        scored = [score_group(g, tr.cfg) for g in result.groups]
+        seen += scored
+        kept += [g for g in scored if is_informative(g)] if algo.dynamic_sampling else scored
+        for k, v in result.stats.as_metrics().items():
+            metrics[k] += v
+        if len(kept) >= tc.prompts_per_step:
+            break
+    return kept, dict(metrics) | reward_metrics(seen) | {"train/kept_group_fraction": len(kept) / len(seen)}
+
+
+def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
+    rewards = [r for g in groups for r in g.rewards]
+    out = {
+        "reward/mean": float(np.mean([r.total for r in rewards])),
+        "reward/std": float(np.std([r.total for r in rewards])),
+        "reward/accuracy": float(np.mean([r.correct for r in rewards])),
+        "reward/format_error_rate": float(np.mean([not r.format_ok for r in rewards])),
+    }
+    by_source: dict[str, list[bool]] = defaultdict(list)
+    for g in groups:
+        by_source[g.group.problem.source] += [r.correct for r in g.rewards]
+    return out | {f"reward/accuracy/{s}": float(np.mean(v)) for s, v in by_source.items()}
+
+
+def advantages_of(groups: list[ScoredGroup], algo) -> list[np.ndarray]:
+    std_normalize = algo.std_normalize if isinstance(algo, GRPOLoss) else True
+    return [group_advantages(np.array(g.totals, dtype=np.float64), std_normalize=std_normalize) for g in groups]
+
+
+def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
+    tr.model.eval()
+    with torch.no_grad():
+        parts = [token_logprobs_and_entropy(tr.model, m, tr.cfg.rollout.temperature, with_entropy=False)[0]
+                 for m in micro_batches(batch, tr.cfg.train.micro_batch_size)]
+    return dataclasses.replace(batch, old_logprobs_BT=torch.cat(parts) * batch.loss_mask_BT)
+
+
+def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
+    if not kept:
+        return {"train/skipped": 1.0}
+    batch = make_train_batch(kept, advantages_of(kept, tr.cfg.train.algorithm), tr.tokenizer.pad_token_id)
+    if tr.cfg.train.logprobs_source == "recompute":
+        batch = recompute_old_logprobs(tr, batch)
+    settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature)
+    loss = make_policy_loss(tr.cfg.train.algorithm)
+    metrics: dict[str, float] = {}
+    for _ in range(tr.cfg.train.ppo_epochs):
+        metrics = policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
+    tr.scheduler.step()
+    return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+
+
+def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
+        metrics_dir: Path = Path("metrics")) -> dict[str, float]:
+    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics."""
+    tr = set_up(cfg, tool_urls, resume)
+    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0)
+    last: dict[str, float] = {}
+    with tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id) as active:
+        for step in range(tr.state.step, cfg.train.steps):
+            kept, rollout_metrics = collect_batch(tr)            # sample with tools, reward, dynamic sampling
+            update_metrics = train_step(tr, kept)                # advantages, loss, optimiser step
+            last = rollout_metrics | update_metrics
+            history.log(step, last)
+            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id)
+            if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
+                save_checkpoint(Path(cfg.train.checkpoint_dir), tr.state, tr.model, tr.optimizer, tr.scheduler)
+        save_final_model(tr, Path(cfg.train.output_dir))
+    history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
+    write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+    return last
+
+
+def save_final_model(tr: Trainer, path: Path) -> None:
+    """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM."""
+    tr.model.save_pretrained(path, safe_serialization=True)
+    tr.tokenizer.save_pretrained(path)

@@ -1,0 +1,146 @@
+"""The rollout loop: token-exact trajectories, masks, spans, budgets, malformed calls."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pipeline.config.rollout import RolloutConfig
+from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine
+from pipeline.types import Problem, ToolResult
+from tests.helpers.tiny import ScriptedLM, tiny_tokenizer
+
+
+class PythonEval:
+    """A deterministic code tool double: evaluates `print(<expr>)` with digits and * + only."""
+
+    name = "code"
+
+    def __init__(self, latency_s: float = 0.0) -> None:
+        self.latency_s, self.calls = latency_s, []
+
+    async def __call__(self, code: str) -> ToolResult:
+        self.calls.append(code)
+        await asyncio.sleep(self.latency_s)
+        expr = code.removeprefix("print(").removesuffix(")")
+        if not set(expr) <= set("0123456789*+ "):
+            return ToolResult.failure("NameError: name is not defined")
+        return ToolResult(str(eval(expr)), ok=True, latency_s=self.latency_s)  # noqa: S307 - digits and * + only
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+def problem(i: int = 0, type_: str = "calculator") -> Problem:
+    return Problem(f"p{i}", f"What is 6 * {i}?", (str(6 * i),), type_, "calculator", "train")
+
+
+def engine(tok, segments, tools=None, **cfg) -> tuple[RolloutEngine, ScriptedLM]:
+    model = ScriptedLM(tok, segments)
+    config = RolloutConfig(**{"max_policy_tokens": 200, "max_total_tokens": 2000, "temperature": 1.0, **cfg})
+    return RolloutEngine(model, tok, tools if tools is not None else {"code": PythonEval()}, config, seed=0), model
+
+
+CALL_THEN_ANSWER = ["<think>compute</think> <code>print(6 * 7)</code>", "<answer>42</answer>"]
+
+
+def test_tool_call_round_trip_is_token_exact(tok) -> None:
+    eng, model = engine(tok, CALL_THEN_ANSWER)
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    assert traj.finish_reason == "answer"
+    assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
+    (call,) = traj.tool_calls
+    assert call.input == "print(6 * 7)" and call.result.output == "42"
+    # sampled tokens are exactly the script's tokens; inserted tokens are exactly the wrapped output
+    s0, s1 = call.call_span
+    o0, o1 = call.output_span
+    assert list(traj.response_ids[s0:s1]) == model.segments[0]
+    assert tok.decode(traj.response_ids[o0:o1]) == "\n<response>\n42\n</response>\n"
+    assert list(traj.response_ids[o1:]) == model.segments[1]
+    assert all(m == 0 for m in traj.loss_mask[o0:o1])
+    assert all(m == 1 for m in traj.loss_mask[:o0] + traj.loss_mask[o1:])
+    assert all(lp == 0.0 for lp in traj.logprobs[o0:o1])
+    assert all(lp <= 0.0 for lp in traj.logprobs)
+    assert traj.text.endswith("<answer>42</answer>")
+    assert traj.turns == 2
+
+
+def test_policy_spans_decode_to_generated_text(tok) -> None:
+    eng, _ = engine(tok, CALL_THEN_ANSWER)
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    policy_ids = [t for t, m in zip(traj.response_ids, traj.loss_mask) if m]
+    assert tok.decode(policy_ids) == "".join(CALL_THEN_ANSWER)
+    assert traj.policy_token_count == len(policy_ids)
+
+
+def test_budget_exhausted_after_c_calls(tok) -> None:
+    segments = ["<code>print(1)</code>", "<code>print(2)</code>", "<code>print(3)</code>", "<answer>3</answer>"]
+    tool = PythonEval()
+    eng, _ = engine(tok, segments, {"code": tool}, max_tool_calls=2, max_turns=8)
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    assert len(tool.calls) == 2
+    assert [c.result.ok for c in traj.tool_calls] == [True, True, False]
+    assert traj.tool_calls[2].result.output == BUDGET_EXHAUSTED
+    assert traj.finish_reason == "answer"
+
+
+def test_max_turns_ends_trajectory(tok) -> None:
+    segments = ["<code>print(1)</code>"] * 5
+    eng, _ = engine(tok, segments, max_tool_calls=9, max_turns=3)
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    assert traj.finish_reason == "max_turns" and traj.turns == 3 and len(traj.tool_calls) == 2
+
+
+@pytest.mark.parametrize(("segment", "error"), [("<code>   </code>", "empty <code> call"),
+                                                  ("print(1)</code>", "without '<code>'")])
+def test_malformed_calls_get_error_output(tok, segment: str, error: str) -> None:
+    eng, _ = engine(tok, [segment, "<answer>1</answer>"])
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    (call,) = traj.tool_calls
+    assert not call.result.ok and error in call.result.output
+    assert traj.finish_reason == "answer"
+
+
+def test_policy_token_budget(tok) -> None:
+    eng, _ = engine(tok, ["<think>" + "fox " * 100 + "</think><answer>1</answer>"], max_policy_tokens=20)
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    assert traj.finish_reason == "max_tokens" and traj.policy_token_count == 20
+
+
+def test_tool_error_is_an_observation(tok) -> None:
+    eng, _ = engine(tok, ["<code>print(x)</code>", "<answer>0</answer>"])
+    traj = eng.rollout([problem()], 1).groups[0].trajectories[0]
+    assert traj.tool_calls[0].result.output.startswith("NameError")
+    assert "NameError" in traj.text
+
+
+def test_tools_offered_by_problem_type(tok) -> None:
+    """A fact problem is not offered the code tool, so </code> is not a stop string for it."""
+    eng, _ = engine(tok, ["<code>print(1)</code><answer>1</answer>"])
+    traj = eng.rollout([problem(type_="fact")], 1).groups[0].trajectories[0]
+    assert traj.tool_calls == () and traj.finish_reason == "answer"
+
+
+def test_slow_tool_does_not_block_others(tok) -> None:
+    """Eight trajectories each wait 0.3 s on a tool: concurrent, so well under 8 x 0.3 s."""
+    eng, _ = engine(tok, CALL_THEN_ANSWER, {"code": PythonEval(latency_s=0.3)}, max_batch_sequences=8)
+    t0 = time.perf_counter()
+    result = eng.rollout([problem(i) for i in range(4)], 2)
+    assert time.perf_counter() - t0 < 1.6
+    assert all(t.finish_reason == "answer" for g in result.groups for t in g.trajectories)
+    assert result.stats.calls_per_trajectory["code"] == 1.0
+
+
+def test_groups_keep_problem_order(tok) -> None:
+    eng, _ = engine(tok, CALL_THEN_ANSWER)
+    result = eng.rollout([problem(i) for i in range(3)], 2)
+    assert [g.problem.id for g in result.groups] == ["p0", "p1", "p2"]
+    assert all(len(g.trajectories) == 2 and {t.problem_id for t in g.trajectories} == {g.problem.id}
+               for g in result.groups)

@@ -24,7 +24,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,11 @@ from pipeline.data.filters import rule_rejection
 from pipeline.data.formats import SourceError
 from pipeline.data.sources import Rejection, load_source, location
 from pipeline.jsonl import write_json, write_json_lines, write_problems
+from pipeline.tools.base import Tool
 from pipeline.types import Problem
 
 log = logging.getLogger(__name__)
+ToolFactory = Callable[[], Mapping[str, Tool]]
 
 FILTERS: tuple[str, ...] = ("malformed", "invalid_answer", "time_ambiguous", "duplicate", "near_duplicate",
                             "contamination", "judges")
@@ -155,8 +157,12 @@ def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejec
     return per_source, {f: counts.get(f, 0) for f in FILTERS}
 
 
-def run(cfg: CurateConfig) -> CurationReport:
-    """Curate, write the split files, rejected rows and report; return the report."""
+def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationReport:
+    """Curate, write the split files, rejected rows and report; return the report.
+
+    `tool_factory` builds the judges' tools inside the judging event loop; by default they are
+    clients of `multi_llm.code_url` and `multi_llm.search_url`.
+    """
     started = time.perf_counter()
     check_sources(cfg)
     read, rejected = read_all(cfg)
@@ -171,7 +177,7 @@ def run(cfg: CurateConfig) -> CurationReport:
     if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
         from pipeline.data.judging import judge_filter  # only runs that configure judges need it
 
-        kept, dropped, judge_totals, run_stats = judge_filter(kept, cfg)
+        kept, dropped, judge_totals, run_stats = judge_filter(kept, cfg, tool_factory)
         rejected += dropped
     out = Path(cfg.output_dir)
     n_train = write_problems(out / "train.jsonl", (p for p in kept if p.split == "train"))

@@ -1,0 +1,189 @@
+"""Multi-LLM filtering against a scripted OpenAI-compatible server on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig, SourceConfig
+from pipeline.data.curate import run
+from pipeline.data.judge_cache import JudgeCache
+from pipeline.types import ToolResult
+from tests.data.openai_server import Script, ScriptedOpenAIServer
+
+QUESTIONS = {
+    "What is the capital of France?": "Paris",
+    "Who wrote Hamlet?": "William Shakespeare",
+    "What is 123456 times 789?": "97406784",
+    "How many days are in a leap year?": "366",
+    "What is the chemical symbol of gold?": "Au",
+    "Which planet is known as the Red Planet?": "Mars",
+}
+CORPUS = {q: f"Doc 1 (Title: Fact) The answer to '{q}' is {a}." for q, a in QUESTIONS.items()}
+
+
+class CorpusSearch:
+    """A search tool over a fixed corpus: our service's shape, without its index."""
+
+    name = "search"
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        self.queries.append(call_input)
+        return ToolResult(CORPUS.get(call_input, "No results found."), ok=True)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class PythonCode:
+    """Runs the judge's (scripted, trusted) code in a fresh interpreter and returns stdout."""
+
+    name = "code"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        self.runs += 1
+        done = subprocess.run([sys.executable, "-c", call_input], capture_output=True, text=True, timeout=20)
+        if done.returncode:
+            return ToolResult.failure(done.stderr.strip().splitlines()[-1])
+        return ToolResult(done.stdout, ok=True)
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture()
+def questions_file(tmp_path: Path) -> Path:
+    path = tmp_path / "hard.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in QUESTIONS.items()))
+    return path
+
+
+def _config(tmp_path: Path, qfile: Path, url: str, models: list[str], **multi: object) -> CurateConfig:
+    judges = tuple(JudgeConfig(name=m, base_url=url, model=m, input_usd_per_mtok=2.0, output_usd_per_mtok=8.0)
+                   for m in models)
+    multi_cfg = {"judges": judges, "cache_path": str(tmp_path / "cache" / "judges.sqlite"), "backoff_s": 0.0,
+                 "concurrency": 4, **multi}
+    return CurateConfig(
+        calculator={"n_train": 0, "n_test": 0},
+        sources=(SourceConfig(name="hard", path=str(qfile), adapter="hotpotqa", type="fact", split="train", judge=True),),
+        filters={"contamination_ngram": 0},
+        multi_llm=MultiLLMConfig(**multi_cfg),
+        output_dir=str(tmp_path / "out"),
+    )
+
+
+@pytest.fixture()
+def tools() -> Iterator[tuple[CorpusSearch, PythonCode]]:
+    yield CorpusSearch(), PythonCode()
+
+
+def _kept(tmp_path: Path) -> set[str]:
+    return {json.loads(line)["question"] for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()}
+
+
+def test_all_judges_must_be_right_and_tools_really_run(tmp_path: Path, questions_file: Path, tools) -> None:
+    search, code = tools
+    script = Script(answers=dict(QUESTIONS), tool={"searcher": "search", "coder": "code"},
+                    wrong={"plain": {"Who wrote Hamlet?"}, "coder": {"Which planet is known as the Red Planet?"}})
+    with ScriptedOpenAIServer(script) as server:
+        cfg = _config(tmp_path, questions_file, server.url, ["searcher", "coder", "plain"])
+        report = run(cfg, tool_factory=lambda: {"search": search, "code": code})
+    expected = set(QUESTIONS) - {"Who wrote Hamlet?", "Which planet is known as the Red Planet?"}
+    assert _kept(tmp_path) == expected
+    assert report.per_filter["judges"] == 2
+    assert len(search.queries) == len(QUESTIONS)  # searcher called search once per question
+    assert code.runs == len(QUESTIONS) - 1  # coder skips the tool on the question it gets wrong
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "rejected.jsonl").read_text().splitlines()]
+    assert {r["filter"] for r in rejected} == {"judges"}
+    hamlet = next(r for r in rejected if r["question"] == "Who wrote Hamlet?")
+    assert "2/3 judges correct, 3 needed" in hamlet["reason"] and "plain: wrong" in hamlet["reason"]
+    assert hamlet["line"] == 2 and hamlet["file"] == str(questions_file)
+    totals = report.judges
+    assert totals["searcher"]["correct"] == 6 and totals["coder"]["correct"] == 5
+    assert totals["searcher"]["tool_calls"] == 6 and totals["plain"]["tool_calls"] == 0
+    for t in totals.values():
+        assert t["prompt_tokens"] > 0 and t["completion_tokens"] > 0
+        expected_cost = (t["prompt_tokens"] * 2.0 + t["completion_tokens"] * 8.0) / 1e6
+        assert t["cost_usd"] == pytest.approx(expected_cost, rel=1e-6)
+
+
+def test_k_of_n_keeps_rows_most_judges_solve(tmp_path: Path, questions_file: Path) -> None:
+    script = Script(answers=dict(QUESTIONS), wrong={"a": {"Who wrote Hamlet?"}, "b": {"Who wrote Hamlet?", "Which planet is known as the Red Planet?"}})
+    with ScriptedOpenAIServer(script) as server:
+        run(_config(tmp_path, questions_file, server.url, ["a", "b", "c"], min_correct=2), tool_factory=dict)
+    assert _kept(tmp_path) == set(QUESTIONS) - {"Who wrote Hamlet?"}
+
+
+def test_cache_means_a_rerun_pays_nothing_and_is_byte_identical(tmp_path: Path, questions_file: Path, tools) -> None:
+    script = Script(answers=dict(QUESTIONS), tool={"searcher": "search"})
+    with ScriptedOpenAIServer(script) as server:
+        cfg = _config(tmp_path, questions_file, server.url, ["searcher", "plain"])
+        first = run(cfg, tool_factory=lambda: {"search": tools[0]})
+        sent = sum(server.requests.values())
+        before = {n: (tmp_path / "out" / n).read_bytes() for n in ("train.jsonl", "rejected.jsonl", "report.json")}
+        second = run(cfg, tool_factory=lambda: {"search": tools[0]})
+        assert sum(server.requests.values()) == sent  # nothing asked twice
+    assert sent == 6 * 2 + 6  # searcher: tool call + answer; plain: answer
+    assert first.run_stats["judge_requests"] == sent and second.run_stats["judge_cache_hits"] == 12
+    assert second.run_stats["judge_requests"] == 0
+    assert {n: (tmp_path / "out" / n).read_bytes() for n in before} == before
+
+
+def test_failed_calls_are_not_cached_and_a_rerun_resumes(tmp_path: Path, questions_file: Path) -> None:
+    script = Script(answers=dict(QUESTIONS), status={"flaky": 503})
+    with ScriptedOpenAIServer(script) as server:
+        cfg = _config(tmp_path, questions_file, server.url, ["steady", "flaky"], max_retries=1)
+        report = run(cfg, tool_factory=dict)
+        assert report.n_train == 0 and report.judges["flaky"]["errors"] == 6
+        assert server.requests["flaky"] == 12  # one try + one retry per question
+        reason = json.loads((tmp_path / "out" / "rejected.jsonl").read_text().splitlines()[0])["reason"]
+        assert "flaky: wrong error" in reason and "HTTP 503" in reason
+        assert len(JudgeCache(cfg.multi_llm.cache_path)) == 6  # only the steady judge's answers
+        del script.status["flaky"]  # the endpoint recovers
+        before = server.requests["steady"]
+        report = run(cfg, tool_factory=dict)
+        assert server.requests["steady"] == before  # already paid for
+        assert server.requests["flaky"] == 12 + 6
+    assert report.n_train == 6
+
+
+def test_retries_with_backoff_recover_from_transient_errors(tmp_path: Path, questions_file: Path) -> None:
+    script = Script(answers=dict(QUESTIONS), fail_first={"m": 2})
+    with ScriptedOpenAIServer(script) as server:
+        report = run(_config(tmp_path, questions_file, server.url, ["m"], max_retries=2), tool_factory=dict)
+        assert server.requests["m"] == 3 * 6
+    assert report.n_train == 6 and report.judges["m"]["errors"] == 0
+
+
+def test_client_errors_fail_without_retrying(tmp_path: Path, questions_file: Path) -> None:
+    script = Script(answers=dict(QUESTIONS), status={"m": 400})
+    with ScriptedOpenAIServer(script) as server:
+        report = run(_config(tmp_path, questions_file, server.url, ["m"], max_retries=3), tool_factory=dict)
+        assert server.requests["m"] == 6
+    assert report.judges["m"]["errors"] == 6 and report.n_train == 0
+
+
+def test_api_key_is_sent_and_a_missing_variable_fails_at_once(tmp_path: Path, questions_file: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(answers=dict(QUESTIONS), api_key="sk-test")
+    with ScriptedOpenAIServer(script) as server:
+        cfg = _config(tmp_path, questions_file, server.url, ["m"])
+        judge = cfg.multi_llm.judges[0].model_copy(update={"api_key_env": "TAPO_TEST_JUDGE_KEY"})
+        cfg = cfg.model_copy(update={"multi_llm": cfg.multi_llm.model_copy(update={"judges": (judge,)})})
+        monkeypatch.delenv("TAPO_TEST_JUDGE_KEY", raising=False)
+        with pytest.raises(RuntimeError, match="TAPO_TEST_JUDGE_KEY"):
+            run(cfg, tool_factory=dict)
+        assert server.requests["m"] == 0
+        monkeypatch.setenv("TAPO_TEST_JUDGE_KEY", "sk-test")
+        assert run(cfg, tool_factory=dict).n_train == 6

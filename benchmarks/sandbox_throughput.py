@@ -1,0 +1,169 @@
+"""Code sandbox throughput: our service (full isolation, through HTTP) vs a fresh `python -c` per request.
+
+For a trivial snippet and a sympy snippet, at client concurrency 1, 8 and 64, it measures
+requests/s and p50/p99 latency of `POST /run` on a freshly started `python -m sandbox.code`,
+and of the baseline that SandboxFusion-style runners use (one new interpreter per request,
+here without any isolation, which only flatters the baseline). Every answer is checked.
+
+The load generator is a minimal HTTP/1.1 keep-alive client on asyncio (one connection per
+concurrent request): on 2 cores a heavier client (httpx) would take CPU from the server
+being measured. Both sides share the same machine, so figures depend on its other load.
+
+    python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3]   (from the repository root)
+
+The last line is one JSON object; `ratio` = ours / baseline requests/s for the sympy snippet
+at concurrency 8, `ratio_by_concurrency` gives all three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.services import free_port, python_service
+
+SNIPPETS = {
+    "trivial": ("print(6 * 7)", "42\n"),
+    "sympy": (
+        "import sympy as sp\nx = sp.symbols('x')\nprint(sp.solve(x**2 - 5*x + 6, x), sp.factor(x**4 - 1))",
+        "[2, 3] (x - 1)*(x + 1)*(x**2 + 1)\n",
+    ),
+}
+CONCURRENCY = (1, 8, 64)
+# Baseline request counts per concurrency (a fresh interpreter with sympy costs ~0.4-0.6 s of CPU).
+BASELINE_REQUESTS = {"trivial": {1: 20, 8: 48, 64: 128}, "sympy": {1: 6, 8: 16, 64: 64}}
+
+
+class HttpConnection:
+    """Just enough HTTP/1.1 for JSON POSTs on a keep-alive connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> HttpConnection:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def post_json(self, path: str, body: bytes) -> tuple[int, dict]:
+        head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        self.writer.write(head.encode() + body)
+        header_block = await self.reader.readuntil(b"\r\n\r\n")
+        lines = header_block.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+        return status, json.loads(await self.reader.readexactly(length))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _figures(latencies_s: list[float], elapsed_s: float, failures: int) -> dict:
+    return {
+        "requests": len(latencies_s), "failures": failures, "rps": round(len(latencies_s) / elapsed_s, 1),
+        "p50_ms": round(_percentile(latencies_s, 0.50) * 1000, 2), "p99_ms": round(_percentile(latencies_s, 0.99) * 1000, 2),
+    }
+
+
+async def measure_service(port: int, code: str, expected: str, concurrency: int, seconds: float) -> dict:
+    body = json.dumps({"code": code, "timeout_s": 10}).encode()
+    connections = [await HttpConnection.open(port) for _ in range(concurrency)]
+    latencies: list[float] = []
+    failures = 0
+    warmup_end = time.perf_counter() + 0.5
+    stop = warmup_end + seconds
+
+    async def client(connection: HttpConnection) -> None:
+        nonlocal failures
+        while (now := time.perf_counter()) < stop:
+            status, answer = await connection.post_json("/run", body)
+            if now >= warmup_end:
+                latencies.append(time.perf_counter() - now)
+                failures += status != 200 or answer.get("status") != "ok" or answer.get("stdout") != expected
+
+    await asyncio.gather(*(client(c) for c in connections))
+    elapsed = time.perf_counter() - warmup_end
+    for connection in connections:
+        connection.close()
+    return _figures(latencies, elapsed, failures)
+
+
+async def measure_baseline(code: str, expected: str, concurrency: int, total: int) -> dict:
+    latencies: list[float] = []
+    failures = 0
+    remaining = total
+
+    async def client() -> None:
+        nonlocal failures, remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            stdout, _ = await process.communicate()
+            latencies.append(time.perf_counter() - started)
+            failures += process.returncode != 0 or stdout.decode() != expected
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return _figures(latencies, time.perf_counter() - began, failures)
+
+
+async def run_all(port: int, seconds: float) -> dict:
+    results: dict = {}
+    for name, (code, expected) in SNIPPETS.items():
+        for concurrency in CONCURRENCY:
+            ours = await measure_service(port, code, expected, concurrency, seconds)
+            base = await measure_baseline(code, expected, concurrency, BASELINE_REQUESTS[name][concurrency])
+            results[f"{name}_c{concurrency}"] = {"ours": ours, "baseline": base,
+                                                  "ratio": round(ours["rps"] / base["rps"], 1)}
+            print(f"{name:8s} c={concurrency:<3d} ours {ours['rps']:7.1f} req/s p50 {ours['p50_ms']:7.2f} ms "
+                  f"p99 {ours['p99_ms']:7.2f} ms fail {ours['failures']} | baseline {base['rps']:6.1f} req/s "
+                  f"p50 {base['p50_ms']:8.2f} ms p99 {base['p99_ms']:8.2f} ms fail {base['failures']}", flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=3.0, help="Measured seconds per (snippet, concurrency) for our service.")
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    port = free_port()
+    with tempfile.TemporaryDirectory() as logs:
+        with python_service("sandbox", "sandbox.code", ["--workers", str(args.workers)], port, Path(logs)):
+            results = asyncio.run(run_all(port, args.seconds))
+    trivial8 = results["trivial_c8"]["ours"]
+    summary = {
+        "workers": args.workers,
+        "trivial_c8_rps": trivial8["rps"], "trivial_c8_p99_ms": trivial8["p99_ms"],
+        "sympy_c8_rps": results["sympy_c8"]["ours"]["rps"],
+        "ratio": results["sympy_c8"]["ratio"],
+        "ratio_by_concurrency": {c: results[f"sympy_c{c}"]["ratio"] for c in CONCURRENCY},
+        "goal_trivial_300rps_p99_50ms": trivial8["rps"] >= 300 and trivial8["p99_ms"] < 50,
+        "goal_ratio_20": results["sympy_c8"]["ratio"] >= 20,
+        "failures": sum(r["ours"]["failures"] + r["baseline"]["failures"] for r in results.values()),
+        "results": results,
+        "median_ours_p50_ms": statistics.median(r["ours"]["p50_ms"] for r in results.values()),
+    }
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

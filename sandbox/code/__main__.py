@@ -1,0 +1,68 @@
+"""`python -m sandbox.code --host 127.0.0.1 --port PORT [--workers N]`: run the code sandbox.
+
+Must run as root (see the threat model in `sandbox.code`). Without root it refuses to
+start and says what would be lost; `--allow-degraded` runs anyway with seccomp and
+rlimits only, and `/health` then reports `"isolation": "degraded"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from sandbox.code.app import ServerSettings, create_app
+from sandbox.code.pool import PoolSettings
+
+NOT_ROOT_MESSAGE = (
+    "sandbox.code: this server must run as root (effective uid 0) to isolate snippets: it creates a "
+    "network namespace (no network), a mount namespace with a read-only root and a private /tmp, and "
+    "switches each snippet to an unprivileged uid. Without root all of that is lost and snippets could "
+    "read every file this user can read and write where it can write; only seccomp (no processes, no "
+    "sockets) and rlimits would remain. Run it as root, or pass --allow-degraded to accept that."
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.code", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="Interface to listen on (default loopback only).")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="Pre-warmed worker processes.")
+    parser.add_argument("--queue-size", type=int, default=256, help="Waiting requests before answering 429.")
+    parser.add_argument("--max-timeout-s", type=float, default=10.0, help="Cap on a request's timeout_s.")
+    parser.add_argument("--max-memory-mb", type=int, default=2048, help="Cap on a request's memory_mb.")
+    parser.add_argument("--output-limit-kib", type=int, default=64, help="Cap on stdout and on stderr.")
+    parser.add_argument("--tmp-size-mib", type=int, default=32, help="Size of each snippet's private /tmp.")
+    parser.add_argument("--uid-base", type=int, default=61000, help="Worker slot i runs snippets as uid base+i.")
+    parser.add_argument("--allow-degraded", action="store_true", help="Start without root (much weaker isolation).")
+    args = parser.parse_args(argv)
+    if not 1 <= args.workers <= 256:
+        parser.error(f"--workers must be between 1 and 256, got {args.workers}")
+    if args.queue_size < 1 or args.output_limit_kib < 1 or args.tmp_size_mib < 1:
+        parser.error("--queue-size, --output-limit-kib and --tmp-size-mib must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    isolated = os.geteuid() == 0
+    if not isolated and not args.allow_degraded:
+        print(NOT_ROOT_MESSAGE, file=sys.stderr)
+        return 2
+    if not isolated:
+        logging.getLogger("sandbox.code").warning("DEGRADED ISOLATION: %s", NOT_ROOT_MESSAGE)
+    pool = PoolSettings(
+        workers=args.workers, queue_size=args.queue_size, isolated=isolated, uid_base=args.uid_base,
+        tmp_size_mib=args.tmp_size_mib, output_limit_bytes=args.output_limit_kib * 1024,
+    )
+    app = create_app(ServerSettings(pool, args.max_timeout_s, args.max_memory_mb))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

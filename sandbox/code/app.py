@@ -1,0 +1,120 @@
+"""HTTP face of the sandbox: `POST /run`, SandboxFusion's `POST /run_code`, `GET /health`.
+
+Validation happens here, before anything reaches a worker: malformed bodies are 422
+(FastAPI), bodies over 1 MiB are 413 before they are read, code (and stdin) over 64 KiB is
+413, and a full queue is 429 with `Retry-After`. Requested limits are capped at the
+server's maxima. Responses are serialised directly (no encoder pass) because this path
+runs thousands of times per training step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.code import fusion
+from sandbox.code.pool import PoolFull, PoolSettings, WorkerPool
+from sandbox.code.protocol import Job, Outcome
+
+MAX_CODE_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    pool: PoolSettings
+    max_timeout_s: float
+    max_memory_mb: int
+
+
+class RunRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    code: str = Field(..., description="Python source to run as a fresh program.")
+    timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit; capped by the server.")
+    memory_mb: int = Field(512, gt=0, description="Memory the snippet may add; capped by the server.")
+
+
+def _json(body: dict, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(body).encode(), status_code, headers, media_type="application/json")
+
+
+def _too_large(what: str, size: int, limit: int) -> Response:
+    return _json({"detail": f"{what} is {size} bytes; the limit is {limit} bytes"}, 413)
+
+
+class BodySizeLimit:
+    """Pure ASGI (no per-request task or copy): refuse a declared body over the limit unread."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                    response = _too_large("request body", int(value), self.limit)
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    pool = WorkerPool(settings.pool)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(title="tapo code sandbox", lifespan=lifespan)
+    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+
+    async def execute(job: Job) -> Outcome | Response:
+        try:
+            return await pool.run(job)
+        except PoolFull as exc:
+            return _json({"detail": f"sandbox queue is full ({exc}); retry later"}, 429, {"Retry-After": "1"})
+
+    def capped(code: str, timeout_s: float, memory_mb: int, **extra) -> Job:
+        return Job(code=code, timeout_s=min(timeout_s, settings.max_timeout_s),
+                   memory_mb=min(memory_mb, settings.max_memory_mb), **extra)
+
+    @app.post("/run")
+    async def run(request: RunRequest) -> Response:
+        size = len(request.code.encode("utf-8", "surrogatepass"))
+        if size > MAX_CODE_BYTES:
+            return _too_large("code", size, MAX_CODE_BYTES)
+        outcome = await execute(capped(request.code, request.timeout_s, request.memory_mb))
+        return outcome if isinstance(outcome, Response) else _json(outcome.public())
+
+    @app.post("/run_code")
+    async def run_code(request: fusion.RunCodeRequest) -> Response:
+        if request.language != "python":
+            return _json(fusion.unsupported_language(request.language))
+        for what, text in (("code", request.code), ("stdin", request.stdin or "")):
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > MAX_CODE_BYTES:
+                return _too_large(what, size, MAX_CODE_BYTES)
+        memory_mb = request.memory_limit_MB if request.memory_limit_MB > 0 else settings.max_memory_mb
+        job = capped(request.code, request.run_timeout, memory_mb, stdin=request.stdin or "",
+                     files={k: v or "" for k, v in request.files.items()}, fetch_files=tuple(request.fetch_files))
+        outcome = await execute(job)
+        return outcome if isinstance(outcome, Response) else _json(fusion.response(outcome))
+
+    @app.get("/health")
+    async def health() -> Response:
+        stats = pool.stats()
+        healthy = stats["workers"] > 0
+        return _json({"status": "ok" if healthy else "unavailable", **stats}, 200 if healthy else 503)
+
+    return app

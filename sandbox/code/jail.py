@@ -1,0 +1,198 @@
+"""Operating-system isolation primitives for the code sandbox (Linux, via ctypes).
+
+Two halves:
+
+* `enter_worker_jail` runs once per worker, as root, before any request: a private mount
+  namespace and a network namespace that holds only a (down) loopback device, then a
+  `pivot_root` into a fresh tmpfs that shows only what an interpreter needs, read-only:
+  /usr, /lib*, the Python prefix and the virtualenv's site-packages, a minimal /dev, an
+  empty /etc, and a size-limited writable /tmp. No /proc, /sys, /home, /root contents,
+  project sources or host /tmp exist in that view. CPython 3.11 has no `os.unshare`, and
+  the new mount API (`mount_setattr`) has no wrapper at all, hence ctypes.
+* `lock_down_child` runs in every forked request process: rlimits, a per-slot
+  unprivileged uid, no_new_privs, no core dumps, death with the worker, and a seccomp
+  filter (built once per worker by `sandbox.code.seccomp`) loaded with one prctl call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import resource
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+
+JAIL_TMP = "/tmp"
+# Where the new root is assembled: a tmpfs mounted over the host's /mnt inside the worker's
+# private mount namespace, so nothing is created or changed on the host.
+_STAGING = "/mnt"
+_DEVICES = ("null", "zero", "random", "urandom")
+_SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin")
+
+
+class JailError(RuntimeError):
+    """The worker could not build its isolation; the server refuses to serve without it."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise JailError(f"{what} failed: {os.strerror(err)} (errno {err})")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731 - local shorthand
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl({option})")
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies, so no worker or snippet outlives the server."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def mount_tmpfs(target: str, size_mib: int) -> None:
+    """A private writable scratch space: size- and inode-limited, and nothing in it can be executed."""
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={size_mib}m,mode=1777,nr_inodes=4096")
+
+
+def wipe_tmp(size_mib: int) -> None:
+    """Replace the jail's /tmp with an empty tmpfs (faster and surer than deleting files)."""
+    _check(_libc.umount2(JAIL_TMP.encode(), MNT_DETACH), f"umount {JAIL_TMP}")
+    mount_tmpfs(JAIL_TMP, size_mib)
+
+
+def _bind_read_only(source: str, target: str) -> None:
+    _mount(source, target, None, MS_BIND | MS_REC)
+    # A bind mount keeps the source's flags; read-only needs a second, remount pass.
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+
+
+def _mirror_path(root: Path, source: str) -> None:
+    """Expose `source` at the same absolute path under `root`: a symlink stays a symlink."""
+    target = root / source.lstrip("/")
+    if os.path.islink(source):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.is_symlink():
+            target.symlink_to(os.readlink(source))
+        return
+    if not os.path.isdir(source) or target.exists():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    _bind_read_only(source, str(target))
+
+
+def _populate_dev(root: Path) -> None:
+    dev = root / "dev"
+    dev.mkdir()
+    for name in _DEVICES:
+        node = dev / name
+        node.touch()
+        # Not _bind_read_only: the remount adds nosuid but must not add nodev.
+        _mount(f"/dev/{name}", str(node), None, MS_BIND)
+        _mount(None, str(node), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+    (dev / "fd").symlink_to("/proc/self/fd")  # dangling (no /proc): harmless, keeps paths familiar
+
+
+@dataclass(frozen=True)
+class JailLayout:
+    """What the worker's root shows: system dirs plus these read-only paths (same absolute path)."""
+
+    python_paths: tuple[str, ...]
+    tmp_size_mib: int
+
+
+def _unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def _pivot_root(new_root: str) -> None:
+    os.chdir(new_root)
+    # pivot_root(".", ".") stacks the old root under the new one; unmounting it lazily leaves
+    # only the new tree reachable. No wrapper in glibc, hence the raw syscall.
+    nr = 155 if os.uname().machine == "x86_64" else 41  # 41 on aarch64
+    _check(int(_libc.syscall(ctypes.c_long(nr), b".", b".")), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+
+
+def enter_worker_jail(layout: JailLayout) -> None:
+    """Move the calling (root, single-threaded) process into its own namespaces and root."""
+    if not os.path.isdir(_STAGING):
+        raise JailError(f"{_STAGING} must exist: the jail's root is assembled on a tmpfs mounted over it")
+    _unshare(CLONE_NEWNS | CLONE_NEWNET)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates to the host
+    _mount("tmpfs", _STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    root = Path(_STAGING)
+    for path in (*_SYSTEM_DIRS, *layout.python_paths):
+        _mirror_path(root, path)
+    _populate_dev(root)
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "tmp").mkdir(exist_ok=True)
+    mount_tmpfs(str(root / "tmp"), layout.tmp_size_mib)
+    _mount(None, _STAGING, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    _pivot_root(_STAGING)
+
+
+@dataclass(frozen=True)
+class ChildLimits:
+    """Per-request resource limits, computed by the worker before it forks."""
+
+    cpu_s: int
+    address_space_bytes: int
+    file_size_bytes: int
+    open_files: int
+    tasks: int
+
+
+def apply_rlimits(limits: ChildLimits) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.address_space_bytes, limits.address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_bytes, limits.file_size_bytes))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+    # Counted per real uid; each worker slot has its own uid, so this bounds threads per request.
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits.tasks, limits.tasks))
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+
+
+def drop_privileges(uid: int) -> None:
+    """Become `uid` for good: no groups, real = effective = saved ids, so no way back."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def load_seccomp(program: ctypes.Structure) -> None:
+    """Install a pre-built BPF program (a `sock_fprog`); needs no_new_privs first."""
+    PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0), "seccomp")
+
+
+def lock_down_child(limits: ChildLimits, uid: int | None, program: ctypes.Structure) -> None:
+    """Everything between fork and the snippet's first instruction, in this order on purpose:
+    rlimits while still privileged (raising is impossible afterwards), then the uid, then the
+    filter last because it forbids calls (setresuid on some kernels' paths) that come before it."""
+    die_with_parent()
+    prctl(PR_SET_DUMPABLE, 0)  # no ptrace by the same uid, no /proc/<pid> peeking
+    apply_rlimits(limits)
+    if uid is not None:
+        drop_privileges(uid)
+    load_seccomp(program)

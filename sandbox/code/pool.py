@@ -1,0 +1,202 @@
+"""The server's pool of pre-warmed workers: bounded queue, dispatch, replacement, statistics.
+
+Each worker is a separate `python -m sandbox.code.worker` process (never a fork of the
+server, which runs an event loop and may hold threads) started with a scrubbed environment,
+so no server variable (API keys, service URLs) ever reaches a snippet. A request waits for
+an idle worker; when `queue_size` requests already wait, it is refused at once (HTTP 429).
+A worker that stops answering (killed, crashed, or past its deadline plus a grace period)
+is killed and replaced in the background, and the request gets an error outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import os
+import shutil
+import site
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.code import protocol
+
+log = logging.getLogger("sandbox.code")
+_REPO_ROOT = str(Path(__file__).resolve().parents[2])
+_ANSWER_GRACE_S = 10.0
+
+
+class PoolFull(Exception):
+    """Too many requests are already waiting."""
+
+
+class WorkerStartError(RuntimeError):
+    """A worker could not start (for instance, it could not build its jail)."""
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    workers: int
+    queue_size: int
+    isolated: bool
+    uid_base: int
+    tmp_size_mib: int
+    output_limit_bytes: int
+    start_timeout_s: float = 120.0
+
+
+def worker_environment() -> dict[str, str]:
+    """The whole environment a worker (and so every snippet) sees: nothing from the server's."""
+    return {
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "PYTHONPATH": _REPO_ROOT,
+        "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "0",
+        # One BLAS thread: the worker must stay single-threaded to fork safely, and 2 cores
+        # shared by many snippets gain nothing from more.
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "MALLOC_ARENA_MAX": "2",  # each arena reserves 64 MiB of address space against RLIMIT_AS
+    }
+
+
+def jail_python_paths() -> tuple[str, ...]:
+    """Directories the jail must show read-only so lazily imported modules still load."""
+    paths = {os.path.realpath(sys.base_prefix), *(os.path.realpath(p) for p in site.getsitepackages())}
+    return tuple(sorted(p for p in paths if os.path.isdir(p)))
+
+
+class _WorkerProcess:
+    def __init__(self, slot: int, process: subprocess.Popen, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter, scratch: str) -> None:
+        self.slot, self.process, self.reader, self.writer, self.scratch = slot, process, reader, writer, scratch
+
+    async def request(self, job: protocol.Job) -> protocol.Outcome:
+        self.writer.write(protocol.encode(protocol.job_message(job)))
+        await self.writer.drain()
+        return protocol.outcome_from_message(await protocol.recv_async(self.reader))
+
+    def kill(self) -> None:
+        self.writer.close()
+        if self.process.poll() is None:
+            self.process.kill()  # its snippet dies with it (PR_SET_PDEATHSIG)
+        self.process.wait()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+class WorkerPool:
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self._idle: asyncio.Queue[_WorkerProcess] = asyncio.Queue()
+        self._all: dict[int, _WorkerProcess] = {}
+        self._waiting = 0
+        self._busy = 0
+        self._served = 0
+        self._restarts = 0
+        self._by_status: collections.Counter[str] = collections.Counter()
+        self._respawns: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Start every worker; raise `WorkerStartError` with the worker's reason if one fails."""
+        results = await asyncio.gather(*(self._spawn(slot) for slot in range(self.settings.workers)),
+                                       return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            for worker in results:
+                if isinstance(worker, _WorkerProcess):
+                    worker.kill()
+            raise WorkerStartError(str(failures[0])) from failures[0]
+        for worker in results:
+            self._all[worker.slot] = worker
+            self._idle.put_nowait(worker)
+
+    async def _spawn(self, slot: int) -> _WorkerProcess:
+        parent_end, child_end = socket.socketpair()
+        scratch = "" if self.settings.isolated else tempfile.mkdtemp(prefix=f"sandbox-code-{slot}-")
+        if scratch:
+            os.chmod(scratch, 0o700)
+        settings = {
+            "slot": slot, "channel_fd": child_end.fileno(), "isolated": self.settings.isolated,
+            "uid": self.settings.uid_base + slot, "tmp_size_mib": self.settings.tmp_size_mib,
+            "output_limit_bytes": self.settings.output_limit_bytes, "python_paths": list(jail_python_paths()),
+            "degraded_tmp": scratch,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox.code.worker", json.dumps(settings)],
+            pass_fds=[child_end.fileno()], env=worker_environment(), cwd="/", stdin=subprocess.DEVNULL,
+        )
+        child_end.close()
+        reader, writer = await asyncio.open_unix_connection(sock=parent_end, limit=protocol.MAX_MESSAGE_BYTES)
+        worker = _WorkerProcess(slot, process, reader, writer, scratch)
+        try:
+            hello = await asyncio.wait_for(protocol.recv_async(reader), self.settings.start_timeout_s)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            worker.kill()
+            raise WorkerStartError(f"worker {slot} did not start: {exc!r} (exit code {process.poll()})") from exc
+        if not hello.get("ready"):
+            worker.kill()
+            raise WorkerStartError(f"worker {slot} could not isolate itself: {hello.get('error')}")
+        return worker
+
+    async def run(self, job: protocol.Job) -> protocol.Outcome:
+        if self._waiting >= self.settings.queue_size:
+            raise PoolFull(f"{self._waiting} requests already waiting")
+        self._waiting += 1
+        try:
+            worker = await self._idle.get()
+        finally:
+            self._waiting -= 1
+        self._busy += 1
+        try:
+            outcome = await asyncio.wait_for(worker.request(job), job.timeout_s + _ANSWER_GRACE_S)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            log.error("worker %d failed (%r); replacing it", worker.slot, exc)
+            self._replace(worker)
+            outcome = protocol.Outcome("error", "", "", f"SandboxError: the worker running this snippet failed ({type(exc).__name__})", 0.0)
+        else:
+            self._idle.put_nowait(worker)
+        finally:
+            self._busy -= 1
+        self._served += 1
+        self._by_status[outcome.status] += 1
+        return outcome
+
+    def _replace(self, worker: _WorkerProcess) -> None:
+        worker.kill()
+        self._all.pop(worker.slot, None)
+        task = asyncio.get_running_loop().create_task(self._respawn(worker.slot))
+        self._respawns.add(task)
+        task.add_done_callback(self._respawns.discard)
+
+    async def _respawn(self, slot: int) -> None:
+        delay = 0.5
+        while True:
+            try:
+                fresh = await self._spawn(slot)
+            except WorkerStartError as exc:
+                log.error("replacement for worker %d failed: %s; retrying in %.1fs", slot, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            self._restarts += 1
+            self._all[slot] = fresh
+            self._idle.put_nowait(fresh)
+            return
+
+    def stats(self) -> dict:
+        return {
+            "workers": len(self._all), "busy": self._busy, "idle": self._idle.qsize(), "queue": self._waiting,
+            "queue_size": self.settings.queue_size, "served": self._served, "restarts": self._restarts,
+            "by_status": {status: self._by_status.get(status, 0) for status in protocol.STATUSES},
+            "isolation": "full" if self.settings.isolated else "degraded",
+        }
+
+    async def close(self) -> None:
+        for task in list(self._respawns):
+            task.cancel()
+        for worker in list(self._all.values()):
+            worker.kill()
+        self._all.clear()

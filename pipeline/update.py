@@ -37,7 +37,8 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     targets_BT = batch.input_ids_BT[:, 1:]
     for start in range(0, T - 1, ENTROPY_CHUNK):
         end = min(start + ENTROPY_CHUNK, T - 1)
-        logp_BCV = F.log_softmax(logits_BTV[:, start:end].float(), dim=-1)
+        chunk = logits_BTV[:, start:end]
+        logp_BCV = F.log_softmax(chunk if chunk.dtype == torch.float64 else chunk.float(), dim=-1)
         # logits at position j predict token j+1
         logprobs_BT[:, start + 1 : end + 1] = logp_BCV.gather(-1, targets_BT[:, start:end, None])[..., 0]
         if with_entropy:
@@ -62,7 +63,7 @@ def policy_gradient_step(model: torch.nn.Module, optimizer: torch.optim.Optimize
         logprobs_BT, entropy_BT = token_logprobs_and_entropy(model, micro, settings.temperature)
         out = loss.fn(logprobs_BT, micro)
         (out.loss_sum / denominator).backward()
-        sums["loss"] += float(out.loss_sum) / denominator
+        sums["loss"] += float(out.loss_sum.detach()) / denominator
         sums["clip_low"] += float(out.clipped_low) / n_tokens
         sums["clip_high"] += float(out.clipped_high) / n_tokens
         sums["approx_kl"] += float(out.approx_kl_sum) / n_tokens

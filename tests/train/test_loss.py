@@ -1,0 +1,117 @@
+"""Loss values by hand, micro-batch invariance, masks, and that one step moves every parameter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.advantage import group_advantages
+from pipeline.config.train import DAPOLoss, GRPOLoss
+from pipeline.loss import make_policy_loss
+from pipeline.types import TrainBatch
+from pipeline.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from tests.helpers.tiny import tiny_llama
+
+
+def batch_of(old_BT, adv_BT, mask_BT) -> TrainBatch:
+    old, adv, mask = (torch.tensor(x, dtype=torch.float64) for x in (old_BT, adv_BT, mask_BT))
+    ids = torch.zeros(old.shape, dtype=torch.long)
+    return TrainBatch(ids, torch.ones_like(ids), mask, old, adv * mask, n_policy_tokens=int(mask.sum()))
+
+
+def test_dapo_loss_by_hand() -> None:
+    # token 1: ratio e^0.5 = 1.6487 > 1.28 with A=+1 -> clipped: -1.28
+    # token 2: ratio e^-0.5 = 0.6065 < 0.8 with A=-1 -> max(0.6065, 0.8) = 0.8
+    # token 3: masked (tool output) -> excluded from numerator and denominator
+    batch = batch_of([[0.0, 0.0, 0.0]], [[1.0, -1.0, 5.0]], [[1.0, 1.0, 0.0]])
+    new = torch.tensor([[0.5, -0.5, 3.0]], dtype=torch.float64)
+    loss = make_policy_loss(DAPOLoss())
+    out = loss.fn(new, batch)
+    assert math.isclose(float(out.loss_sum), -1.28 + 0.8, rel_tol=1e-9)
+    assert loss.denominator(batch) == 2.0
+    assert float(out.clipped_high) == 1.0 and float(out.clipped_low) == 1.0
+
+
+def test_dual_clip_bounds_negative_advantages() -> None:
+    batch = batch_of([[0.0]], [[-1.0]], [[1.0]])
+    out = make_policy_loss(DAPOLoss(dual_clip=3.0)).fn(torch.tensor([[math.log(20.0)]], dtype=torch.float64), batch)
+    assert math.isclose(float(out.loss_sum), 3.0)  # -A * c, not -A * 20
+
+
+def test_grpo_is_sequence_mean() -> None:
+    batch = batch_of([[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]], [[1.0, 1.0], [1.0, 0.0]])
+    loss = make_policy_loss(GRPOLoss())
+    out = loss.fn(torch.zeros(2, 2, dtype=torch.float64), batch)
+    assert math.isclose(float(out.loss_sum), -2.0)  # each sequence's mean is -1
+    assert loss.denominator(batch) == 2.0
+
+
+def test_group_advantages() -> None:
+    r = np.array([1.0, 0.0, 0.0, 1.0])
+    np.testing.assert_allclose(group_advantages(r, std_normalize=False), [0.5, -0.5, -0.5, 0.5])
+    np.testing.assert_allclose(group_advantages(r, std_normalize=True), [1.0, -1.0, -1.0, 1.0], atol=1e-5)
+
+
+def _random_batch(vocab: int, seed: int = 0) -> TrainBatch:
+    g = torch.Generator().manual_seed(seed)
+    B, T = 8, 12
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    lengths = torch.randint(6, T + 1, (B,), generator=g)
+    attn = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    mask = attn.clone().double()
+    mask[:, :3] = 0  # prompt
+    mask[::2, 4:6] = 0  # tool output inside some responses
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T) * mask
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 * mask
+    return TrainBatch(ids, attn, mask, old, adv, n_policy_tokens=int(mask.sum()))
+
+
+@pytest.mark.parametrize("algo", [DAPOLoss(), GRPOLoss()])
+def test_micro_batching_does_not_change_the_gradient(algo) -> None:
+    """1 x 8 and 8 x 1 micro-batches give the same gradient (float64, within 1e-6)."""
+    grads = []
+    for micro in (8, 1):
+        model = tiny_llama(64, seed=1, dtype=torch.float64)
+        batch = _random_batch(64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: we only read the gradients
+        policy_gradient_step(model, opt, batch, make_policy_loss(algo), UpdateSettings(micro, 1e9, 1.0))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=0)
+    assert grads[0].abs().sum() > 0
+
+
+def test_masked_tokens_get_no_gradient_signal() -> None:
+    """Changing the log-probs or advantages of masked tokens changes nothing."""
+    model = tiny_llama(64, seed=2, dtype=torch.float64)
+    batch = _random_batch(64)
+    loss = make_policy_loss(DAPOLoss())
+    logprobs, _ = token_logprobs_and_entropy(model, batch, 1.0)
+    noisy = TrainBatch(batch.input_ids_BT, batch.attention_mask_BT, batch.loss_mask_BT,
+                       batch.old_logprobs_BT + 7.0 * (1 - batch.loss_mask_BT),
+                       batch.advantages_BT + 3.0 * (1 - batch.loss_mask_BT), batch.n_policy_tokens)
+    assert torch.equal(loss.fn(logprobs, batch).loss_sum, loss.fn(logprobs, noisy).loss_sum)
+
+
+def test_every_parameter_moves_after_one_step() -> None:
+    model = tiny_llama(64, seed=4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    batch = _random_batch(64)
+    batch = TrainBatch(batch.input_ids_BT, batch.attention_mask_BT, batch.loss_mask_BT.float(),
+                       batch.old_logprobs_BT.float(), batch.advantages_BT.float(), batch.n_policy_tokens)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    policy_gradient_step(model, opt, batch, make_policy_loss(DAPOLoss()), UpdateSettings(4, 1.0, 1.0))
+    unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+def test_logprobs_match_a_plain_forward() -> None:
+    model = tiny_llama(64, seed=5, dtype=torch.float64)
+    batch = _random_batch(64)
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0)
+    full = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits.log_softmax(-1)
+    expected = full[:, :-1].gather(-1, batch.input_ids_BT[:, 1:, None])[..., 0]
+    assert torch.allclose(logprobs[:, 1:], expected, atol=1e-10)
+    assert (entropy[:, 1:] >= 0).all() and torch.all(logprobs[:, 0] == 0)

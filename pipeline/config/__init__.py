@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 from pipeline.config.base import StageConfig
 from pipeline.config.sections import (
     CurateConfig,
+    DistributedConfig,
     EvaluateConfig,
     ModelConfig,
     RewardConfig,
@@ -48,6 +49,7 @@ class RunConfig(StageConfig):
     sft: SFTConfig = Field(default_factory=SFTConfig, description="Cold-start supervised fine-tuning.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="RL training.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Benchmark evaluation.")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Multi-process training.")
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

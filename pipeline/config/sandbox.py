@@ -12,4 +12,14 @@ class SandboxConfig(StageConfig):
     port: int = Field(0, ge=0, le=65535, description="Port for a started sandbox (0 = any free port).")
     workers: int = Field(2, ge=1, le=64, description="Pre-warmed worker processes.")
     timeout_s: float = Field(5.0, gt=0.0, le=60.0, description="Wall-clock limit per snippet.")
-    memory_mb: int = Field(512, ge=32, le=8192, description="Address-space limit per snippet.")
+    memory_mb: int = Field(512, ge=32, le=8192, description="Memory a snippet may allocate on top of the pre-warmed worker.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Requests a started sandbox lets wait before answering 429.")
+    max_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="Server-side cap on any request's timeout_s.")
+    max_memory_mb: int = Field(2048, ge=32, le=65536, description="Server-side cap on any request's memory_mb.")
+    concurrency: int = Field(8, ge=1, le=1024, description="Client: requests in flight at once; more wait in the client.")
+    retries: int = Field(2, ge=0, le=10, description="Client: retries after connection errors and 429/502/503/504.")
+
+    def server_args(self) -> list[str]:
+        """Command-line arguments for `python -m sandbox.code` (besides --host/--port)."""
+        return ["--workers", str(self.workers), "--queue-size", str(self.queue_size),
+                "--max-timeout-s", str(self.max_timeout_s), "--max-memory-mb", str(self.max_memory_mb)]

@@ -1,6 +1,7 @@
 """Every stage's config class, gathered for `RunConfig`. Each lives in its own module."""
 
 from pipeline.config.curate import CurateConfig
+from pipeline.config.distributed import DistributedConfig
 from pipeline.config.evaluate import EvaluateConfig
 from pipeline.config.model import ModelConfig
 from pipeline.config.reward import RewardConfig
@@ -13,6 +14,7 @@ from pipeline.config.train import TrainConfig
 
 __all__ = [
     "CurateConfig",
+    "DistributedConfig",
     "EvaluateConfig",
     "ModelConfig",
     "RewardConfig",

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from pipeline.config.search import SearchConfig
 from pipeline.search.bm25 import index_vocabulary
 from pipeline.search.build_index import build_index
+from pipeline.services import ServiceProcess, free_port, python_service
+from tests.search.fake_serper import API_KEY, FakeSerper
 
 DATA = Path(__file__).parent / "data"
 HOTPOT_PARAGRAPHS = "hotpotqa_distractor_sample/hotpot_distractor_sample100_paragraphs.jsonl"
@@ -52,6 +55,36 @@ def write_params(path: Path, **search: object) -> Path:
     return path
 
 
-@pytest.fixture()
-def params_file(tmp_path: Path, hotpot_index: Path) -> Iterator[Path]:
-    yield write_params(tmp_path / "params.yaml", index_dir=str(hotpot_index))
+def start_search(params: Path, redis_url: str, log_dir: Path, env: dict[str, str] | None = None) -> ServiceProcess:
+    service = python_service("search", "sandbox.search", ["--redis-url", redis_url, "--params", str(params)],
+                             free_port(), log_dir)
+    service.env = env or {}
+    return service.start(timeout_s=60)
+
+
+def search(service: ServiceProcess, query: str, top_k: int = 3) -> httpx.Response:
+    return httpx.post(f"{service.url}/search", json={"query": query, "top_k": top_k}, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def local_service(hotpot_index: Path, redis_server: ServiceProcess,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    tmp = tmp_path_factory.mktemp("local-service")
+    params = write_params(tmp / "params.yaml", index_dir=str(hotpot_index))
+    service = start_search(params, redis_server.url, tmp)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def serper_service(redis_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[tuple[ServiceProcess, FakeSerper]]:
+    tmp = tmp_path_factory.mktemp("serper-service")
+    with FakeSerper() as fake:
+        params = write_params(tmp / "params.yaml", backend="serper", serper_url=fake.url, backend_timeout_s=0.5,
+                              backend_retries=1, index_dir=str(tmp / "no-index"))
+        service = start_search(params, redis_server.url, tmp, env={"SERPER_API_KEY": API_KEY})
+        yield service, fake
+        service.stop()
+
+

@@ -191,6 +191,8 @@ def lock_down_child(limits: ChildLimits, uid: int | None, program: ctypes.Struct
     rlimits while still privileged (raising is impossible afterwards), then the uid, then the
     filter last because it forbids calls (setresuid on some kernels' paths) that come before it."""
     die_with_parent()
+    # Past RLIMIT_FSIZE a write should fail with EFBIG (a clear OSError), not kill silently.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     prctl(PR_SET_DUMPABLE, 0)  # no ptrace by the same uid, no /proc/<pid> peeking
     apply_rlimits(limits)
     if uid is not None:

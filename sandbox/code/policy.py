@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType
@@ -23,10 +24,6 @@ ALLOWED_MODULES = frozenset({
     "dataclasses", "enum", "textwrap",
 })
 SNIPPET_FILENAME = "<snippet>"
-
-
-class ImportRefused(ImportError):
-    """Raised for an import outside `ALLOWED_MODULES`."""
 
 
 def refusal_message(module: str) -> str:
@@ -82,13 +79,16 @@ def install_import_guard(snippet_globals: dict) -> None:
     """Refuse, at run time, imports made by the snippet's own code (`__import__('os')`).
 
     Imports made inside library modules (sympy importing its own submodules lazily) go
-    through: their globals are a module's namespace, not the snippet's."""
+    through: their globals are a loaded module's namespace. Anything else (the snippet,
+    `exec` with a fresh dict, sympify's eval namespace) is held to the list."""
     real_import: Callable = builtins.__import__
+    modules = sys.modules
 
     def guarded_import(name: str, globals: dict | None = None, locals: dict | None = None, fromlist=(), level: int = 0):
-        from_snippet = globals is None or globals is snippet_globals or globals.get("__name__") == "__main__"
+        caller = globals.get("__name__") if isinstance(globals, dict) else None
+        from_snippet = globals is snippet_globals or not isinstance(caller, str) or caller == "__main__" or caller not in modules
         if from_snippet and (level != 0 or name.split(".")[0] not in ALLOWED_MODULES):
-            raise ImportRefused(refusal_message(name))
+            raise ImportError(refusal_message(name), name=name)  # plain, so the model reads 'ImportError: ...'
         return real_import(name, globals, locals, fromlist, level)
 
     builtins.__import__ = guarded_import

@@ -141,8 +141,6 @@ def _unreported_end(wait_status: int) -> tuple[str, str, int | None]:
     sig = os.WTERMSIG(wait_status)
     if sig == signal.SIGXCPU:
         return "timeout", "TimeoutError: CPU time limit exceeded", None
-    if sig == signal.SIGKILL:  # not ours (we record our own kills): the kernel's OOM killer
-        return "memory", "MemoryError: killed by the kernel (out of memory)", None
     if sig == signal.SIGSEGV:
         return "error", "Segmentation fault (SIGSEGV): often a C stack overflow from very deep recursion", -sig
     return "error", f"Killed by {_signal_name(sig)}", -sig

@@ -1,0 +1,124 @@
+"""Async client for the code sandbox (`POST /run`), as a `Tool` for the rollout engine.
+
+What the model sees (`ToolResult.output`) follows ToRL: the snippet's stdout, and when it
+failed, the last traceback line after it (`"...\\nZeroDivisionError: division by zero"`).
+`ok` is True only for status "ok"; `status` is the service's verdict, or "unavailable"
+when the service could not be reached or answered garbage. Empty stdout on success stays
+empty: the rollout engine decides how to word it.
+
+Retries: connection failures and 429/502/503/504 are retried (with the server's
+Retry-After, else exponential backoff) up to `retries` times; a snippet that ran is never
+re-run. A semaphore bounds requests in flight so a large batch queues here, not in the
+server's bounded queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from pipeline.config.sandbox import SandboxConfig
+from pipeline.types import ToolName, ToolResult
+
+_RETRYABLE_STATUS = {429, 502, 503, 504}
+# The server answers within timeout_s plus its own start-up and queueing; this is our margin.
+_HTTP_MARGIN_S = 10.0
+
+
+def model_output(stdout: str, error: str | None) -> str:
+    """ToRL-style feedback: stdout, then the last traceback line on failure."""
+    if not error:
+        return stdout
+    if not stdout:
+        return error
+    return stdout + ("" if stdout.endswith("\n") else "\n") + error
+
+
+class CodeSandboxClient:
+    name: ToolName = "code"
+
+    def __init__(self, url: str, *, timeout_s: float = 5.0, memory_mb: int = 512, concurrency: int = 8,
+                 retries: int = 2) -> None:
+        if not url:
+            raise ValueError("CodeSandboxClient needs the sandbox URL (e.g. http://127.0.0.1:PORT)")
+        if concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0:
+            raise ValueError(f"bad client limits: concurrency={concurrency} retries={retries} "
+                             f"timeout_s={timeout_s} memory_mb={memory_mb}")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.retries = retries
+        self._slots = asyncio.Semaphore(concurrency)
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s + _HTTP_MARGIN_S, connect=5.0),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        )
+
+    @classmethod
+    def from_config(cls, cfg: SandboxConfig, url: str) -> CodeSandboxClient:
+        return cls(url, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, concurrency=cfg.concurrency,
+                   retries=cfg.retries)
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        started = time.perf_counter()
+        async with self._slots:
+            try:
+                body = await self._post_with_retries(call_input)
+            except CodeTooLarge as exc:
+                return ToolResult.failure(str(exc), status="rejected", latency_s=time.perf_counter() - started)
+            except (httpx.HTTPError, OSError, ValueError) as exc:
+                return ToolResult.failure(f"code sandbox unavailable: {type(exc).__name__}: {exc}",
+                                          status="unavailable", latency_s=time.perf_counter() - started)
+        return self._to_result(body, time.perf_counter() - started)
+
+    async def _post_with_retries(self, code: str) -> dict:
+        payload = {"code": code, "timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
+        for attempt in range(self.retries + 1):
+            last_try = attempt == self.retries
+            try:
+                response = await self._http.post(f"{self.url}/run", json=payload)
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # ReadError/RemoteProtocolError: a kept-alive connection the server had closed.
+                if last_try:
+                    raise
+                await asyncio.sleep(0.1 * 2**attempt)
+                continue
+            if response.status_code in _RETRYABLE_STATUS and not last_try:
+                await asyncio.sleep(_retry_delay(response, attempt))
+                continue
+            return _checked_body(response)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @staticmethod
+    def _to_result(body: dict, latency_s: float) -> ToolResult:
+        status = body["status"]
+        error = body.get("error")
+        return ToolResult(output=model_output(body.get("stdout", ""), error), ok=status == "ok", status=status,
+                          error=error, latency_s=latency_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _retry_delay(response: httpx.Response, attempt: int) -> float:
+    try:
+        return min(float(response.headers.get("Retry-After", "")), 10.0)
+    except ValueError:
+        return 0.2 * 2**attempt
+
+
+class CodeTooLarge(Exception):
+    """HTTP 413: the snippet is over the server's size limit; retrying cannot help."""
+
+
+def _checked_body(response: httpx.Response) -> dict:
+    if response.status_code == 413:
+        raise CodeTooLarge(f"code rejected by the sandbox: {response.json().get('detail', 'too large')}")
+    if response.status_code != 200:
+        raise ValueError(f"HTTP {response.status_code} from the sandbox: {response.text[:200]}")
+    body = response.json()
+    if not isinstance(body, dict) or not isinstance(body.get("status"), str) or not isinstance(body.get("stdout", ""), str):
+        raise ValueError(f"malformed sandbox answer: {str(body)[:200]}")
+    return body

@@ -1,0 +1,75 @@
+"""A real code sandbox on a loopback port, shared by the sandbox tests.
+
+It runs with three workers (so a hostile snippet and a concurrent benign one each get a
+worker) and with a secret in the server's environment, which no snippet may ever see.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pipeline.services import ServiceProcess, free_port, python_service
+
+WORKERS = 3
+UID_BASE = 61000
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    service: ServiceProcess
+    secret: str
+
+    @property
+    def url(self) -> str:
+        return self.service.url
+
+    @property
+    def port(self) -> int:
+        return self.service.port
+
+    def run(self, code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, **extra) -> dict:
+        body = {"code": code, "timeout_s": timeout_s, "memory_mb": memory_mb, **extra}
+        response = httpx.post(f"{self.url}/run", json=body, timeout=timeout_s + 30)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def health(self) -> dict:
+        response = httpx.get(f"{self.url}/health", timeout=10)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+def sandbox_processes() -> list[int]:
+    """PIDs of processes owned by the sandbox's snippet uids (there should never be any after a request)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:  # not st_uid: a non-dumpable process's /proc entry is owned by root
+            status = Path(entry.path, "status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        uid_line = next(line for line in status.splitlines() if line.startswith("Uid:"))
+        if any(UID_BASE <= int(uid) < UID_BASE + WORKERS for uid in uid_line.split()[1:]):
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    if os.geteuid() != 0:
+        pytest.fail("the sandbox tests need root: the service isolates snippets with namespaces and uids")
+    secret = f"tapo-secret-{uuid.uuid4().hex}"
+    logs: Path = tmp_path_factory.mktemp("sandbox-logs")
+    service = python_service("sandbox", "sandbox.code",
+                             ["--workers", str(WORKERS), "--uid-base", str(UID_BASE)], free_port(), logs)
+    service.env["TAPO_TEST_SECRET"] = secret
+    with service:
+        yield Sandbox(service, secret)

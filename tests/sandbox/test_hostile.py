@@ -1,0 +1,189 @@
+"""Hostile snippets: each must get its expected status and leave the host, the server and
+a concurrent benign request untouched.
+
+Placeholders in the snippets: @MARK@ (a fresh token; any file whose name holds it must
+not appear on the host), @REDIS@ (a live Redis port), @SERVER@ (the sandbox's own port),
+@REPO@ (this repository), @SITE@ (the virtualenv's site-packages).
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from tests.sandbox.conftest import WORKERS, Sandbox, sandbox_processes
+
+SITE = site.getsitepackages()[0]
+BENIGN = ("import math\nprint(sum(range(10)), math.comb(5, 2))", "45 10\n")
+OS = "import fractions\nos = fractions.sys.modules['os']\n"
+SYS = "import fractions\nsys = fractions.sys\n"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    code: str
+    statuses: tuple[str, ...]
+    timeout_s: float = 5.0
+    stdout_has: str | None = None  # proof the snippet ran past the point that matters
+    error_has: str | None = None
+
+
+CASES = [
+    # --- import and escape tricks (the allow-list is a courtesy; the OS must hold anyway)
+    Case("import_os", "import os\nos.system('touch /tmp/x-@MARK@')", ("rejected",), error_has="module 'os' is not allowed"),
+    Case("from_subprocess", "from subprocess import run\nrun(['id'])", ("rejected",)),
+    Case("dunder_import", "__import__('os').system('touch /tmp/x-@MARK@')", ("error",), error_has="ImportError"),
+    Case("importlib", "import importlib\nimportlib.import_module('o' + 's')", ("rejected",)),
+    Case("builtins_dict_import", "f = __builtins__.__dict__['__import__'] if hasattr(__builtins__, '__dict__') else __builtins__['__import__']\nf('socket')", ("error",)),
+    Case("subclasses_wrap_close",
+         "c = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]\n"
+         "r = c.__init__.__globals__['system']('touch /tmp/x-@MARK@ /root/x-@MARK@')\nprint('system returned', r)",
+         ("ok",), stdout_has="system returned 32512"),
+    Case("catch_warnings_builtins",
+         "w = [c for c in ().__class__.__base__.__subclasses__() if c.__name__ == 'catch_warnings'][0]()\n"
+         "b = w._module.__builtins__\nos = b['__import__']('fractions').sys.modules['os']\nprint(os.system('id'))",
+         ("ok",), stdout_has="32512"),
+    Case("sympy_hands_out_os", "import sympy\nprint(sympy.utilities.misc.os.system('touch /tmp/x-@MARK@'))", ("ok",), stdout_has="32512"),
+    Case("numpy_ctypes_system", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint(libc.system(b'touch /tmp/x-@MARK@'))", ("ok",), stdout_has="32512"),
+    Case("ctypes_fork_syscall", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('fork', libc.fork())", ("ok",), stdout_has="fork -1"),
+    Case("posix_fork", "import fractions\nposix = fractions.sys.modules['posix']\nposix.fork()", ("error",), error_has="PermissionError"),
+    Case("os_execv", OS + "os.execv('/bin/sh', ['sh', '-c', 'touch /tmp/x-@MARK@'])", ("error",), error_has="PermissionError"),
+    Case("posix_spawn", OS + "os.posix_spawn('/usr/bin/touch', ['touch', '/tmp/x-@MARK@'], {})", ("error",), error_has="PermissionError"),
+    Case("pickle_reduce", SYS + "p = sys.modules['pickle']\nprint(p.loads(b\"cos\\nsystem\\n(S'touch /tmp/x-@MARK@'\\ntR.\"))", ("ok", "error")),
+    Case("str_format_walk", "import fractions\nprint('{0.__globals__[sys].modules[os].environ}'.format(fractions.Fraction.__new__))", ("ok",), stdout_has="PATH"),
+    Case("frame_walk_to_worker",
+         SYS + "f = sys._getframe()\nnames = []\nwhile f is not None:\n    names += list(f.f_locals)\n    ch = f.f_locals.get('channel')\n"
+         "    if ch is not None:\n        ch.sendall(b'\\x00\\x00\\x00\\x02{}')\n    f = f.f_back\nprint('walked', len(names))",
+         ("ok", "error")),
+    Case("gc_objects_for_secrets", SYS + "gc = sys.modules['gc']\nprint(sum(1 for o in gc.get_objects() if isinstance(o, dict)) > 0)", ("ok",), stdout_has="True"),
+    Case("sympify_eval", "import sympy\nprint(sympy.sympify(\"__import__('os').system('touch /tmp/x-@MARK@')\"))", ("error", "ok")),
+    Case("subprocess_via_sympy_gtk", "from sympy.printing import gtk\ngtk.subprocess.run(['touch', '/tmp/x-@MARK@'])", ("error",), error_has="PermissionError"),
+    # --- reads
+    Case("read_etc_passwd", "print(open('/etc/passwd').read())", ("error",), error_has="FileNotFoundError"),
+    Case("read_etc_shadow", "print(open('/etc/shadow').read())", ("error",)),
+    Case("read_proc_environ", "print(open('/proc/self/environ').read())", ("error",)),
+    Case("read_proc_1_environ", "print(open('/proc/1/environ', 'rb').read())", ("error",)),
+    Case("os_environ", OS + "print(dict(os.environ))", ("ok",), stdout_has="PATH"),
+    Case("read_server_source", "print(open('@REPO@/sandbox/code/app.py').read())", ("error",), error_has="FileNotFoundError"),
+    Case("read_params", "print(open('@REPO@/params.yaml').read())", ("error",)),
+    Case("list_home_dirs", OS + "print(os.listdir('/root'), os.path.exists('/home'))\nprint(open('/root/.bashrc').read())", ("error",)),
+    Case("list_host_tmp", OS + "print(os.listdir('/tmp'))", ("ok",), stdout_has="[]"),
+    # --- writes and persistence
+    Case("write_etc", "open('/etc/x-@MARK@', 'w').write('owned')", ("error",)),
+    Case("write_sitecustomize", "open('@SITE@/x-@MARK@.py', 'w').write('import os')", ("error",)),
+    Case("overwrite_usr_bin", "open('/usr/bin/python3', 'w').write('')", ("error",)),
+    Case("write_root_home", "open('/root/x-@MARK@', 'w').write('x')", ("error",)),
+    Case("write_dev_shm", "open('/dev/shm/x-@MARK@', 'w').write('x')", ("error",)),
+    Case("write_private_tmp", "open('/tmp/x-@MARK@', 'w').write('x')\nprint('wrote')", ("ok",), stdout_has="wrote"),
+    Case("fill_disk", "f = open('/tmp/big', 'wb')\nfor _ in range(200):\n    f.write(b'x' * (1 << 20))", ("error",)),
+    Case("inode_exhaustion", "for i in range(100000):\n    open(f'/tmp/f{i}', 'w').close()", ("error",)),
+    Case("mkfifo", OS + "os.mkfifo('/tmp/fifo')", ("error",), error_has="PermissionError"),
+    Case("chmod_setuid_bit", OS + "open('/tmp/s', 'w').close()\nos.chmod('/tmp/s', 0o4777)\nos.setuid(0)", ("error",), error_has="PermissionError"),
+    # --- network
+    Case("tcp_to_redis", SYS + "s = sys.modules['socket'].create_connection(('127.0.0.1', @REDIS@), timeout=1)\ns.sendall(b'FLUSHALL\\r\\n')", ("error",)),
+    Case("tcp_to_this_server", SYS + "s = sys.modules['socket'].create_connection(('127.0.0.1', @SERVER@), timeout=1)", ("error",)),
+    Case("tcp_outside", SYS + "sys.modules['socket'].create_connection(('1.1.1.1', 53), timeout=1)", ("error",)),
+    Case("dns_lookup", SYS + "print(sys.modules['socket'].getaddrinfo('example.com', 80))", ("error",)),
+    Case("unix_socket", SYS + "socket = sys.modules['socket']\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/docker.sock')", ("error",)),
+    Case("udp_send", SYS + "socket = sys.modules['socket']\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('8.8.8.8', 53))", ("error",)),
+    # --- processes
+    Case("fork_bomb", OS + "while True:\n    os.fork()", ("error",), error_has="PermissionError"),
+    Case("thread_bomb", SYS + "t = sys.modules['threading']\nwhile True:\n    t.Thread(target=sys.modules['time'].sleep, args=(60,), daemon=True).start()",
+         ("error", "memory")),
+    Case("multiprocessing", SYS + "sys.modules['subprocess'].Popen(['sleep', '60'])", ("error",), error_has="PermissionError"),
+    Case("kill_parent", OS + "os.kill(os.getppid(), 9)", ("error",), error_has="PermissionError"),
+    # kill(-1) reaches every process of the snippet's uid but itself: there are none.
+    Case("kill_everything", OS + "os.kill(-1, 9)\nprint('survived')", ("ok",), stdout_has="survived"),
+    Case("setsid_daemon", OS + "os.setsid()\nif os.fork() == 0:\n    import time\n    time.sleep(60)", ("error",)),
+    Case("ptrace_parent", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('ptrace', libc.ptrace(16, 1, 0, 0))", ("ok",), stdout_has="ptrace -1"),
+    Case("unshare_user_ns", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('unshare', libc.unshare(0x10000000))", ("ok",), stdout_has="unshare -1"),
+    # --- denial of service
+    Case("infinite_loop", "while True:\n    pass", ("timeout",), timeout_s=1.0),
+    Case("huge_power", "x = 10**10**8", ("timeout",), timeout_s=1.0),
+    Case("sleep", "import time\ntime.sleep(100)", ("timeout",), timeout_s=1.0),
+    Case("memory_bomb_list", "a = []\nwhile True:\n    a.append(' ' * 10**7)", ("memory",)),
+    Case("memory_bomb_bytes", "b = bytearray(10**11)", ("memory",)),
+    Case("numpy_huge_ones", "import numpy\nnumpy.ones((10**5, 10**5))", ("memory",)),
+    # map() puts a C frame on every level, so this overflows the C stack rather than the heap.
+    Case("recursion_bomb", SYS + "sys.setrecursionlimit(10**7)\ndef f(n):\n    return list(map(f, [n + 1]))\nf(0)", ("error", "memory")),
+    Case("stdout_flood", "while True:\n    print('x' * 1000)", ("output_limit",)),
+    Case("stderr_flood", SYS + "while True:\n    sys.stderr.write('y' * 1000)", ("output_limit",)),
+    Case("ignore_sigalrm_sigterm", SYS + "signal = sys.modules['signal']\nfor s in (signal.SIGALRM, signal.SIGTERM, signal.SIGXCPU):\n    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass",
+         ("timeout",), timeout_s=1.0),
+    Case("setitimer_off", SYS + "signal = sys.modules['signal']\nsignal.setitimer(signal.ITIMER_REAL, 0)\nwhile True:\n    pass", ("timeout",), timeout_s=1.0),
+    Case("read_stdin_forever", "print(input())", ("error",), error_has="EOFError"),
+    # --- exit tricks are not success
+    Case("exit_zero", "print(42)\nexit(0)", ("error",), stdout_has="42", error_has="SystemExit"),
+    Case("sys_exit", SYS + "print(42)\nsys.exit(0)", ("error",), stdout_has="42", error_has="SystemExit"),
+    Case("os_exit", OS + "print(42, flush=True)\nos._exit(0)", ("error",), stdout_has="42", error_has="os._exit(0)"),
+    Case("quit_builtin", "quit()", ("error",), error_has="SystemExit"),
+    Case("raise_systemexit_str", "raise SystemExit('all tests passed')", ("error",), error_has="all tests passed"),
+]
+
+HOST_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/etc", SITE, "/usr/bin")
+
+
+def _fill(code: str, marker: str, sandbox: Sandbox, redis_port: int, repo_root: str) -> str:
+    for key, value in (("@MARK@", marker), ("@REDIS@", str(redis_port)), ("@SERVER@", str(sandbox.port)),
+                       ("@REPO@", repo_root), ("@SITE@", SITE)):
+        code = code.replace(key, value)
+    return code
+
+
+def _host_files_with(marker: str) -> list[str]:
+    return [os.path.join(d, name) for d in HOST_DIRS if os.path.isdir(d) for name in os.listdir(d) if marker in name]
+
+
+def _wait_no_sandbox_processes(deadline_s: float = 2.0) -> list[int]:
+    stop = time.monotonic() + deadline_s
+    while (left := sandbox_processes()) and time.monotonic() < stop:
+        time.sleep(0.05)
+    return left
+
+
+def test_there_are_at_least_forty_hostile_cases() -> None:
+    assert len(CASES) >= 40
+    assert len({case.name for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_hostile_snippet(case: Case, sandbox: Sandbox, redis_server, repo_root) -> None:
+    marker = uuid.uuid4().hex[:12]
+    code = _fill(case.code, marker, sandbox, redis_server.port, str(repo_root))
+    with ThreadPoolExecutor(2) as pool:
+        hostile = pool.submit(sandbox.run, code, timeout_s=case.timeout_s)
+        time.sleep(0.01)  # let the hostile one start first
+        benign = pool.submit(sandbox.run, BENIGN[0])
+        result, benign_result = hostile.result(), benign.result()
+
+    assert result["status"] in case.statuses, result
+    seen = result["stdout"] + result["stderr"] + (result["error"] or "")
+    assert sandbox.secret not in seen
+    assert "root:x:0:0" not in seen
+    if case.stdout_has is not None:
+        assert case.stdout_has in result["stdout"], result
+    if case.error_has is not None:
+        assert case.error_has in (result["error"] or ""), result
+    assert (benign_result["status"], benign_result["stdout"]) == ("ok", BENIGN[1]), benign_result
+    assert _host_files_with(marker) == []
+    assert _wait_no_sandbox_processes() == []
+    health = sandbox.health()
+    assert health["status"] == "ok" and health["workers"] == WORKERS and health["restarts"] == 0, health
+    assert redis_server_alive(redis_server.port)
+
+
+def redis_server_alive(port: int) -> bool:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    try:
+        return client.ping() is True
+    finally:
+        client.close()

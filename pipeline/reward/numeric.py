@@ -22,7 +22,7 @@ _NUMBER_WORDS = {
 _SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 
 _DROP_TOKENS = (
-    "\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "$", "\\$",
+    "\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "\\$", "$",
     "^{\\circ}", "^\\circ", "°", "{,}",
 )  # fmt: skip
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox|operatorname)\{([^{}]*)\}")
@@ -32,6 +32,8 @@ _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _FRAC_RE = re.compile(r"^([-+]?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _FRAC_SHORT_RE = re.compile(r"^([-+]?)\\[dt]?frac(\d)(\d)$")
 _PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?$", re.IGNORECASE)
+_UNIT_WORDS_RE = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+([A-Za-z][A-Za-z\s./]*)$")
+_MATH_WORDS = frozenset({"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "exp", "inf", "infinity"})
 _NUMBER_TOKEN_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", re.ASCII)
 
 
@@ -54,9 +56,21 @@ def normalize_math(text: str) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _VARIABLE_PREFIX_RE.sub("", s, count=1)
     s = s.strip().rstrip(".").strip()
+    s = _strip_unit_words(s)
     if _THOUSANDS_RE.match(s.replace(" ", "")):
         s = s.replace(",", "")
     return s.replace(" ", "")
+
+
+def _strip_unit_words(text: str) -> str:
+    """`540 meters` -> `540`; single letters (`2 x`) and math words (`2 pi`) are kept."""
+    match = _UNIT_WORDS_RE.match(text)
+    if match is None:
+        return text
+    words = match.group(2).lower().replace(".", " ").replace("/", " ").split()
+    if any(len(w) < 2 or w in _MATH_WORDS for w in words):
+        return text
+    return match.group(1)
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -105,9 +119,13 @@ def numbers_equal(a: Number, b: Number) -> bool:
     candidates_b = {b.value, b.value * 100} if b.percent else {b.value}
     for x in candidates_a:
         for y in candidates_b:
-            # Float-printed decimals (0.3333333333 for 1/3) differ from the exact value
-            # only in the last printed digits; 1e-9 relative absorbs that and nothing more.
-            if x == y or abs(x - y) <= Fraction(1, 10**9) * max(1, abs(y)):
+            if x == y:
+                return True
+            # Float-printed decimals (0.3333333333 for 1/3, 0.30000000000000004 for 0.3)
+            # differ from the exact value in the last digits; 1e-9 relative absorbs that.
+            # Two integers are compared exactly (999999999 is not 10^9).
+            both_integers = x.denominator == 1 and y.denominator == 1
+            if not both_integers and abs(x - y) <= Fraction(1, 10**9) * max(1, abs(y)):
                 return True
     return False
 

@@ -20,10 +20,12 @@ symbolic check then runs once per distinct pair.
 from __future__ import annotations
 
 import cmath
+import re
 from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
 
 from pipeline.config.reward import RewardConfig
+from pipeline.reward.numeval import evaluate
 from pipeline.reward.numeric import (
     normalize_math,
     number_in_text,
@@ -38,6 +40,7 @@ from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em", "f1")
 
 PairScore = Callable[[str, str], float]
+_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z'.-]*$")  # normalised (space-free) plain words
 
 
 def fast_math_equal(pred: str, gold: str) -> bool | None:
@@ -50,6 +53,15 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
     p_num, g_num = parse_number(p), parse_number(g)
     if p_num is not None and g_num is not None:
         return numbers_equal(p_num, g_num)
+    if (p_num is None) != (g_num is None) and _WORDS_RE.match(p if g_num is not None else g):
+        return False  # plain words against a number ("Paris" vs 48) need no sympy
+    p_val, g_val = evaluate(p), evaluate(g)
+    if p_val is not None and g_val is not None:
+        scale = max(1.0, abs(g_val))
+        if abs(p_val - g_val) <= 1e-9 * scale:
+            return True
+        if abs(p_val - g_val) > 1e-6 * scale:
+            return False
     p_items, g_items = split_top_level(p), split_top_level(g)
     if p_items is not None and g_items is not None:
         if (p[0], p[-1]) != (g[0], g[-1]) or len(p_items) != len(g_items):

@@ -1,0 +1,74 @@
+"""Properties: every score is in [0, 1], alias order never matters, equal values in any form match."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.reward import check_format, extract_answer, fast_math_equal, overlong_penalty, verify
+
+TEXT_KINDS = ("fact", "em", "f1", "calculator", "complex")
+answers = st.text(max_size=40)
+aliases = st.lists(answers, min_size=1, max_size=5)
+settings.register_profile("reward", max_examples=150, deadline=None)
+settings.load_profile("reward")
+
+
+@given(st.sampled_from(TEXT_KINDS), answers, aliases)
+def test_scores_are_in_range(kind: str, predicted: str, golds: list[str]) -> None:
+    assert 0.0 <= verify(kind, predicted, golds) <= 1.0
+
+
+@given(st.sampled_from(TEXT_KINDS), answers, aliases, st.randoms())
+def test_alias_order_is_irrelevant(kind: str, predicted: str, golds: list[str], rng) -> None:  # noqa: ANN001
+    shuffled = list(golds)
+    rng.shuffle(shuffled)
+    assert verify(kind, predicted, golds) == verify(kind, predicted, shuffled)
+
+
+@given(answers, aliases)
+def test_adding_an_alias_never_lowers_the_score(predicted: str, golds: list[str]) -> None:
+    assert verify("fact", predicted, [*golds, predicted]) >= verify("fact", predicted, golds)
+
+
+@given(st.fractions(max_denominator=50).filter(lambda f: abs(f) < 10**6))
+def test_a_fraction_equals_itself_written_as_latex_and_slash(value: Fraction) -> None:
+    latex = f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
+    slash = f"{value.numerator}/{value.denominator}"
+    assert fast_math_equal(latex, slash) is True
+    assert verify("math", slash, latex) == 1.0
+
+
+@given(st.integers(-(10**9), 10**9), st.integers(1, 10**6))
+def test_distinct_integers_never_match(a: int, offset: int) -> None:
+    assert fast_math_equal(str(a), str(a + offset)) is False
+    assert fast_math_equal(f"{a:,}", str(a)) is True
+
+
+@given(st.decimals(min_value=-(10**6), max_value=10**6, places=3, allow_nan=False))
+def test_decimal_and_percent_forms_match(value) -> None:  # noqa: ANN001
+    assert verify("math", f"{value}", str(Fraction(value))) == 1.0
+    assert verify("math", f"{value * 100}\\%", f"{value}") == 1.0
+
+
+@given(st.integers(0, 500), st.integers(1, 300), st.integers(0, 400))
+def test_overlong_penalty_in_range_and_monotone(tokens: int, max_tokens: int, buffer: int) -> None:
+    here, longer = overlong_penalty(tokens, max_tokens, buffer), overlong_penalty(tokens + 1, max_tokens, buffer)
+    assert -1.0 <= longer <= here <= 0.0
+
+
+@given(st.text(max_size=200), st.sampled_from(("tapo", "search-r1", "torl")), st.booleans())
+def test_format_check_and_extraction_never_crash(text: str, protocol: str, strict: bool) -> None:
+    result = check_format(text, protocol, [], strict=strict)
+    assert result.ok == (result.reason is None)
+    answer = extract_answer(text, protocol)
+    assert answer is None or isinstance(answer, str)
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="<>\x00"), min_size=1, max_size=30).filter(str.strip))
+def test_well_formed_tapo_answer_round_trips(answer: str) -> None:
+    text = f"<think>t</think><answer>{answer}</answer>"
+    assert check_format(text, "tapo", []).ok
+    assert extract_answer(text, "tapo") in (answer.strip(), None) or "\\boxed" in answer or "\\fbox" in answer

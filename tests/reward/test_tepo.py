@@ -1,0 +1,86 @@
+"""TEPO: delta segment entropy, sparse and dense rewards, tool-level advantages (hand-computed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.reward import (
+    delta_segment_entropies,
+    dense_token_advantages,
+    policy_segments,
+    tepo_dense_call_rewards,
+    tepo_sparse_reward,
+    tool_level_advantages,
+)
+
+# 12 tokens: policy [0, 4), tool output [4, 6), policy [6, 9), tool output [9, 10), policy [10, 12)
+ENTROPIES = [1.0, 2.0, 3.0, 2.0, 9.0, 9.0, 1.0, 1.0, 1.0, 9.0, 4.0, 2.0]
+SPANS = [(4, 6), (9, 10)]
+
+
+def test_segments_are_the_policy_runs_between_outputs() -> None:
+    assert policy_segments(12, SPANS) == [(0, 4), (6, 9), (10, 12)]
+    assert policy_segments(5, []) == [(0, 5)]
+
+
+def test_delta_segment_entropy_ignores_tool_output_tokens() -> None:
+    # segment means: 2.0, 1.0, 3.0 -> dH_1 = 1 - 2 = -1, dH_2 = 3 - 1 = +2
+    assert delta_segment_entropies(ENTROPIES, SPANS) == [pytest.approx(-1.0), pytest.approx(2.0)]
+
+
+def test_empty_segment_gives_nan_and_counts_as_not_reducing() -> None:
+    deltas = delta_segment_entropies([1.0, 1.0, 5.0], [(2, 3)])  # nothing after the output
+    assert math.isnan(deltas[0])
+    assert tepo_sparse_reward(1.0, deltas) == 0.0
+
+
+def test_min_segment_tokens() -> None:
+    assert math.isnan(delta_segment_entropies(ENTROPIES, SPANS, min_tokens=3)[1])  # last segment has 2 tokens
+
+
+def test_spans_out_of_order_are_an_error() -> None:
+    with pytest.raises(ValueError, match="not ordered"):
+        policy_segments(10, [(5, 6), (2, 3)])
+
+
+@pytest.mark.parametrize(
+    ("base", "deltas", "expected"),
+    [(1.0, [], 1.0), (0.8, [], 0.8), (1.0, [-1.0, 2.0], 0.5), (1.0, [-0.1, -0.2, -0.3], 1.0),
+     (1.0, [0.5, 0.0], 0.0), (0.6, [-1.0, 1.0, -1.0], 0.4), (0.0, [-1.0], 0.0)],
+)  # fmt: skip
+def test_sparse_reward_base_times_m_over_n(base: float, deltas: list[float], expected: float) -> None:
+    assert tepo_sparse_reward(base, deltas) == pytest.approx(expected)
+
+
+def test_dense_call_rewards() -> None:
+    assert tepo_dense_call_rewards(1.0, [-1.0, 2.0], alpha=0.5) == [1.5, 1.0]
+    assert tepo_dense_call_rewards(0.0, [-1.0, 2.0], alpha=0.5) == [0.0, 0.0]  # gated by correctness
+    assert tepo_dense_call_rewards(1.0, [], alpha=0.5) == []
+
+
+def test_tool_level_advantages_pool_all_calls_of_the_group() -> None:
+    # rewards 1.5, 1.0 | 0.0 | (no calls) -> mean 2.5/3, population std sqrt(((2/3)^2+(1/6)^2+(5/6)^2)/3)
+    rewards = [[1.5, 1.0], [0.0], []]
+    mean = 2.5 / 3
+    std = math.sqrt(((1.5 - mean) ** 2 + (1.0 - mean) ** 2 + mean**2) / 3)
+    advantages = tool_level_advantages(rewards, eps=0.0)
+    assert advantages[0] == [pytest.approx((1.5 - mean) / std), pytest.approx((1.0 - mean) / std)]
+    assert advantages[1] == [pytest.approx(-mean / std)]
+    assert advantages[2] == []
+
+
+def test_equal_call_rewards_give_zero_advantage() -> None:
+    assert tool_level_advantages([[1.0], [1.0, 1.0]]) == [[0.0], [0.0, 0.0]]
+    assert tool_level_advantages([[], []]) == [[], []]
+
+
+def test_dense_token_advantages_place_each_call_on_the_segment_that_made_it() -> None:
+    advantages = dense_token_advantages(12, SPANS, [0.5, -0.25], outcome_advantage=2.0)
+    assert advantages == [0.5] * 4 + [0.0] * 2 + [-0.25] * 3 + [0.0] + [2.0] * 2
+
+
+def test_dense_token_advantages_checks_lengths() -> None:
+    with pytest.raises(ValueError, match="1 call advantages for 2 tool outputs"):
+        dense_token_advantages(12, SPANS, [0.5], outcome_advantage=0.0)

@@ -1,29 +1,74 @@
-"""Stage evaluate: accuracy and tool use of the trained policy on the test split."""
+"""Stage evaluate: accuracy and tool use of a model on benchmarks (TAPO Table 1, Figures 3-4).
+
+    python -m flows.evaluate --params params.yaml [--model PATH_OR_URI] [--label NAME]
+
+Benchmarks are read (and bad ones rejected) before any service starts; only the services the
+benchmarks' problem types need are started, none in mode no_tools. The run is tracked in
+MLflow; the library logs its metrics, table and plots into it.
+"""
 
 from __future__ import annotations
+
+import argparse
+import sys
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args, tools_needed
+from flows.common import load_or_exit
 from flows.services import running_services
-from pipeline.config import RunConfig
+from pipeline.config import DEFAULT_PARAMS, RunConfig
+from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
+from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
+from pipeline.evaluation.model_source import ModelSourceError, resolve_model
+from pipeline.tracking import tracked_run
+
+BAD_INPUT = (BenchmarkError, EvaluationError, ModelSourceError, FileNotFoundError)
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_task(cfg: RunConfig, urls: dict) -> dict:
-    return evaluate(cfg, urls)
+def evaluate_task(cfg: RunConfig, urls: dict, model: str | None) -> dict:
+    with tracked_run(cfg.run, "evaluate", cfg.model_dump()):
+        return evaluate(cfg, urls, model_path=model)
+
+
+def with_overrides(cfg: RunConfig, label: str | None) -> RunConfig:
+    if not label:
+        return cfg
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"label": label})})
 
 
 @flow(name="evaluate", log_prints=True)
-def evaluate_flow(params: str = "params.yaml") -> dict:
-    cfg = load_or_exit(params)
-    with running_services(cfg, tools_needed(cfg.evaluate.split_file), params) as urls:
-        metrics = evaluate_task(cfg, urls)
+def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: str | None = None) -> dict:
+    cfg = with_overrides(load_or_exit(params), label)
+    # Bad benchmarks or a missing model fail here, before any service starts.
+    benchmarks = load_benchmarks(cfg.evaluate)
+    resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
+    tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
+    with running_services(cfg, tools, params) as urls:
+        metrics = evaluate_task(cfg, urls, model)
     print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
     return metrics
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Evaluate a model on the configured benchmarks.")
+    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
+    parser.add_argument("--model", default=None, help="model to evaluate instead of evaluate.model "
+                        "(directory, hub id, or MLflow URI such as models:/tapo-policy@champion)")
+    parser.add_argument("--label", default=None, help="row name in the comparison table")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    try:
+        evaluate_flow(args.params, args.model, args.label)
+    except BAD_INPUT as err:
+        print(f"evaluate: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    evaluate_flow(stage_args("Evaluate the trained policy.").params)
+    main()

@@ -1,79 +1,187 @@
-"""Evaluate a policy with tools on a problem file: accuracy, tool use, format errors, lengths.
+"""Evaluate a model on benchmarks with the rollout engine and the reward verifiers (TAPO Table 1).
 
-Greedy decoding (temperature 0, one sample) gives pass@1; with `samples` > 1 and a
-temperature, avg@k and unbiased pass@k are reported. Every sample is written to
-`samples.jsonl` (question, full response, extracted answer, gold, score, tool calls) for
-error analysis.
+    benchmarks = load_benchmarks(cfg)                # every file read first: bad input fails at once
+    model      = load(resolve_model(cfg.model))      # path, embedded name, hub id or MLflow URI
+    for each benchmark, for each chunk of problems not yet in eval_samples.jsonl:
+        groups  = engine.rollout(chunk, samples)     # with tools (mode tools) or none (no_tools)
+        records = score + judge each sample          # reward verifiers; optional LLM judge
+        append records                               # resumable: finished chunks are kept
+    eval.json, eval_table.md, eval_plots/*.png       # summary, Table-1 layout, Figures 3-4
+
+Greedy decoding (temperature 0, one sample) gives pass@1; with samples > 1 and a
+temperature, avg@k and unbiased pass@k. The sampler seed of a chunk depends only on the
+run seed and the chunk's position, so a resumed run equals an uninterrupted one, sampled or not.
+
+Departures from the papers: TAPO/ToRL run one batch over the whole test set; here problems go
+in chunks of `chunk_problems` so a crash loses at most one chunk. Accuracy is the rule-based
+verifier's (the reward's f_T); the LLM judge, when enabled, may only turn a rejected fact
+answer into an accepted one, never the reverse.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import asyncio
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
+import mlflow
 
 from pipeline.config import RunConfig
-from pipeline.evaluation.pass_at_k import pass_at_k
-from pipeline.jsonl import read_problems, write_json, write_json_lines
+from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
+from pipeline.evaluation.judge import judge_records
+from pipeline.evaluation.model_source import fingerprint, resolve_model
+from pipeline.evaluation.report import write_reports
+from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
+from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
+from pipeline.evaluation.summary import summarise
+from pipeline.jsonl import write_json
 from pipeline.model import load_policy
-from pipeline.reward import score_trajectory
+from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.rollout.protocol import TOOLS_FOR_TYPE
+from pipeline.tools.base import Tool
 from pipeline.tools.factory import make_tools
-from pipeline.types import Group, RewardBreakdown, ToolName
+from pipeline.types import Group, Problem, ToolName
+
+METRICS_FILE = "eval.json"
 
 
-def sample_record(group: Group, rewards: tuple[RewardBreakdown, ...]) -> list[dict]:
-    p = group.problem
-    return [
-        {
-            "id": p.id, "source": p.source, "question": p.question, "gold": list(p.answers),
+class EvaluationError(ValueError):
+    """Input the evaluation cannot use (model, tools, benchmarks); the message names it."""
+
+
+@dataclass
+class _Plan:
+    cfg: RunConfig
+    benchmarks: list[Benchmark]
+    engine: RolloutEngine
+    store: SampleStore
+
+
+def tools_needed(benchmarks: list[Benchmark]) -> tuple[ToolName, ...]:
+    """The tool services the benchmarks' problem types may call (what the flow starts)."""
+    types = {p.type for b in benchmarks for p in b.problems}
+    return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))
+
+
+def run_label(cfg: RunConfig, model: str) -> str:
+    ec = cfg.evaluate
+    return ec.label or f"{Path(model.rstrip('/')).name or model} ({'tools' if ec.mode == 'tools' else 'no tools'})"
+
+
+def load_model(cfg: RunConfig, model: str):
+    resolved = resolve_model(model, cfg.run.tracking_uri)
+    try:
+        policy, tokenizer = load_policy(resolved, cfg.model.dtype)
+    except (OSError, ValueError) as err:
+        raise EvaluationError(f"model {model!r}: cannot load: {err}") from None
+    policy.eval()
+    return policy, tokenizer, resolved
+
+
+def make_eval_tools(cfg: RunConfig, benchmarks: list[Benchmark], urls: Mapping[ToolName, str]) -> dict[ToolName, Tool]:
+    if cfg.evaluate.mode == "no_tools":
+        return {}
+    missing = [t for t in tools_needed(benchmarks) if t not in urls]
+    if missing:
+        raise EvaluationError(f"mode 'tools' needs running services for {missing}; got URLs for {sorted(urls)}")
+    return make_tools(cfg, urls)
+
+
+def sample_records(group: Group, benchmark: Benchmark, cfg: RunConfig) -> list[dict[str, Any]]:
+    """One record per trajectory: question, full response, tool calls, answer, gold, score."""
+    p, rc = group.problem, cfg.rollout
+    kind = route(p, cfg.reward)
+    out = []
+    for i, t in enumerate(group.trajectories):
+        r = score_trajectory(p, t, cfg.reward, protocol=rc.protocol, max_policy_tokens=rc.max_policy_tokens)
+        out.append({
+            "benchmark": benchmark.name, "category": benchmark.category, "id": p.id, "sample": i,
+            "question": p.question, "gold": list(p.answers), "type": p.type, "verifier": kind,
             "response": t.text, "predicted": r.predicted, "score": r.accuracy, "reward": r.total,
-            "format_ok": r.format_ok, "finish_reason": t.finish_reason, "policy_tokens": t.policy_token_count,
-            "tool_calls": [{"tool": c.tool, "input": c.input, "output": c.result.output, "ok": c.result.ok}
+            "format_ok": r.format_ok, "finish_reason": t.finish_reason, "turns": t.turns,
+            "policy_tokens": t.policy_token_count, "response_tokens": len(t.response_ids),
+            "tool_calls": [{"tool": c.tool, "input": c.input, "output": c.result.output, "ok": c.result.ok,
+                            "status": c.result.status, "latency_s": round(c.result.latency_s, 4)}
                            for c in t.tool_calls],
-        }
-        for t, r in zip(group.trajectories, rewards, strict=True)
-    ]
-
-
-def summarise(records: list[dict], samples: int) -> dict[str, float]:
-    by_source: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        by_source[r["source"]].append(r)
-    out: dict[str, float] = {"n_problems": len(records) / samples}
-    for name, rows in sorted(by_source.items()) + [("all", records)]:
-        out[f"{name}/accuracy"] = float(np.mean([r["score"] > 0.9 for r in rows]))
-        out[f"{name}/format_error_rate"] = float(np.mean([not r["format_ok"] for r in rows]))
-        out[f"{name}/mean_policy_tokens"] = float(np.mean([r["policy_tokens"] for r in rows]))
-        for tool in ("code", "search"):
-            out[f"{name}/calls_per_rollout/{tool}"] = float(np.mean([sum(c["tool"] == tool for c in r["tool_calls"])
-                                                                     for r in rows]))
-        if samples > 1:
-            per_problem: dict[str, list[bool]] = defaultdict(list)
-            for r in rows:
-                per_problem[r["id"]].append(r["score"] > 0.9)
-            out[f"{name}/pass@{samples}"] = float(np.mean([pass_at_k(len(v), sum(v), samples)
-                                                           for v in per_problem.values()]))
+        })
     return out
 
 
-def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | None = None) -> dict[str, float]:
+def chunks(problems: tuple[Problem, ...], size: int) -> list[tuple[Problem, ...]]:
+    return [problems[i:i + size] for i in range(0, len(problems), size)]
+
+
+async def _evaluate_chunks(plan: _Plan) -> None:
+    ec = plan.cfg.evaluate
+    position = 0
+    for bench in plan.benchmarks:
+        for chunk in chunks(bench.problems, ec.chunk_problems):
+            position += 1
+            todo = [p for p in chunk if not plan.store.done(bench.name, p.id, ec.samples)]
+            if not todo:
+                continue
+            # Seed by chunk position (not by how many rollouts this process ran) so resuming
+            # reproduces exactly what an uninterrupted run would have sampled.
+            plan.engine.calls = position - 1
+            result = await plan.engine.arollout(list(chunk), ec.samples, temperature=ec.temperature)
+            records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
+            plan.store.append(await judge_records(records, ec.judge))
+
+
+async def _evaluate(plan: _Plan) -> None:
+    try:
+        await _evaluate_chunks(plan)
+    finally:
+        for tool in plan.engine.tools.values():
+            await tool.aclose()
+
+
+def _key(cfg: RunConfig, model_id: str) -> str:
     ec = cfg.evaluate
-    problems = read_problems(ec.split_file)
-    if ec.limit:
-        problems = problems[: ec.limit]
-    model, tokenizer = load_policy(model_path or ec.model, cfg.model.dtype)
-    engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
-    result = engine.rollout(problems, ec.samples, temperature=ec.temperature)
-    records = []
-    for group in result.groups:
-        rewards = tuple(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
-                                         max_policy_tokens=cfg.rollout.max_policy_tokens) for t in group.trajectories)
-        records += sample_record(group, rewards)
+    return run_key({"model": model_id, "mode": ec.mode, "samples": ec.samples,
+                    "temperature": ec.temperature, "rollout": cfg.rollout.model_dump(), "seed": cfg.run.seed,
+                    "dtype": cfg.model.dtype, "reward": cfg.reward.model_dump(), "judge": ec.judge.model_dump()})
+
+
+def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | None = None) -> dict[str, float]:
+    """Evaluate, write eval.json, eval_samples.jsonl, eval_table.md and plots; return the metrics."""
+    ec = cfg.evaluate
+    benchmarks = load_benchmarks(ec)
+    earlier = [load_run(Path(d)) for d in ec.compare_dirs]
+    model_name = model_path or ec.model
+    policy, tokenizer, resolved = load_model(cfg, model_name)
+    tools = make_eval_tools(cfg, benchmarks, tool_urls)
+    engine = RolloutEngine(policy, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
+    return evaluate_engine(cfg, engine, benchmarks, model_name=model_name, model_id=fingerprint(resolved),
+                           earlier=earlier)
+
+
+def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benchmark], *, model_name: str,
+                    model_id: str, earlier: list[RunResult] = ()) -> dict[str, float]:
+    """The evaluation proper, given a built engine (tests pass in-process model doubles and tools)."""
+    ec = cfg.evaluate
     out_dir = Path(ec.output_dir)
-    write_json_lines(out_dir / "eval_samples.jsonl", records)
-    metrics = summarise(records, ec.samples) | {"generator_idle_fraction": result.stats.idle_fraction}
-    write_json(out_dir / "eval.json", metrics)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    store = SampleStore(out_dir / SAMPLES_FILE, _key(cfg, model_id), resume=ec.resume)
+    asyncio.run(_evaluate(_Plan(cfg, benchmarks, engine, store)))
+    records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
+    metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
+    write_json(out_dir / METRICS_FILE, metrics)
+    result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
+                       benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
+    write_json(out_dir / RUN_FILE, result.header())
+    artifacts = write_reports(out_dir, result, list(earlier), plots=ec.plots)
+    log_to_mlflow(metrics, [out_dir / METRICS_FILE, out_dir / SAMPLES_FILE, out_dir / RUN_FILE, *artifacts])
     return metrics
+
+
+def log_to_mlflow(metrics: Mapping[str, float], files: list[Path]) -> None:
+    """Log into the active MLflow run, if the caller opened one (the flow does; tests need not)."""
+    if mlflow.active_run() is None:
+        return
+    mlflow.log_metrics({f"eval/{k}".replace("@", "_at_"): float(v) for k, v in metrics.items()})
+    for path in files:
+        mlflow.log_artifact(str(path), artifact_path="evaluation" if path.suffix != ".png" else "evaluation/plots")

@@ -31,6 +31,7 @@ class Case:
     code: str
     statuses: tuple[str, ...]
     timeout_s: float = 5.0
+    memory_mb: int = 512
     stdout_has: str | None = None  # proof the snippet ran past the point that matters
     error_has: str | None = None
 
@@ -108,7 +109,7 @@ CASES = [
     Case("infinite_loop", "while True:\n    pass", ("timeout",), timeout_s=1.0),
     Case("huge_power", "x = 10**10**8", ("timeout",), timeout_s=1.0),
     Case("sleep", "import time\ntime.sleep(100)", ("timeout",), timeout_s=1.0),
-    Case("memory_bomb_list", "a = []\nwhile True:\n    a.append(' ' * 10**7)", ("memory",)),
+    Case("memory_bomb_list", "a = []\nwhile True:\n    a.append(' ' * 10**7)", ("memory",), memory_mb=64),
     Case("memory_bomb_bytes", "b = bytearray(10**11)", ("memory",)),
     Case("numpy_huge_ones", "import numpy\nnumpy.ones((10**5, 10**5))", ("memory",)),
     # map() puts a C frame on every level, so this overflows the C stack rather than the heap.
@@ -158,7 +159,7 @@ def test_hostile_snippet(case: Case, sandbox: Sandbox, redis_server, repo_root) 
     marker = uuid.uuid4().hex[:12]
     code = _fill(case.code, marker, sandbox, redis_server.port, str(repo_root))
     with ThreadPoolExecutor(2) as pool:
-        hostile = pool.submit(sandbox.run, code, timeout_s=case.timeout_s)
+        hostile = pool.submit(sandbox.run, code, timeout_s=case.timeout_s, memory_mb=case.memory_mb)
         time.sleep(0.01)  # let the hostile one start first
         benign = pool.submit(sandbox.run, BENIGN[0])
         result, benign_result = hostile.result(), benign.result()

@@ -51,6 +51,9 @@ class JudgeCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a commit survives a crash of this process (what resuming needs) without an
+        # fsync per answer, which would serialise the event loop on the disk.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
         self._db.commit()
 

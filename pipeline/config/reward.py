@@ -83,7 +83,7 @@ class RewardConfig(StageConfig):
         "equivalent", description="equivalent: numeric/symbolic equivalence; strict: TAPO's normalised string equality."
     )
     verify_timeout_s: float = Field(2.0, gt=0.0, le=60.0, description="Time limit of one symbolic equivalence check; over it counts as not equivalent.")
-    symbolic_workers: int = Field(1, ge=1, le=16, description="Processes that run symbolic checks (each killable on time-out).")
+    symbolic_workers: int = Field(2, ge=1, le=16, description="Processes that run symbolic checks (each killable on time-out).")
     cache_size: int = Field(65536, ge=0, description="Verified (kind, prediction, gold) results kept in memory (0 = no cache).")
     wrong_answer_reward: float = Field(
         0.0, ge=-1.0, le=0.0, description="Outcome of a well-formed wrong answer: 0 (TAPO) or -1 (ToRL); accuracy a maps to w + (1 - w) * a."

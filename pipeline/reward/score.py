@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 
 from pipeline.config.reward import RewardConfig, TepoSparse
 from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer
-from pipeline.reward.format import check_format
+from pipeline.reward.format import FormatResult, check_format
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.tepo import tepo_sparse_reward
 from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier
@@ -53,28 +54,55 @@ class RewardScorer:
         self.verifier = verifier or Verifier(cfg)
 
     def score(self, problem: Problem, trajectory: Trajectory, *, protocol: str, max_policy_tokens: int) -> RewardBreakdown:
-        cfg = self.cfg
+        return self._breakdown(problem, trajectory, self._read(trajectory, protocol), max_policy_tokens)
+
+    def score_batch(
+        self, items: Sequence[tuple[Problem, Trajectory]], *, protocol: str, max_policy_tokens: int
+    ) -> list[RewardBreakdown]:
+        """Score many trajectories; the slow symbolic checks among them run concurrently.
+
+        Distinct (kind, answer, gold) triples that need the symbolic checker are verified
+        first, up to `symbolic_workers` at a time (each thread waits on its own worker process, so they do not fight over
+        the GIL); the breakdowns then read the verifier cache.
+        """
+        reads = [self._read(trajectory, protocol) for _, trajectory in items]
+        triples = {
+            (route(problem, self.cfg), answer, problem.answers): None
+            for (problem, _), (fmt, answer) in zip(items, reads, strict=True)
+            if fmt.ok and answer is not None
+        }
+        triples = {t: None for t in triples if self.verifier.needs_symbolic(*t)}
+        if self.cfg.symbolic_workers > 1 and len(triples) > 1:
+            with ThreadPoolExecutor(self.cfg.symbolic_workers) as pool:
+                list(pool.map(lambda triple: self.verifier.score(*triple), triples))
+        return [self._breakdown(p, t, read, max_policy_tokens) for (p, t), read in zip(items, reads, strict=True)]
+
+    def score_group(self, group: Group, *, protocol: str, max_policy_tokens: int) -> ScoredGroup:
+        items = [(group.problem, t) for t in group.trajectories]
+        return ScoredGroup(group, tuple(self.score_batch(items, protocol=protocol, max_policy_tokens=max_policy_tokens)))
+
+    def _read(self, trajectory: Trajectory, protocol: str) -> tuple[FormatResult, str | None]:
+        """The format verdict and the extracted answer (from the model's own text)."""
         if protocol not in PROTOCOL_NAMES:
             raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOL_NAMES}")
+        outputs = [call.result.output for call in trajectory.tool_calls]
+        strict = self.cfg.format_strictness == "strict"
+        fmt = check_format(trajectory.text, protocol, outputs, strict=strict, eos_strings=self.cfg.eos_strings)
+        return fmt, extract_answer(fmt.model_text, protocol)
+
+    def _breakdown(
+        self, problem: Problem, trajectory: Trajectory, read: tuple[FormatResult, str | None], max_policy_tokens: int
+    ) -> RewardBreakdown:
+        cfg = self.cfg
+        fmt, predicted = read
         length = overlong_penalty(trajectory.policy_token_count, max_policy_tokens, cfg.overlong_buffer)
         code = code_failure_penalty(trajectory.tool_calls, cfg.code_penalty, cfg.code_failure_statuses)
-        outputs = [call.result.output for call in trajectory.tool_calls]
-        fmt = check_format(
-            trajectory.text, protocol, outputs, strict=cfg.format_strictness == "strict", eos_strings=cfg.eos_strings
-        )
-        predicted = extract_answer(fmt.model_text, protocol)
         if not fmt.ok or predicted is None:
             total = cfg.format_penalty + length + code
             return RewardBreakdown(False, 0.0, cfg.format_penalty, length, code, 0.0, total, predicted)
         accuracy = self.verifier.score(route(problem, cfg), predicted, problem.answers)
         outcome = cfg.wrong_answer_reward + (1.0 - cfg.wrong_answer_reward) * accuracy
         return RewardBreakdown(True, accuracy, 0.0, length, code, 0.0, outcome + length + code, predicted)
-
-    def score_group(self, group: Group, *, protocol: str, max_policy_tokens: int) -> ScoredGroup:
-        rewards = tuple(
-            self.score(group.problem, t, protocol=protocol, max_policy_tokens=max_policy_tokens) for t in group.trajectories
-        )
-        return ScoredGroup(group, rewards)
 
 
 def apply_tepo(breakdown: RewardBreakdown, delta_entropies: Sequence[float], cfg: RewardConfig) -> RewardBreakdown:

@@ -92,6 +92,32 @@ class SymbolicChecker:
         self._closed = False
         atexit.register(self.close)
 
+    def start(self) -> None:
+        """Start every worker now (in parallel), so the first checks do not pay for it."""
+        with self._lock:
+            missing = self._size - self._started
+            self._started += missing
+        workers: list[_Worker] = []
+        errors: list[Exception] = []
+
+        def spawn() -> None:
+            try:
+                workers.append(_Worker())
+            except Exception as error:  # noqa: BLE001 - re-raised below, after the others
+                errors.append(error)
+
+        threads = [threading.Thread(target=spawn) for _ in range(missing)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        with self._lock:
+            self._started -= len(errors)
+        for worker in workers:
+            self._release(worker)
+        if errors:
+            raise errors[0]
+
     def equivalent(self, pred: str, gold: str) -> bool:
         """True when math-verify proves pred == gold within the time limit."""
         if len(pred) > MAX_INPUT_CHARS or len(gold) > MAX_INPUT_CHARS:

@@ -40,7 +40,13 @@ from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em", "f1")
 
 PairScore = Callable[[str, str], float]
-_WORDS_RE = re.compile(r"^[A-Za-z][A-Za-z'.-]*$")  # normalised (space-free) plain words
+# A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
+_PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
+_FUNCTION_NAMES = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "inf", "infty", "arcsin", "arccos", "arctan"})
+
+
+def _has_plain_word(normalized: str) -> bool:
+    return any(m.group().lower() not in _FUNCTION_NAMES for m in _PLAIN_WORD_RE.finditer(normalized))
 
 
 def fast_math_equal(pred: str, gold: str) -> bool | None:
@@ -53,8 +59,8 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
     p_num, g_num = parse_number(p), parse_number(g)
     if p_num is not None and g_num is not None:
         return numbers_equal(p_num, g_num)
-    if (p_num is None) != (g_num is None) and _WORDS_RE.match(p if g_num is not None else g):
-        return False  # plain words against a number ("Paris" vs 48) need no sympy
+    if (p_num is None) != (g_num is None) and _has_plain_word(p if g_num is not None else g):
+        return False  # words against a number ("Paris" or "March 2016" vs 48) need no sympy
     p_val, g_val = evaluate(p), evaluate(g)
     if p_val is not None and g_val is not None:
         scale = max(1.0, abs(g_val))
@@ -110,7 +116,8 @@ class Verifier:
     def __init__(self, cfg: RewardConfig, checker: SymbolicChecker | None = None) -> None:
         self.checker = checker or SymbolicChecker(cfg.verify_timeout_s, cfg.symbolic_workers)
         fold = cfg.fold_diacritics
-        math_score: PairScore = self._math_equivalent if cfg.math_mode == "equivalent" else _math_strict
+        self._symbolic_math = cfg.math_mode == "equivalent"
+        math_score: PairScore = self._math_equivalent if self._symbolic_math else _math_strict
         self._pair_scores: dict[str, PairScore] = {
             "math": math_score,
             "fact": partial(_fact, max_ratio=cfg.fact_max_ratio, fold=fold),
@@ -129,6 +136,13 @@ class Verifier:
         if not golds:
             raise ValueError("no gold answer given")
         return self._cached(kind, predicted, tuple(sorted(set(golds))))
+
+    def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str]) -> bool:
+        """Whether scoring this answer would call the symbolic checker (the slow path)."""
+        if kind != "math" or not self._symbolic_math:
+            return False
+        verdicts = [fast_math_equal(predicted, gold) for gold in golds]
+        return True not in verdicts and None in verdicts
 
     def cache_info(self) -> str:
         return str(self._cached.cache_info()) if hasattr(self._cached, "cache_info") else "no cache"

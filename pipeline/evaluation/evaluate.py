@@ -150,19 +150,20 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | 
     """Evaluate, write eval.json, eval_samples.jsonl, eval_table.md and plots; return the metrics."""
     ec = cfg.evaluate
     benchmarks = load_benchmarks(ec)
-    earlier = [load_run(Path(d)) for d in ec.compare_dirs]
+    for d in ec.compare_dirs:  # a bad compare dir fails now, not after the rollouts
+        load_run(Path(d))
     model_name = model_path or ec.model
     policy, tokenizer, resolved = load_model(cfg, model_name)
     tools = make_eval_tools(cfg, benchmarks, tool_urls)
     engine = RolloutEngine(policy, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
-    return evaluate_engine(cfg, engine, benchmarks, model_name=model_name, model_id=fingerprint(resolved),
-                           earlier=earlier)
+    return evaluate_engine(cfg, engine, benchmarks, model_name=model_name, model_id=fingerprint(resolved))
 
 
 def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benchmark], *, model_name: str,
-                    model_id: str, earlier: list[RunResult] = ()) -> dict[str, float]:
+                    model_id: str) -> dict[str, float]:
     """The evaluation proper, given a built engine (tests pass in-process model doubles and tools)."""
     ec = cfg.evaluate
+    earlier = [load_run(Path(d)) for d in ec.compare_dirs]
     out_dir = Path(ec.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     store = SampleStore(out_dir / SAMPLES_FILE, _key(cfg, model_id), resume=ec.resume)
@@ -173,7 +174,7 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
     write_json(out_dir / RUN_FILE, result.header())
-    artifacts = write_reports(out_dir, result, list(earlier), plots=ec.plots)
+    artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
     log_to_mlflow(metrics, [out_dir / METRICS_FILE, out_dir / SAMPLES_FILE, out_dir / RUN_FILE, *artifacts])
     return metrics
 

@@ -4,10 +4,11 @@
    question file of the shared data, calculator off, no judges), against the baseline of only
    reading and JSON-decoding the same files (no adapters, filters, dedupe or writing).
 2. Multi-LLM filtering: questions/s through `judge_filter` against the scripted loopback
-   OpenAI-compatible server with injected latency per request, two judges (one calls a search
-   tool first), fresh cache, at concurrency 1 (baseline) and 32. `ratio` = c32 / c1.
+   OpenAI-compatible server (its own process) with injected latency per request, two judges
+   (one calls a search tool first, so 3 requests a question), fresh cache, at concurrency 1
+   (baseline) and 32. `ratio` = c32 / c1.
 
-Usage: python benchmarks/curation.py [--latency-ms 25] [--questions 48]
+Usage (from the repository root): python benchmarks/curation.py [--latency-ms 25] [--questions 48]
 The last line of output is one JSON object with the figures.
 """
 
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,7 +33,7 @@ from pipeline.data.formats import read_file  # noqa: E402
 from pipeline.data.judging import judge_filter  # noqa: E402
 from pipeline.paths import shared_data_dir  # noqa: E402
 from pipeline.types import Problem, ToolResult  # noqa: E402
-from tests.data.openai_server import Script, ScriptedOpenAIServer  # noqa: E402
+from pipeline.services import free_port, python_service  # noqa: E402
 
 
 def mix_config(out: Path) -> CurateConfig:
@@ -62,34 +65,36 @@ class EchoSearch:
     name = "search"
 
     async def __call__(self, call_input: str) -> ToolResult:
-        return ToolResult(f"Doc 1 (Title: Q) {call_input} -> answer-{hash(call_input) % 97}", ok=True)
+        return ToolResult(f"Doc 1 (Title: Q) {call_input} -> answer-{zlib.crc32(call_input.encode()) % 97}", ok=True)
 
     async def aclose(self) -> None:
         pass
 
 
-def bench_judges(n_questions: int, latency_s: float, concurrency: int) -> dict[str, float]:
+def bench_judges(n_questions: int, latency_s: float, concurrency: int, work: Path) -> dict[str, float]:
     questions = [f"Benchmark question number {i}?" for i in range(n_questions)]
-    answers = {q: f"answer-{hash(q) % 97}" for q in questions}
+    answers = {q: f"answer-{zlib.crc32(q.encode()) % 97}" for q in questions}
     problems = [Problem(id=f"b-{i}", question=q, answers=(answers[q],), type="fact", source="bench", split="train")
                 for i, q in enumerate(questions)]
-    script = Script(answers=answers, tool={"searcher": "search"}, latency_s=latency_s)
-    with tempfile.TemporaryDirectory() as tmp, ScriptedOpenAIServer(script) as server:
-        judges = tuple(JudgeConfig(name=m, base_url=server.url, model=m) for m in ("plain", "searcher"))
+    script = work / f"script-{concurrency}.json"
+    script.write_text(json.dumps({"answers": answers, "tool": {"searcher": "search"}, "latency_s": latency_s}))
+    server = python_service(f"judge-server-{concurrency}", "tests.data.openai_server", ["--script", str(script)],
+                            free_port(), work)
+    with server:
+        judges = tuple(JudgeConfig(name=m, base_url=server.url + "/v1", model=m) for m in ("plain", "searcher"))
         cfg = CurateConfig(
             calculator={"n_train": 0, "n_test": 0},
-            sources=(SourceConfig(name="bench", path=str(REPO / "params.yaml"), adapter="hotpotqa", type="fact",
-                                  split="train", judge=True),),
-            multi_llm=MultiLLMConfig(judges=judges, concurrency=concurrency, cache_path=str(Path(tmp) / "c.sqlite")),
-            output_dir=str(Path(tmp) / "out"),
+            sources=(SourceConfig(name="bench", path=str(script), adapter="hotpotqa", type="fact", split="train",
+                                  judge=True),),
+            multi_llm=MultiLLMConfig(judges=judges, concurrency=concurrency, cache_path=str(work / f"c{concurrency}.sqlite")),
+            output_dir=str(work / "out"),
         )
         started = time.perf_counter()
         kept, rejected, _, stats = judge_filter(problems, cfg, lambda: {"search": EchoSearch()})
         elapsed = time.perf_counter() - started
-        requests = sum(server.requests.values())
     assert len(kept) == n_questions and not rejected, [r.reason for r in rejected[:3]]
-    return {"questions_per_s": round(n_questions / elapsed, 2), "requests": requests, "wall_s": round(elapsed, 3),
-            "cache_hits": stats["judge_cache_hits"]}
+    return {"questions_per_s": round(n_questions / elapsed, 2), "requests": stats["judge_requests"],
+            "wall_s": round(elapsed, 3), "cache_hits": stats["judge_cache_hits"]}
 
 
 def main() -> None:
@@ -97,12 +102,14 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=float, default=25.0, help="Injected latency per judge request.")
     parser.add_argument("--questions", type=int, default=48, help="Questions judged per concurrency setting.")
     args = parser.parse_args()
+    os.chdir(REPO)  # the judge server runs as `python -m tests.data.openai_server`
     curation = bench_curation()
     print(f"curation: {curation}")
-    c1 = bench_judges(args.questions, args.latency_ms / 1000, 1)
-    print(f"judges c=1: {c1}")
-    c32 = bench_judges(args.questions, args.latency_ms / 1000, 32)
-    print(f"judges c=32: {c32}")
+    with tempfile.TemporaryDirectory() as tmp:
+        c1 = bench_judges(args.questions, args.latency_ms / 1000, 1, Path(tmp))
+        print(f"judges c=1: {c1}")
+        c32 = bench_judges(args.questions, args.latency_ms / 1000, 32, Path(tmp))
+        print(f"judges c=32: {c32}")
     print(json.dumps({
         "curate_rows_per_s": curation["curate_rows_per_s"], "parse_only_rows_per_s": curation["parse_only_rows_per_s"],
         "rows": curation["rows"], "judge_latency_ms": args.latency_ms, "judge_questions": args.questions, "judges": 2,

@@ -12,10 +12,15 @@ with function calling, and it behaves deterministically from a `Script`:
 - `Script.fail_first[model]` = n: the first n requests for each question get HTTP 503;
 - `Script.status[model]` = code: every request gets that HTTP status;
 - `Script.latency_s` delays every response (benchmarks of concurrency).
+
+Run in-process (`with ScriptedOpenAIServer(script) as server`) or as its own process, so the
+client under test does not share a GIL with it: `python -m tests.data.openai_server --host
+127.0.0.1 --port PORT --script script.json` (GET /health answers 200 once it is up).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
@@ -67,16 +72,20 @@ def _reply(script: Script, model: str, body: dict[str, Any]) -> dict[str, Any]:
                       "total_tokens": prompt_chars // 4 + completion_chars // 4 + 2}}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 resets connections at concurrency 32
+
+
 class ScriptedOpenAIServer:
     """`with ScriptedOpenAIServer(script) as server:` -> `server.url` ends in /v1."""
 
-    def __init__(self, script: Script) -> None:
+    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0) -> None:
         self.script = script
         self.requests: Counter[str] = Counter()  # model -> HTTP requests received
         self.failures_left: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -105,6 +114,9 @@ class ScriptedOpenAIServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; with Nagle on, keep-alive clients wait for a
+            # delayed ACK (~40 ms) on every response, which would swamp the injected latency.
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: object) -> None:  # keep test output quiet
                 pass
@@ -116,6 +128,11 @@ class ScriptedOpenAIServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server naming
+                if self.path == "/health":
+                    return self._send(200, {"status": "ok"})
+                return self._send(404, {"error": {"message": f"no route {self.path}"}})
 
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
@@ -132,3 +149,19 @@ class ScriptedOpenAIServer:
                 return self._send(200, _reply(outer.script, model, body))
 
         return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible server (tests, benchmarks).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--script", required=True, help="JSON file with the Script fields.")
+    args = parser.parse_args()
+    raw = json.loads(open(args.script, encoding="utf-8").read())
+    raw["wrong"] = {m: set(qs) for m, qs in raw.get("wrong", {}).items()}
+    server = ScriptedOpenAIServer(Script(**raw), args.host, args.port)
+    server._server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

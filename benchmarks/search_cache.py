@@ -1,6 +1,6 @@
 """Search cache and BM25 benchmark: ours vs TAPO's difflib scan and rapidfuzz extractOne, in one run.
 
-    python benchmarks/search_cache.py [--difflib-queries-10k 5] [--difflib-queries-100k 2] [--sizes 10000,100000,1000000]
+    python benchmarks/search_cache.py [--difflib-queries-10k 3] [--difflib-queries-100k 1] [--sizes 10000,100000,1000000]
 
 Measures
 1. exact-hit latency through HTTP (service subprocess + private Redis, keep-alive client): p50/p99;
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import httpx
+import redis.asyncio as aioredis
 import yaml
 from rapidfuzz import fuzz, process
 
@@ -143,15 +144,15 @@ def bench_fuzzy_size(keys: list[str], queries: list[str], difflib_n: int, known:
 
 async def bench_redis_cache(redis_url: str, keys: list[str], queries: list[str], known: frozenset[str]) -> dict:
     namespace = f"bench:{len(keys)}"
-    cache = SearchCache(redis_url, ttl_s=3600, fuzzy_threshold=0.9, namespace=namespace, known_words=known)
-    await cache.connect()
-    for start in range(0, len(keys), 5000):
-        async with cache._redis.pipeline(transaction=False) as pipe:  # bulk load, same layout as put()
-            for key in keys[start:start + 5000]:
-                pipe.set(cache._result_key("local-bm25", 3, key), json.dumps({"query": key, "results": [RESULTS[0].to_dict()]}), ex=3600)
-                pipe.zadd(cache._index_key("local-bm25", 3), {key: time.time() + 3600})
-            await pipe.execute()
     fresh = SearchCache(redis_url, ttl_s=3600, fuzzy_threshold=0.9, namespace=namespace, known_words=known)
+    loader = aioredis.from_url(redis_url, socket_timeout=60, decode_responses=True)
+    for start in range(0, len(keys), 5000):
+        async with loader.pipeline(transaction=False) as pipe:  # bulk load, same layout as put()
+            for key in keys[start:start + 5000]:
+                payload = json.dumps({"query": key, "results": [RESULTS[0].to_dict()]})
+                pipe.set(fresh._result_key("local-bm25", 3, key), payload, ex=3600)
+                pipe.zadd(fresh._index_key("local-bm25", 3), {key: time.time() + 3600})
+            await pipe.execute()
     started = time.perf_counter()
     await fresh.connect()
     reload_s = time.perf_counter() - started
@@ -161,7 +162,8 @@ async def bench_redis_cache(redis_url: str, keys: list[str], queries: list[str],
         await fresh.get("local-bm25", 3, q)
         times.append((time.perf_counter() - t) * 1000.0)
     c = fresh.counters
-    await cache.aclose()
+    assert c.off == 0, "Redis went away during the benchmark"
+    await loader.aclose()
     await fresh.aclose()
     row = {"n": len(keys), "reload_s": round(reload_s, 2), "cache_get_p50_ms": round(pct(times, 0.5), 3),
            "cache_get_p99_ms": round(pct(times, 0.99), 3), "fuzzy_hits": c.fuzzy_hits, "misses": c.misses}
@@ -197,14 +199,14 @@ def bench_bm25(index: BM25Index, questions: list[str]) -> float:
     return len(questions) / (time.perf_counter() - started)
 
 
-def guard_set_figures() -> dict:
+def guard_set_figures(known: frozenset[str]) -> dict:
     data = Path(__file__).resolve().parent.parent / "tests" / "search" / "data"
     out = {}
     for name, label in (("near_misses.tsv", "near_miss"), ("true_variants.tsv", "true_variant")):
         pairs = [line.split("\t") for line in (data / name).read_text().splitlines() if line and not line.startswith("#")]
         ours = 0
         for query, cached in pairs:
-            index = FuzzyIndex(0.9, known_words=KNOWN)
+            index = FuzzyIndex(0.9, known_words=known)
             index.add(normalize_query(cached))
             ours += normalize_query(query) == normalize_query(cached) or index.lookup(normalize_query(query)) is not None
         tapo = sum(difflib.SequenceMatcher(None, q.lower(), c.lower()).ratio() >= 0.9 for q, c in pairs)
@@ -212,58 +214,64 @@ def guard_set_figures() -> dict:
     return out
 
 
-KNOWN: frozenset[str] = frozenset()
+def fuzzy_figures(redis_url: str, keys_all: list[str], fresh: list[str], sizes: list[int], args: argparse.Namespace,
+                  known: frozenset[str], rng: random.Random) -> dict:
+    figures: dict = {}
+    for size in sizes:
+        keys = keys_all[:size]
+        queries = lookup_queries(keys, fresh, args.queries, rng)
+        difflib_n = {10_000: args.difflib_queries_10k, 100_000: args.difflib_queries_100k}.get(size, 0)
+        row = bench_fuzzy_size(keys, queries, difflib_n, known)
+        tag = f"{size // 1000}k" if size < 1_000_000 else f"{size // 1_000_000}m"
+        figures.update({f"fuzzy_{k}_{tag}": v for k, v in row.items() if k != "n"})
+        figures[f"ratio_vs_rapidfuzz_{tag}"] = round(row["rapidfuzz_p50_ms"] / row["ours_p50_ms"], 1)
+        if "difflib_p50_ms" in row:
+            figures[f"ratio_vs_difflib_{tag}"] = round(row["difflib_p50_ms"] / row["ours_p50_ms"], 1)
+        if size <= 100_000:
+            redis_row = asyncio.run(bench_redis_cache(redis_url, keys, queries, known))
+            figures.update({f"redis_{k}_{tag}": v for k, v in redis_row.items() if k != "n"})
+    return figures
 
 
 def main() -> None:
-    global KNOWN
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--difflib-queries-10k", type=int, default=5)
-    parser.add_argument("--difflib-queries-100k", type=int, default=2)
+    parser.add_argument("--difflib-queries-10k", type=int, default=3)
+    parser.add_argument("--difflib-queries-100k", type=int, default=1)
     parser.add_argument("--http-requests", type=int, default=2000)
+    parser.add_argument("--parts", default="http,fuzzy,bm25", help="comma-separated subset to run")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     rng = random.Random(0)
     data = shared_data_dir()
     tmp = Path(tempfile.mkdtemp(prefix="search-bench-"))
     index_dir = tmp / "default-index"
     build_s = build_index(SearchConfig(index_dir=str(index_dir))).seconds
-    KNOWN = index_vocabulary(index_dir)
-    figures: dict = {"default_index_build_s": round(build_s, 2), **guard_set_figures()}
-
+    known = index_vocabulary(index_dir)
+    figures: dict = {"default_index_build_s": round(build_s, 2), **guard_set_figures(known)}
     questions = real_questions(data)
     rng.shuffle(questions)
     fresh, real = questions[:2000], questions[2000:]
-    vocabulary = sorted(KNOWN)
-    sizes = [int(s) for s in args.sizes.split(",")]
-    all_keys = synthetic_keys(real, vocabulary, max(sizes), rng)
-    rng.shuffle(all_keys)
     with redis_service(tmp / "redis") as redis:
-        figures.update(bench_http_exact(index_dir, redis.url, tmp, args.http_requests))
-        for size in sizes:
-            keys = all_keys[:size]
-            queries = lookup_queries(keys, fresh, args.queries, rng)
-            difflib_n = {10_000: args.difflib_queries_10k, 100_000: args.difflib_queries_100k}.get(size, 0)
-            row = bench_fuzzy_size(keys, queries, difflib_n, KNOWN)
-            tag = f"{size // 1000}k" if size < 1_000_000 else f"{size // 1_000_000}m"
-            figures.update({f"fuzzy_{k}_{tag}": v for k, v in row.items() if k != "n"})
-            figures[f"ratio_vs_rapidfuzz_{tag}"] = round(row["rapidfuzz_p50_ms"] / row["ours_p50_ms"], 1)
-            if "difflib_p50_ms" in row:
-                figures[f"ratio_vs_difflib_{tag}"] = round(row["difflib_p50_ms"] / row["ours_p50_ms"], 1)
-            if size <= 100_000:
-                redis_row = asyncio.run(bench_redis_cache(redis.url, keys, queries, KNOWN))
-                figures.update({f"redis_{k}_{tag}": v for k, v in redis_row.items() if k != "n"})
-
-    kilt = BM25Index.build(load_corpus(data / "wiki_corpus_samples/filtered_kilt_sample_100.jsonl", "kilt"))
-    default = BM25Index.load(index_dir)
-    bm25_questions = fresh[:300]
-    figures.update({"bm25_qps_default": round(bench_bm25(default, bm25_questions), 1),
-                    "bm25_passages_default": len(default.passages),
-                    "bm25_qps_kilt": round(bench_bm25(kilt, bm25_questions), 1),
-                    "bm25_passages_kilt": len(kilt.passages)})
+        if "http" in parts:
+            figures.update(bench_http_exact(index_dir, redis.url, tmp, args.http_requests))
+        if "fuzzy" in parts:
+            sizes = [int(s) for s in args.sizes.split(",")]
+            keys = synthetic_keys(real, sorted(known), max(sizes), rng)
+            rng.shuffle(keys)
+            figures.update(fuzzy_figures(redis.url, keys, fresh, sizes, args, known, rng))
+    if "bm25" in parts:
+        figures.update(bm25_figures(data, index_dir, fresh[:300]))
     figures["ratio"] = figures.get("ratio_vs_difflib_100k", figures.get("ratio_vs_difflib_10k"))
     print(json.dumps(figures))
+
+
+def bm25_figures(data: Path, index_dir: Path, questions: list[str]) -> dict:
+    kilt = BM25Index.build(load_corpus(data / "wiki_corpus_samples/filtered_kilt_sample_100.jsonl", "kilt"))
+    default = BM25Index.load(index_dir)
+    return {"bm25_qps_default": round(bench_bm25(default, questions), 1), "bm25_passages_default": len(default.passages),
+            "bm25_qps_kilt": round(bench_bm25(kilt, questions), 1), "bm25_passages_kilt": len(kilt.passages)}
 
 
 if __name__ == "__main__":

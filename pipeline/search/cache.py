@@ -4,14 +4,14 @@ Layout in Redis (all keys under `namespace`, default "tapo:search:v1"):
 - `{ns}:r:{sha1(backend, top_k, normalised query)}` -> JSON `{"query", "results"}` with a TTL;
 - `{ns}:z:{backend}:{top_k}` sorted set: member = normalised query, score = its expiry time (epoch s).
 
-The sorted set is what makes the fuzzy index survive a restart: on connect (and on every reconnect)
-the live members are loaded into an in-process `FuzzyIndex` per (backend, top_k), and expired ones
-are pruned. Writes go to Redis and to the local index. Entries written by another service process
+The sorted set is what makes the fuzzy index survive a restart: on the first successful connect the
+live members are loaded into an in-process `FuzzyIndex` per (backend, top_k), and expired ones are
+pruned. Writes go to Redis and to the local index. Entries written by another service process
 are found by the exact lookup at once and by the fuzzy lookup after this process's next reload.
 
 When a Redis call fails (refused, timeout), the cache switches to "off", logs once, and every request
 is served uncached; at most once per `retry_s` a request probes Redis with PING and, when it answers,
-reloads the index and switches back on. Deviation from TAPO: TAPO caches pickled strings keyed by md5
+switches back on (keeping the in-process index). Deviation from TAPO: TAPO caches pickled strings keyed by md5
 of the raw query and has no index or outage handling.
 """
 
@@ -32,6 +32,7 @@ from pipeline.search.results import Passage
 
 log = logging.getLogger(__name__)
 
+RELOAD_PAGE = 5000
 CacheOutcome = Literal["exact", "fuzzy", "miss", "off"]
 
 
@@ -54,7 +55,7 @@ class SearchCache:
     """Exact + guarded fuzzy cache in Redis. Create, then `await connect()`; never raises on Redis failures."""
 
     def __init__(self, redis_url: str, *, ttl_s: int, fuzzy_threshold: float, fuzzy: bool = True,
-                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 0.5,
+                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 1.0,
                  known_words: frozenset[str] = frozenset()) -> None:
         self.known_words = known_words
         self.ttl_s = ttl_s
@@ -67,6 +68,7 @@ class SearchCache:
                                         decode_responses=True) if redis_url else None
         self._indexes: dict[tuple[str, int], FuzzyIndex] = {}
         self._online = False
+        self._loaded = False
         self._next_probe = 0.0
 
     @property
@@ -101,7 +103,12 @@ class SearchCache:
             return False
         try:
             await self._redis.ping()
-            await self._reload()
+            if not self._loaded:
+                # Only at start-up: after an outage the local index is still right (entries Redis lost
+                # are dropped lazily when their GET comes back empty), and a reload of a big cache
+                # would stall the event loop.
+                await self._reload()
+                self._loaded = True
         except (RedisError, OSError) as err:
             self._went_down(err)
             return False
@@ -117,8 +124,11 @@ class SearchCache:
             backend, top_k = key.rsplit(":", 2)[-2:]
             await self._redis.zremrangebyscore(key, "-inf", now)
             index = indexes.setdefault((backend, int(top_k)), FuzzyIndex(self.fuzzy_threshold, known_words=self.known_words))
-            for member in await self._redis.zrange(key, 0, -1):
-                index.add(member)
+            start = 0
+            while members := await self._redis.zrange(key, start, start + RELOAD_PAGE - 1):
+                for member in members:  # paged, so no single reply outlasts the socket timeout
+                    index.add(member)
+                start += RELOAD_PAGE
         self._indexes = indexes
 
     async def _available(self) -> bool:

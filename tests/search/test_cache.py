@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.search import cache as cache_module
 from pipeline.search.cache import SearchCache
 from pipeline.search.normalize import normalize_query
 from pipeline.search.results import Passage
@@ -48,6 +49,22 @@ async def test_persisted_cache_served_by_a_new_instance(redis_server: ServicePro
     second = _cache(redis_server.url, namespace=namespace)  # as after a service restart
     assert await second.connect() and second.size() == 1
     assert (await second.get("local-bm25", 3, "who discovered penicilin")).outcome == "fuzzy"
+    await second.aclose()
+
+
+async def test_reload_pages_through_a_big_index(redis_server: ServiceProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "RELOAD_PAGE", 2)
+    namespace = f"test:{uuid.uuid4().hex}"
+    first = _cache(redis_server.url, namespace=namespace)
+    await first.connect()
+    questions = [f"who won the world cup in {year}" for year in range(1990, 1997)]
+    for question in questions:
+        await first.put("local-bm25", 3, question, RESULTS)
+    second = _cache(redis_server.url, namespace=namespace)
+    await second.connect()
+    assert second.size() == len(questions)
+    assert (await second.get("local-bm25", 3, normalize_query("Who won the World Cup in 1996?"))).outcome == "exact"
+    await first.aclose()
     await second.aclose()
 
 

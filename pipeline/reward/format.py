@@ -3,8 +3,9 @@
 The rollout engine, not the model, inserts tool outputs (`<response>` for tapo,
 `<information>` for search-r1, a ```output fence for torl). Only the text reaches the
 scorer, so the engine's outputs are told apart from look-alikes the model wrote itself by
-their content: `split_engine_outputs` finds, in order, the wrapper whose content equals
-(modulo surrounding whitespace) the k-th `ToolResult.output`. Anything else shaped like a
+their content: `split_engine_outputs` finds, in order, the wrapper whose content shows the
+k-th `ToolResult.output` (`shown_as`: equal after stripping, or the engine's head...tail
+cut of a long output, or its placeholder for an empty one). Anything else shaped like a
 tool output is model-written, the reward hack the grammar forbids.
 
 Grammar of the tag protocols (tapo, search-r1), over model text and engine outputs O:
@@ -69,33 +70,47 @@ def split_engine_outputs(text: str, protocol: str, outputs: Sequence[str]) -> tu
     segments: list[str] = []
     pos = 0
     for k, output in enumerate(outputs):
-        end = _find_wrapped(text, pos, wrapper, output.strip())
-        if end is None:
+        found = _find_wrapped(text, pos, wrapper, output.strip())
+        if found is None:
             return [], f"tool output #{k + 1} is not in the text"
-        start, stop = end
+        start, stop = found
         segments.append(text[pos:start])
         pos = stop
     segments.append(text[pos:])
     return segments, None
 
 
-def _find_wrapped(text: str, pos: int, wrapper: Wrapper, content: str) -> tuple[int, int] | None:
-    """(start, end) of the first `opener WS content WS closer` at or after pos."""
+def shown_as(content: str, output: str) -> bool:
+    """Whether `content` (inside a wrapper) is how the engine shows the tool `output`.
+
+    The engine shows the stripped output; an over-long one cut to head + "\n...\n" + tail;
+    an empty one as a one-line placeholder (e.g. "[no output] ...").
+    """
+    content = content.strip()
+    if content == output:
+        return True
+    if not output:
+        return "\n" not in content and "<" not in content and len(content) <= 200
+    head, cut, tail = content.partition("\n...\n")
+    return bool(cut) and len(content) < len(output) and output.startswith(head) and output.endswith(tail)
+
+
+def _find_wrapped(text: str, pos: int, wrapper: Wrapper, output: str) -> tuple[int, int] | None:
+    """(start, end) of the first wrapper at or after pos whose content shows `output`.
+
+    The output itself may contain the closing tag (hostile code can print `</response>`),
+    so every closer after the opener is tried, nearest first.
+    """
     start = text.find(wrapper.opener, pos)
     while start >= 0:
-        i = _skip_ws(text, start + len(wrapper.opener))
-        if text.startswith(content, i):
-            j = _skip_ws(text, i + len(content))
-            if text.startswith(wrapper.closer, j):
-                return start, j + len(wrapper.closer)
+        body = start + len(wrapper.opener)
+        close = text.find(wrapper.closer, body)
+        while close >= 0:
+            if shown_as(text[body:close], output):
+                return start, close + len(wrapper.closer)
+            close = text.find(wrapper.closer, close + 1)
         start = text.find(wrapper.opener, start + 1)
     return None
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
 
 
 def check_format(

@@ -114,3 +114,22 @@ def test_torl_grammar(text: str, outputs: list[str], strict_ok: bool, lenient_ok
     strict = check_format(text, "torl", outputs, strict=True, eos_strings=EOS)
     lenient = check_format(text, "torl", outputs, strict=False, eos_strings=EOS)
     assert (strict.ok, lenient.ok) == (strict_ok, lenient_ok), (strict.reason, lenient.reason)
+
+
+def test_engine_cut_of_a_long_output_is_recognised() -> None:
+    """The engine shows head + "\\n...\\n" + tail of an over-long output; that is still its output."""
+    output = "".join(f"line {i}\n" for i in range(500))
+    shown = output.strip()[:100] + "\n...\n" + output.strip()[-100:]
+    text = f"<code>x</code>\n<response>\n{shown}\n</response>\n<answer>1</answer>"
+    assert check_format(text, "tapo", [output]).ok
+
+
+def test_engine_placeholder_for_an_empty_output_is_recognised() -> None:
+    text = "<code>x = 1</code>\n<response>\n[no output] print() the values you need\n</response>\n<answer>1</answer>"
+    assert check_format(text, "tapo", [""]).ok
+
+
+def test_a_cut_that_does_not_match_the_output_is_not_the_engine() -> None:
+    output = "a" * 300
+    text = "<code>x</code>\n<response>\nb\n...\nb\n</response>\n<answer>1</answer>"
+    assert check_format(text, "tapo", [output]).reason == "tool output #1 is not in the text"

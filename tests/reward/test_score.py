@@ -175,3 +175,25 @@ def test_apply_tepo_sparse_scales_by_entropy_reducing_share() -> None:
     assert (shaped.entropy, shaped.total) == (pytest.approx(-0.5), pytest.approx(0.5))
     assert apply_tepo(base, [], cfg) == base  # no calls: the base reward
     assert apply_tepo(base, [0.1], RewardConfig()) == base  # TEPO off
+
+
+def test_score_batch_equals_one_by_one_and_runs_symbolic_checks_concurrently() -> None:
+    cfg = RewardConfig(symbolic_workers=2, verify_timeout_s=5.0)
+    answers = ["\\frac{\\sqrt{2}}{2}", "\\sin(\\pi/4)", "(x+1)^2", "0.5", "x^2+2x+1", "I am not sure", "7"]
+    golds = [("\\frac{1}{\\sqrt{2}}",), ("\\frac{\\sqrt{2}}{2}",), ("x^2+2x+1",), ("1/2",), ("(x+1)^2",), ("1",), ("8",)]
+    items = [(problem(g), trajectory(f"<answer>{a}</answer>")) for a, g in zip(answers, golds, strict=True)]
+    items.append((problem(("1",)), trajectory("no format")))
+    batch = RewardScorer(cfg).score_batch(items, protocol="tapo", max_policy_tokens=100)
+    scorer = RewardScorer(cfg)
+    one_by_one = [scorer.score(p, t, protocol="tapo", max_policy_tokens=100) for p, t in items]
+    assert batch == one_by_one
+    assert [r.total for r in batch] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0]
+
+
+def test_needs_symbolic_only_for_undecided_math() -> None:
+    verifier = RewardScorer(CFG).verifier
+    assert verifier.needs_symbolic("math", "(x+1)^2", ("x^2+2x+1",))
+    assert not verifier.needs_symbolic("math", "0.5", ("1/2",))
+    assert not verifier.needs_symbolic("math", "Paris", ("48",))
+    assert not verifier.needs_symbolic("fact", "(x+1)^2", ("x^2+2x+1",))
+    assert not RewardScorer(RewardConfig(math_mode="strict")).verifier.needs_symbolic("math", "(x+1)^2", ("x^2+2x+1",))

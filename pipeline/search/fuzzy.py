@@ -49,6 +49,8 @@ class FuzzyIndex:
         self.known_words = known_words
         self.max_candidates = max_candidates
         self._texts: list[str | None] = []  # entry id -> normalised query (None once removed)
+        self._word_counts = array("H")  # entry id -> number of words (the guard aligns words one to one)
+        self._lengths = array("I")  # entry id -> characters (the ratio bounds the length difference)
         self._ids: dict[str, int] = {}
         self._postings: dict[str, array] = defaultdict(lambda: array("I"))
         self._compact: dict[str, list[int]] = defaultdict(list)
@@ -66,6 +68,8 @@ class FuzzyIndex:
         self._texts.append(normalized)
         self._ids[normalized] = entry
         terms = query_terms(normalized)
+        self._word_counts.append(min(len(terms.words), 65535))
+        self._lengths.append(len(normalized))
         for word in set(terms.words):
             self._postings[word].append(entry)
         for variant in _single_word_deletions(terms):
@@ -96,8 +100,15 @@ class FuzzyIndex:
             found = np.concatenate([self._posting("\x00" + v) for v in _single_word_deletions(terms)])
         else:
             found = np.concatenate([self._posting(w) for w in words] or [np.empty(0, dtype=np.uint32)])
+        found = np.unique(found)
+        # Word-aligned matches have the same number of words; spacing variants come from the compact map.
+        found = found[np.frombuffer(self._word_counts, dtype=np.uint16)[found] == len(terms.words)]
         spaced = np.asarray(self._compact.get(terms.compact, ()), dtype=np.uint32)
-        ids = np.unique(np.concatenate([found, spaced]))
+        ids = np.union1d(found, spaced).astype(np.int64)
+        # ratio >= t needs |len(a) - len(b)| <= (1 - t) * (len(a) + len(b)), the Indel distance's lower bound.
+        lengths = np.frombuffer(self._lengths, dtype=np.uint32)[ids].astype(np.int64)
+        n = len(terms.text)
+        ids = ids[np.abs(lengths - n) <= (1.0 - self.threshold) * (lengths + n) + 1e-9]
         return ids[: self.max_candidates]
 
     def lookup(self, normalized: str) -> str | None:

@@ -58,6 +58,37 @@ def warm_imports() -> None:
     print(end="", flush=True)
 
 
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
+
+
+def prefer_huge_pages() -> int:
+    """Back the warm heap with 2 MiB pages where possible; returns the bytes advised.
+
+    fork() copies one page-table entry per 4 KiB page and exit() tears them down again, which
+    is most of a request's cost; with huge pages it is one entry per 2 MiB. A snippet's first
+    write into a huge page splits it and copies only the 4 KiB it touched (Linux >= 5.8), so
+    isolation between requests is unchanged. MADV_COLLAPSE (Linux >= 6.1) does it now
+    rather than whenever khugepaged gets round to it; on older kernels this is a no-op."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advised = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            anonymous = len(fields) < 6 or fields[5] == "[heap]"
+            if not (anonymous and fields[1].startswith("rw")):
+                continue
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            start, end = (low + _HUGE_PAGE - 1) & ~(_HUGE_PAGE - 1), high & ~(_HUGE_PAGE - 1)
+            if end > start and libc.madvise(start, end - start, _MADV_HUGEPAGE) == 0:
+                libc.madvise(start, end - start, _MADV_COLLAPSE)
+                advised += end - start
+    return advised
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
@@ -142,10 +173,11 @@ def main(argv: list[str]) -> int:
         jail.die_with_parent()
         warm_imports()
         worker = Worker(settings)
+        gc.collect()
+        gc.freeze()  # the collector must not touch (and so copy) the warm heap in every child
+        prefer_huge_pages()  # reads /proc, so before the jail hides it
         if settings.isolated:
             jail.enter_worker_jail(jail.JailLayout(settings.python_paths, settings.tmp_size_mib))
-        gc.collect()
-        gc.freeze()
     except Exception as exc:  # noqa: BLE001 - reported to the server, which refuses to start
         channel.sendall(protocol.encode({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 1

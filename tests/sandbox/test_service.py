@@ -135,11 +135,13 @@ def test_without_root_the_server_refuses_with_a_reason(monkeypatch, capsys) -> N
     assert "must run as root" in message and "--allow-degraded" in message and "network namespace" in message
 
 
-@pytest.fixture
-def tiny_sandbox(tmp_path: Path):
-    """One worker, one queue slot, 1 s timeout cap: overload and replacement become observable."""
+@pytest.fixture(scope="module")
+def tiny_sandbox(tmp_path_factory: pytest.TempPathFactory):
+    """One worker, one queue slot, 1 s timeout cap: overload and replacement become observable.
+    Shared by the two tests below, in file order (the replacement test kills the worker last)."""
     args = ["--workers", "1", "--queue-size", "1", "--max-timeout-s", "1", "--uid-base", "61100"]
-    with python_service("tiny-sandbox", "sandbox.code", args, free_port(), tmp_path) as service:
+    logs: Path = tmp_path_factory.mktemp("tiny-sandbox")
+    with python_service("tiny-sandbox", "sandbox.code", args, free_port(), logs) as service:
         yield service
 
 

@@ -2,8 +2,8 @@
 
 Two halves:
 
-* `enter_worker_jail` runs once per worker, as root, before any request: a private mount
-  namespace and a network namespace that holds only a (down) loopback device, then a
+* `enter_worker_jail` runs once per worker, as root, before any request: private mount and
+  IPC namespaces and a network namespace that holds only a (down) loopback device, then a
   `pivot_root` into a fresh tmpfs that shows only what an interpreter needs, read-only:
   /usr, /lib*, the Python prefix and the virtualenv's site-packages, a minimal /dev, an
   empty /etc, and a size-limited writable /tmp. No /proc, /sys, /home, /root contents,
@@ -28,6 +28,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 _libc.syscall.restype = ctypes.c_long
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
@@ -103,9 +104,10 @@ def _populate_dev(root: Path) -> None:
     for name in _DEVICES:
         node = dev / name
         node.touch()
-        # Not _bind_read_only: the remount adds nosuid but must not add nodev.
+        # Writable (writing to these devices is harmless and common) but never executable;
+        # not nodev, or they would stop being devices.
         _mount(f"/dev/{name}", str(node), None, MS_BIND)
-        _mount(None, str(node), None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID)
+        _mount(None, str(node), None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NOEXEC)
     (dev / "fd").symlink_to("/proc/self/fd")  # dangling (no /proc): harmless, keeps paths familiar
 
 
@@ -135,7 +137,7 @@ def enter_worker_jail(layout: JailLayout) -> None:
     """Move the calling (root, single-threaded) process into its own namespaces and root."""
     if not os.path.isdir(_STAGING):
         raise JailError(f"{_STAGING} must exist: the jail's root is assembled on a tmpfs mounted over it")
-    _unshare(CLONE_NEWNS | CLONE_NEWNET)
+    _unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates to the host
     _mount("tmpfs", _STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     root = Path(_STAGING)

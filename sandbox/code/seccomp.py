@@ -32,6 +32,11 @@ DENIED_SYSCALLS = (
     # network and IPC endpoints
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
     "sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg",
+    # System V and POSIX IPC objects outlive the process that made them: a channel between
+    # requests, and across workers of the same IPC namespace
+    "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
+    "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
+    "mq_getsetattr",
     # other processes
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_getfd",
     "pidfd_send_signal", "kcmp", "process_madvise",

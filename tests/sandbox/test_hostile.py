@@ -85,6 +85,8 @@ CASES = [
     Case("write_private_tmp", "open('/tmp/x-@MARK@', 'w').write('x')\nprint('wrote')", ("ok",), stdout_has="wrote"),
     Case("fill_disk", "f = open('/tmp/big', 'wb')\nfor _ in range(200):\n    f.write(b'x' * (1 << 20))", ("error",)),
     Case("inode_exhaustion", "for i in range(100000):\n    open(f'/tmp/f{i}', 'w').close()", ("error",)),
+    Case("sysv_shared_memory", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('shmget', libc.shmget(0x7a7a, 4096, 0o1666))", ("ok",), stdout_has="shmget -1"),
+    Case("dev_null_is_usable", "open('/dev/null', 'w').write('x')\nprint(len(open('/dev/urandom', 'rb').read(8)))", ("ok",), stdout_has="8"),
     Case("mkfifo", OS + "os.mkfifo('/tmp/fifo')", ("error",), error_has="PermissionError"),
     Case("chmod_setuid_bit", OS + "open('/tmp/s', 'w').close()\nos.chmod('/tmp/s', 0o4777)\nos.setuid(0)", ("error",), error_has="PermissionError"),
     # --- network

@@ -171,3 +171,25 @@ def test_a_dead_worker_is_replaced(tiny_sandbox: ServiceProcess) -> None:
         time.sleep(0.2)
     assert _post(tiny_sandbox, "print(2)").json()["stdout"] == "2\n"
     assert httpx.get(f"{tiny_sandbox.url}/health").json()["workers"] == 1
+
+
+async def test_degraded_mode_keeps_seccomp_rlimits_and_a_wiped_scratch_dir() -> None:
+    """What `--allow-degraded` leaves (run here as root, but without namespaces or uid change)."""
+    from sandbox.code.pool import PoolSettings, WorkerPool
+    from sandbox.code.protocol import Job
+
+    pool = WorkerPool(PoolSettings(workers=1, queue_size=4, isolated=False, uid_base=61200, tmp_size_mib=8,
+                                   output_limit_bytes=4096))
+    await pool.start()
+    try:
+        assert pool.stats()["isolation"] == "degraded"
+        wrote = await pool.run(Job("open('left', 'w').write('x')\nprint('ok')", 5.0, 256))
+        socket = await pool.run(Job("import fractions\nfractions.sys.modules['socket'].socket()", 5.0, 256))
+        listed = await pool.run(Job("import fractions\nprint(fractions.sys.modules['os'].listdir('.'))", 5.0, 256))
+        flood = await pool.run(Job("while True: print('x' * 100)", 5.0, 256))
+    finally:
+        await pool.close()
+    assert (wrote.status, wrote.stdout) == ("ok", "ok\n")
+    assert socket.status == "error" and "PermissionError" in socket.error
+    assert listed.stdout == "[]\n"
+    assert flood.status == "output_limit" and len(flood.stdout) <= 4096

@@ -27,7 +27,6 @@ import asyncio
 import difflib
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time

@@ -1,7 +1,7 @@
 """A fake Serper.dev API: a real HTTP server on 127.0.0.1 in a thread, answering in Serper's JSON shape.
 
 `mode` switches behaviour: "ok" (canned answer box, knowledge graph and organic results), "error"
-(HTTP 500), "garbage" (200 with non-JSON), "slow" (sleeps past any client timeout). Requests and their
+(HTTP 500), "garbage" (200 with non-JSON), "slow" (sleeps past any client timeout), "delay" (answers after 0.3 s). Requests and their
 X-API-KEY headers are recorded for assertions.
 """
 
@@ -39,6 +39,8 @@ class FakeSerper:
                 fake.requests.append((self.headers.get("X-API-KEY", ""), body))
                 if fake.mode == "slow":
                     time.sleep(3)
+                elif fake.mode == "delay":
+                    time.sleep(0.3)
                 if fake.mode == "error" or self.headers.get("X-API-KEY") != API_KEY:
                     self._send(500 if fake.mode == "error" else 403, b'{"message": "failed"}')
                 elif fake.mode == "garbage":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -107,3 +108,17 @@ def test_serper_without_key_fails_start(tmp_path: Path) -> None:
     params = write_params(tmp_path / "params.yaml", backend="serper", serper_api_key_env="TAPO_TEST_NO_SUCH_KEY")
     with pytest.raises(RuntimeError, match="TAPO_TEST_NO_SUCH_KEY"):
         start_search(params, "", tmp_path)
+
+
+async def test_concurrent_identical_misses_call_the_backend_once(
+        serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
+    service, fake = serper_service
+    fake.mode = "delay"  # the first request is still in flight when the others arrive
+    before = len(fake.requests)
+    async with httpx.AsyncClient(base_url=service.url, timeout=10) as client:
+        answers = await asyncio.gather(*(client.post("/search", json={"query": "Who painted The Night Watch?"})
+                                         for _ in range(6)))
+    fake.mode = "ok"
+    assert all(a.status_code == 200 for a in answers)
+    assert sorted(a.json()["cache"] for a in answers) == ["miss"] * 6
+    assert len(fake.requests) - before == 1  # one Serper request for six identical queries in flight

@@ -32,6 +32,8 @@ _THOUSANDS_RE = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 _FRAC_RE = re.compile(r"^([-+]?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 _FRAC_SHORT_RE = re.compile(r"^([-+]?)\\[dt]?frac(\d)(\d)$")
 _PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?$", re.IGNORECASE)
+_MAX_NUMBER_CHARS = 400
+_MAX_EXPONENT = 400
 _UNIT_WORDS_RE = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+([A-Za-z][A-Za-z\s./]*)$")
 _MATH_WORDS = frozenset({"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "exp", "inf", "infinity"})
 _NUMBER_TOKEN_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", re.ASCII)
@@ -74,13 +76,14 @@ def _strip_unit_words(text: str) -> str:
 
 
 def _plain_number(text: str) -> Fraction | None:
-    if _PLAIN_NUMBER_RE.match(text):
-        mantissa, _, exponent = text.lower().partition("e")
-        # Guard 1e999999: an exact power that large is a denial of service, not an answer.
-        if exponent and abs(int(exponent)) > 400:
-            return None
-        return Fraction(mantissa) * (Fraction(10) ** int(exponent or 0))
-    return None
+    # Guard 1e999999 and 5,000-digit strings: exact values that large are a denial of
+    # service, not an answer (and Python refuses int() of over 4,300 digits).
+    if len(text) > _MAX_NUMBER_CHARS or not _PLAIN_NUMBER_RE.match(text):
+        return None
+    mantissa, _, exponent = text.lower().partition("e")
+    if exponent and abs(int(exponent)) > _MAX_EXPONENT:
+        return None
+    return Fraction(mantissa) * (Fraction(10) ** int(exponent or 0))
 
 
 def _ratio(sign: str, top: str, bottom: str) -> Fraction | None:
@@ -123,9 +126,10 @@ def numbers_equal(a: Number, b: Number) -> bool:
                 return True
             # Float-printed decimals (0.3333333333 for 1/3, 0.30000000000000004 for 0.3)
             # differ from the exact value in the last digits; 1e-9 relative absorbs that.
-            # Two integers are compared exactly (999999999 is not 10^9).
+            # Two integers are compared exactly (999999999 is not 10^9); relative, not
+            # absolute, so 1e-12 is not 2e-12.
             both_integers = x.denominator == 1 and y.denominator == 1
-            if not both_integers and abs(x - y) <= Fraction(1, 10**9) * max(1, abs(y)):
+            if not both_integers and abs(x - y) <= Fraction(1, 10**9) * max(abs(x), abs(y)):
                 return True
     return False
 

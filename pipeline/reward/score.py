@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.config.reward import RewardConfig, TepoSparse
 from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer

@@ -22,10 +22,10 @@ from __future__ import annotations
 import cmath
 import re
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from functools import lru_cache, partial
 
 from pipeline.config.reward import RewardConfig
-from pipeline.reward.numeval import evaluate
 from pipeline.reward.numeric import (
     normalize_math,
     number_in_text,
@@ -34,6 +34,7 @@ from pipeline.reward.numeric import (
     split_top_level,
     tapo_normalize,
 )
+from pipeline.reward.numeval import evaluate
 from pipeline.reward.symbolic import SymbolicChecker
 from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 
@@ -42,7 +43,9 @@ VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em"
 PairScore = Callable[[str, str], float]
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
-_FUNCTION_NAMES = frozenset({"sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "inf", "infty", "arcsin", "arccos", "arctan"})
+_FUNCTION_NAMES = frozenset(
+    {"sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "inf", "infty", "arcsin", "arccos", "arctan"}
+)
 
 
 def _has_plain_word(normalized: str) -> bool:
@@ -63,7 +66,7 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
         return False  # words against a number ("Paris" or "March 2016" vs 48) need no sympy
     p_val, g_val = evaluate(p), evaluate(g)
     if p_val is not None and g_val is not None:
-        scale = max(1.0, abs(g_val))
+        scale = max(abs(p_val), abs(g_val))  # relative: 10^{-12} is not 2*10^{-12}
         if abs(p_val - g_val) <= 1e-9 * scale:
             return True
         if abs(p_val - g_val) > 1e-6 * scale:
@@ -80,11 +83,11 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
     return None
 
 
-def _complex_value(text: str) -> complex | None:
-    """A (possibly complex) number written alone: our exact parser, else Python's complex()."""
+def _exact_or_complex(text: str) -> Fraction | complex | None:
+    """An exact real (our parser), else a complex number Python can read ("3+4i"), else None."""
     number = parse_number(normalize_math(text))
     if number is not None:
-        return complex(float(number.value))
+        return number.value
     try:
         value = complex(normalize_math(text).replace("i", "j"))
     except ValueError:
@@ -93,21 +96,31 @@ def _complex_value(text: str) -> complex | None:
 
 
 def calculator_score(pred: str, gold: str, abs_tol: float, rel_tol: float) -> float:
-    p, g = _complex_value(pred), _complex_value(gold)
+    p, g = _exact_or_complex(pred), _exact_or_complex(gold)
     if p is None or g is None:
         return 0.0
-    error = abs(p - g)
+    if isinstance(p, complex) or isinstance(g, complex):
+        p, g = _as_complex(p), _as_complex(g)  # huge exact values do not fit a float
+        if p is None or g is None:
+            return 0.0
+    error = abs(p - g)  # exact when both are Fractions: 10^400 vs 10^400 + 1 is not a float question
     return float(error < abs_tol or error <= rel_tol * abs(g))
+
+
+def _as_complex(value: Fraction | complex) -> complex | None:
+    try:
+        return complex(value)
+    except OverflowError:
+        return None
 
 
 def complex_score(pred: str, gold: str, rel_tol: float) -> float:
     p, g = number_in_text(pred), number_in_text(gold)
     if p is None or g is None:
         return 0.0
-    p_val, g_val = float(p.value), float(g.value)
-    if g_val == 0:
-        return float(abs(p_val) < 1e-9)
-    return float(abs(p_val - g_val) / abs(g_val) < rel_tol)
+    if g.value == 0:
+        return float(p.value == 0)
+    return float(abs(p.value - g.value) / abs(g.value) < rel_tol)
 
 
 class Verifier:

@@ -72,3 +72,14 @@ def test_well_formed_tapo_answer_round_trips(answer: str) -> None:
     text = f"<think>t</think><answer>{answer}</answer>"
     assert check_format(text, "tapo", []).ok
     assert extract_answer(text, "tapo") in (answer.strip(), None) or "\\boxed" in answer or "\\fbox" in answer
+
+
+number_strings = st.from_regex(r"[-+]?\d{0,600}(\.\d{0,5})?([eE][-+]?\d{1,4})?%?", fullmatch=True)
+
+
+@given(number_strings, number_strings)
+def test_any_number_string_is_scored_without_error(predicted: str, gold: str) -> None:
+    """Huge, tiny and long numbers never overflow a float or Python's int-string limit."""
+    for kind in ("calculator", "complex"):
+        assert 0.0 <= verify(kind, predicted, gold) <= 1.0
+    assert fast_math_equal(predicted, gold) in (True, False, None)

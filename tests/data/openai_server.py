@@ -136,14 +136,14 @@ class ScriptedOpenAIServer:
 
             def do_POST(self) -> None:  # noqa: N802 - http.server naming
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
-                if outer.script.latency_s:
-                    time.sleep(outer.script.latency_s)
                 if self.path.rstrip("/") != "/v1/chat/completions":
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 if outer.script.api_key and self.headers.get("Authorization") != f"Bearer {outer.script.api_key}":
                     return self._send(401, {"error": {"message": "bad api key"}})
                 model = str(body.get("model", ""))
-                status = outer._status_for(model, _question(body.get("messages") or []))
+                status = outer._status_for(model, _question(body.get("messages") or []))  # counted on arrival
+                if outer.script.latency_s:
+                    time.sleep(outer.script.latency_s)
                 if status != 200:
                     return self._send(status, {"error": {"message": f"scripted {status}"}})
                 return self._send(200, _reply(outer.script, model, body))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,3 +188,29 @@ def test_api_key_is_sent_and_a_missing_variable_fails_at_once(tmp_path: Path, qu
         assert server.requests["m"] == 0
         monkeypatch.setenv("TAPO_TEST_JUDGE_KEY", "sk-test")
         assert run(cfg, tool_factory=dict).n_train == 6
+
+
+def test_a_killed_run_resumes_without_paying_twice(tmp_path: Path, questions_file: Path, repo_root: Path) -> None:
+    script = Script(answers=dict(QUESTIONS), latency_s=0.2)
+    with ScriptedOpenAIServer(script) as server:
+        cfg = _config(tmp_path, questions_file, server.url, ["m"], concurrency=1)
+        params = tmp_path / "params.yaml"
+        params.write_text(json.dumps({"curate": cfg.model_dump(mode="json")}))  # JSON is YAML
+        child = subprocess.Popen([sys.executable, "-c", "import sys; from pipeline.config import load_config; "
+                                  "from pipeline.data.curate import run; run(load_config(sys.argv[1]).curate)", str(params)],
+                                 cwd=repo_root)
+        try:
+            deadline = time.monotonic() + 60
+            while (not Path(cfg.multi_llm.cache_path).exists() or len(JudgeCache(cfg.multi_llm.cache_path)) < 2):
+                assert child.poll() is None and time.monotonic() < deadline, "judging finished or stalled"
+                time.sleep(0.05)
+        finally:
+            child.kill()  # SIGKILL: no clean-up runs, as in a crash
+            child.wait()
+        time.sleep(0.1)  # let a request the child sent just before dying reach the server's counter
+        cached = len(JudgeCache(cfg.multi_llm.cache_path))
+        assert 2 <= cached < len(QUESTIONS) and not (tmp_path / "out" / "report.json").exists()
+        before = server.requests["m"]
+        report = run(cfg, tool_factory=dict)
+        assert server.requests["m"] - before == len(QUESTIONS) - cached  # only the unanswered questions
+    assert report.n_train == len(QUESTIONS) and report.run_stats["judge_cache_hits"] == cached

@@ -82,6 +82,9 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if tc.max_train_problems:
         problems = problems[: tc.max_train_problems]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
+    if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
+        from pipeline.distributed.trainer import set_up_data_parallel
+        return set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems, make_tools(cfg, tool_urls), resume)
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
@@ -146,6 +149,9 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
 
 
 def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
+    if tr.cfg.distributed.enabled:  # whole groups per rank, global token denominator
+        from pipeline.distributed.trainer import data_parallel_train_step
+        return data_parallel_train_step(tr, kept)
     if not kept:
         return {"train/skipped": 1.0}
     batch = make_train_batch(kept, advantages_of(kept, tr.cfg.train.algorithm), tr.tokenizer.pad_token_id)
@@ -183,5 +189,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
 
 def save_final_model(tr: Trainer, path: Path) -> None:
     """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM."""
+    if tr.cfg.distributed.enabled:  # gathered from ZeRO shards; rank 0 writes
+        from pipeline.distributed.trainer import save_final_model as save_data_parallel
+        return save_data_parallel(tr, path)
     tr.model.save_pretrained(path, safe_serialization=True)
     tr.tokenizer.save_pretrained(path)

@@ -1,5 +1,8 @@
 """One optimiser step on a `TrainBatch`: forward, loss / global denominator, backward, clip, step.
 
+The step runs against a `GradientBackend`: `LocalBackend` for one process, or the DeepSpeed
+backend in `pipeline.distributed` for data parallelism, so both use this same code path.
+
 Log-probs and entropies come from the same forward pass, computed over the vocabulary in
 chunks of positions so a 150k-token vocabulary never materialises a full [B, T, V]
 float32 softmax twice.
@@ -8,6 +11,7 @@ float32 softmax twice.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -51,23 +55,81 @@ def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
     return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
 
 
+class GradientBackend(Protocol):
+    """Where gradients go: one process (`LocalBackend`) or a DeepSpeed engine across ranks.
+
+    `backward` receives the loss already divided by the *global* denominator; a backend that
+    averages gradients across ranks must undo the average itself.
+    """
+
+    model: torch.nn.Module
+
+    def zero_grad(self) -> None: ...
+    def backward(self, loss: torch.Tensor) -> None: ...
+    def step(self) -> float: ...  # clip, optimiser step; returns the global gradient norm
+    def all_reduce_sum(self, values: list[float]) -> list[float]: ...
+    def all_reduce_max(self, value: int) -> int: ...
+
+
+@dataclass
+class LocalBackend:
+    """Single process: plain autograd, global-norm clipping, the optimiser's step."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    grad_clip: float
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        return float(grad_norm)
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def all_reduce_max(self, value: int) -> int:
+        return value
+
+
 def policy_gradient_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                          loss: PolicyLoss, settings: UpdateSettings) -> dict[str, float]:
-    """Accumulate gradients over micro-batches, then clip and step once."""
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    denominator = max(loss.denominator(batch), 1.0)  # the only normalisation of the loss
-    n_tokens = max(batch.n_policy_tokens, 1)
+    """Accumulate gradients over micro-batches, then clip and step once (one process)."""
+    return apply_policy_gradient(LocalBackend(model, optimizer, settings.grad_clip), batch, loss, settings)
+
+
+def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: PolicyLoss, settings: UpdateSettings,
+                          weight: float = 1.0) -> dict[str, float]:
+    """One optimiser step on this rank's `batch`; the denominator is summed over all ranks.
+
+    `weight` 0 marks a rank without data this step: it still runs as many forward/backward
+    passes as the busiest rank (ZeRO reduces gradients inside every backward, so all ranks
+    must call it equally often) but contributes nothing.
+    """
+    backend.model.train()
+    backend.zero_grad()
+    denominator, n_tokens = backend.all_reduce_sum([loss.denominator(batch) * weight, batch.n_policy_tokens * weight])
+    denominator = max(denominator, 1.0)  # the only normalisation of the loss
+    n_tokens = max(n_tokens, 1)
+    parts = micro_batches(batch, settings.micro_batch_size)
+    n_passes = backend.all_reduce_max(len(parts))
     sums = {"loss": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0}
-    for micro in micro_batches(batch, settings.micro_batch_size):
-        logprobs_BT, entropy_BT = token_logprobs_and_entropy(model, micro, settings.temperature)
+    for i in range(n_passes):
+        micro, w = (parts[i], weight) if i < len(parts) else (parts[0], 0.0)
+        logprobs_BT, entropy_BT = token_logprobs_and_entropy(backend.model, micro, settings.temperature)
         out = loss.fn(logprobs_BT, micro)
-        (out.loss_sum / denominator).backward()
-        sums["loss"] += float(out.loss_sum.detach()) / denominator
-        sums["clip_low"] += float(out.clipped_low) / n_tokens
-        sums["clip_high"] += float(out.clipped_high) / n_tokens
-        sums["approx_kl"] += float(out.approx_kl_sum) / n_tokens
-        sums["entropy"] += float((entropy_BT * micro.loss_mask_BT).sum()) / n_tokens
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-    optimizer.step()
-    return {f"train/{k}": v for k, v in sums.items()} | {"train/grad_norm": float(grad_norm)}
+        scaled = out.loss_sum / denominator
+        backend.backward(scaled if w == 1.0 else scaled * w)
+        sums["loss"] += w * float(out.loss_sum.detach()) / denominator
+        sums["clip_low"] += w * float(out.clipped_low) / n_tokens
+        sums["clip_high"] += w * float(out.clipped_high) / n_tokens
+        sums["approx_kl"] += w * float(out.approx_kl_sum) / n_tokens
+        sums["entropy"] += w * float((entropy_BT * micro.loss_mask_BT).sum()) / n_tokens
+    grad_norm = backend.step()
+    totals = dict(zip(sums, backend.all_reduce_sum(list(sums.values())), strict=True))
+    return {f"train/{k}": v for k, v in totals.items()} | {"train/grad_norm": grad_norm}

@@ -1,0 +1,11 @@
+"""Data-parallel training with DeepSpeed ZeRO: the same trainer, spread over processes.
+
+- `ds_config`: the DeepSpeed JSON, generated from `params.yaml` (never hand-edited).
+- `backend`: `DeepSpeedBackend`, the data-parallel `GradientBackend` of `pipeline.update`.
+- `sharding`: groups assigned to ranks whole; rollouts sampled per rank and all-gathered.
+- `checkpointing`: DeepSpeed checkpoints with exact resume; Hugging Face export (ZeRO-3 too).
+- `trainer`: the hooks `pipeline.train` calls when `distributed.enabled`.
+- `launch`: start N local ranks (`python -m pipeline.distributed.launch --nproc N -- CMD`).
+
+Importing this package does not import DeepSpeed; the modules that need it do.
+"""

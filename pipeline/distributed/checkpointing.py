@@ -1,0 +1,155 @@
+"""DeepSpeed checkpoints with exact resume, and Hugging Face export from ZeRO shards.
+
+Layout (same as single-process runs): `<root>/checkpoints/step-NNNNNN/`, written by
+`engine.save_checkpoint` (model and optimiser shards of every rank), plus one RNG file per
+rank and the model's config and tokenizer (so the directory exports on its own). DeepSpeed
+writes `<root>/checkpoints/latest` last, so resume never picks a half-written step.
+
+Exports: `export_hf` gathers ZeRO-3 shards parameter by parameter (one full tensor at a
+time, not the whole model) inside a running job; `export_from_checkpoint` rebuilds the fp32
+weights from the shards on disk, offline, in one process
+(`python -m pipeline.distributed.export CHECKPOINTS OUT`).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.checkpoint import TrainerState
+from pipeline.distributed.backend import DeepSpeedBackend
+
+KEEP_LAST = 2
+LATEST = "latest"
+
+
+def step_tag(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _rng_file(path: Path, rank: int) -> Path:
+    return path / f"rng_rank{rank:03d}.pt"
+
+
+def save(backend: DeepSpeedBackend, root: Path, state: TrainerState,
+         scheduler: torch.optim.lr_scheduler.LRScheduler, tokenizer=None) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory."""
+    save_dir, tag = root / "checkpoints", step_tag(state.step)
+    path = save_dir / tag
+    path.mkdir(parents=True, exist_ok=True)
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save(rng, _rng_file(path, backend.rank))
+    if backend.rank == 0:
+        backend.module.config.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    backend.barrier()
+    client = {"trainer_state": asdict(state), "scheduler": scheduler.state_dict()}
+    backend.engine.save_checkpoint(str(save_dir), tag=tag, client_state=client)
+    backend.barrier()
+    if backend.rank == 0:
+        for old in sorted(save_dir.glob("step-??????"))[:-KEEP_LAST]:
+            shutil.rmtree(old, ignore_errors=True)
+    backend.barrier()
+    return path
+
+
+def latest_tag(root: Path) -> str | None:
+    marker = root / "checkpoints" / LATEST
+    return marker.read_text().strip() if marker.is_file() else None
+
+
+def load(backend: DeepSpeedBackend, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
+    """Restore the latest complete checkpoint under `root` (None when there is none)."""
+    tag = latest_tag(root)
+    if tag is None:
+        return None
+    save_dir = root / "checkpoints"
+    loaded, client = backend.engine.load_checkpoint(str(save_dir), tag=tag, load_lr_scheduler_states=False)
+    if loaded is None:
+        raise FileNotFoundError(f"{save_dir / tag}: DeepSpeed could not load this checkpoint")
+    scheduler.load_state_dict(client["scheduler"])
+    rng_path = _rng_file(save_dir / tag, backend.rank)
+    if not rng_path.is_file():  # resumed on more ranks than saved: reuse rank 0's streams
+        rng_path = _rng_file(save_dir / tag, 0)
+    rng = torch.load(rng_path, weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    return TrainerState(**client["trainer_state"])
+
+
+def _full_parameters(backend: DeepSpeedBackend) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) per parameter; under ZeRO-3 each is gathered just for its turn."""
+    module = backend.module
+    if backend.zero_stage != 3:
+        yield from module.named_parameters()
+        return
+    import deepspeed
+
+    for name, p in module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+            yield name, p
+
+
+def for_each_full_parameter(backend: DeepSpeedBackend, fn: Callable[[str, torch.Tensor], None]) -> None:
+    """Collective under ZeRO-3: call `fn(name, full_tensor)` on every rank, one parameter at a time."""
+    with torch.no_grad():
+        for name, tensor in _full_parameters(backend):
+            fn(name, tensor)
+
+
+def copy_weights_into(backend: DeepSpeedBackend, target: torch.nn.Module) -> None:
+    """Push the trained weights into a plain copy of the model (the ZeRO-3 rollout model)."""
+    params = dict(target.named_parameters())
+    for_each_full_parameter(backend, lambda name, t: params[name].copy_(t.to(params[name].dtype)))
+
+
+def export_hf(backend: DeepSpeedBackend, tokenizer, out: Path) -> None:
+    """Collective: write a plain Hugging Face directory on rank 0 (safetensors, tokenizer)."""
+    state: dict[str, torch.Tensor] = {}
+    keep = backend.rank == 0
+
+    def collect(name: str, t: torch.Tensor) -> None:
+        if keep:
+            state[name] = t.detach().to("cpu", copy=True)
+
+    for_each_full_parameter(backend, collect)
+    if keep:
+        persistent = backend.module.state_dict().keys()
+        state |= {n: b.detach().cpu() for n, b in backend.module.named_buffers() if n in persistent}
+        out.mkdir(parents=True, exist_ok=True)
+        backend.module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def export_from_checkpoint(checkpoints: Path, out: Path, tag: str | None = None) -> Path:
+    """Offline: merge the ZeRO shards of `checkpoints/<tag>` (default: latest) into an HF directory."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tag = tag or (checkpoints / LATEST).read_text().strip()
+    path = checkpoints / tag
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json (not a checkpoint written by pipeline.distributed)")
+    state = get_fp32_state_dict_from_zero_checkpoint(str(checkpoints), tag=tag)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if unexpected or set(missing) - tied:
+        raise ValueError(f"{path}: shards do not match the config: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(out, safe_serialization=True)
+    if (path / "tokenizer_config.json").is_file():
+        AutoTokenizer.from_pretrained(path).save_pretrained(out)
+    return out

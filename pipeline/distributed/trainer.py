@@ -1,0 +1,108 @@
+"""The data-parallel branches of `pipeline.train`: set-up, update step, checkpoint, export.
+
+`pipeline.train` calls these when `distributed.enabled`; its loop (`run`) is unchanged.
+Every rank runs the same loop on the same inputs: rollouts are sampled per rank and
+all-gathered (`ShardedRolloutEngine`), so scoring and dynamic sampling agree everywhere;
+then each rank trains on its own whole groups and DeepSpeed reduces the gradients.
+
+Under ZeRO-3 the trained parameters are shards, and generation with them would need a
+collective per decoded token in lock-step across ranks (ranks decode different lengths),
+so the `hf` rollout backend samples from a full copy that is refreshed (gathered one
+parameter at a time) after every optimiser step. Under ZeRO-0/2 the parameters are whole
+on every rank and the rollout engine samples from them directly.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from pipeline.batching import make_train_batch
+from pipeline.checkpoint import TrainerState
+from pipeline.config import RunConfig
+from pipeline.distributed import checkpointing
+from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
+from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
+from pipeline.loss import make_policy_loss
+from pipeline.problem_stream import ProblemStream
+from pipeline.types import ScoredGroup, TrainBatch
+from pipeline.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy
+
+
+def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
+                         scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool):
+    """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine."""
+    from pipeline.train import Trainer  # the trainer module imports this one lazily
+
+    rollout_model = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 else model
+    backend = make_deepspeed_backend(model, optimizer, cfg.distributed, cfg.train.micro_batch_size,
+                                     cfg.train.grad_clip, cfg.model.dtype)
+    state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
+    if resume:
+        state = checkpointing.load(backend, Path(cfg.train.checkpoint_dir), scheduler) or state
+    if rollout_model is not backend.module:
+        checkpointing.copy_weights_into(backend, rollout_model)
+    seed = cfg.run.seed + backend.rank * cfg.distributed.rollout_seed_stride
+    engine = ShardedRolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
+    engine.calls = state.rollout_calls
+    stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
+    return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state)
+
+
+def local_groups(kept: list[ScoredGroup], rank: int, world: int) -> tuple[list[ScoredGroup], float]:
+    """This rank's whole groups, balanced by policy tokens, and its weight (0: no data, runs idle passes)."""
+    costs = [float(max(sum(t.policy_token_count for t in g.group.trajectories), 1)) for g in kept]
+    mine = assign_groups(costs, world)[rank]
+    return ([kept[i] for i in mine], 1.0) if mine else (kept[:1], 0.0)
+
+
+def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: int, temperature: float) -> TrainBatch:
+    """Like `pipeline.train.recompute_old_logprobs`, with as many forwards on every rank (ZeRO-3 gathers in each)."""
+    parts = micro_batches(batch, micro)
+    n_passes = backend.all_reduce_max(len(parts))
+    backend.model.eval()
+    with torch.no_grad():
+        out = [token_logprobs_and_entropy(backend.model, parts[min(i, len(parts) - 1)], temperature,
+                                          with_entropy=False)[0] for i in range(n_passes)]
+    return dataclasses.replace(batch, old_logprobs_BT=torch.cat(out[: len(parts)]) * batch.loss_mask_BT)
+
+
+def data_parallel_train_step(tr, kept: list[ScoredGroup]) -> dict[str, float]:
+    """`pipeline.train.train_step` across ranks: whole groups per rank, global token denominator."""
+    from pipeline.train import advantages_of
+
+    if not kept:  # identical on every rank: the rollouts were all-gathered
+        return {"train/skipped": 1.0}
+    backend = DeepSpeedBackend(tr.model)
+    tc = tr.cfg.train
+    groups, weight = local_groups(kept, backend.rank, backend.world)
+    batch = make_train_batch(groups, advantages_of(groups, tc.algorithm), tr.tokenizer.pad_token_id)
+    if tc.logprobs_source == "recompute":
+        batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)
+    loss = make_policy_loss(tc.algorithm)
+    metrics: dict[str, float] = {}
+    for _ in range(tc.ppo_epochs):
+        metrics = apply_policy_gradient(backend, batch, loss, settings, weight)
+    tr.scheduler.step()
+    if tr.engine.model is not backend.module:  # ZeRO-3: refresh the rollout copy
+        checkpointing.copy_weights_into(backend, tr.engine.model)
+    return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+
+
+def save_checkpoint(tr) -> Path:
+    """Collective: a DeepSpeed checkpoint of the trainer (what `pipeline.train.run` saves every N steps)."""
+    return checkpointing.save(DeepSpeedBackend(tr.model), Path(tr.cfg.train.checkpoint_dir), tr.state,
+                              tr.scheduler, tr.tokenizer)
+
+
+def save_final_model(tr, path: Path) -> None:
+    """Collective: rank 0 writes the Hugging Face directory, gathered from ZeRO shards when needed."""
+    checkpointing.export_hf(DeepSpeedBackend(tr.model), tr.tokenizer, path)
+
+
+def is_main_process() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0

@@ -7,7 +7,8 @@ Public API:
   `RewardBreakdown` (score.py); `RewardScorer` is the same, built once, for batches.
 - `check_format(text, protocol, tool_outputs, ...)`: the format grammar (format.py).
 - TEPO (tepo.py): `delta_segment_entropies`, `tepo_sparse_reward`, `tepo_dense_call_rewards`,
-  `tool_level_advantages`, `dense_token_advantages`; `apply_tepo` adds the sparse term.
+  `tool_level_advantages`, `tepo_dense_group_advantages`, `dense_token_advantages`;
+  `apply_tepo` adds the sparse term to a `RewardBreakdown`.
 """
 
 from pipeline.reward.extract import extract_answer, last_answer_tag, last_boxed
@@ -22,6 +23,7 @@ from pipeline.reward.tepo import (
     policy_segments,
     segment_entropy,
     tepo_dense_call_rewards,
+    tepo_dense_group_advantages,
     tepo_sparse_reward,
     tool_level_advantages,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "segment_entropy",
     "split_engine_outputs",
     "tepo_dense_call_rewards",
+    "tepo_dense_group_advantages",
     "tepo_sparse_reward",
     "tool_level_advantages",
     "verify",

@@ -106,3 +106,17 @@ def dense_token_advantages(
     for (start, end), value in zip(segments, [*call_advantages, outcome_advantage], strict=True):
         advantages[start:end] = [value] * (end - start)
     return advantages
+
+
+def tepo_dense_group_advantages(
+    bases: Sequence[float], delta_entropies: Sequence[Sequence[float]], alpha: float, eps: float = 1e-6
+) -> list[list[float]]:
+    """Tool-level advantages of a group: dense call rewards per rollout, normalised over all calls.
+
+    `bases[i]` is rollout i's outcome score f_T (0 for a wrong or ill-formed answer) and
+    `delta_entropies[i]` its dH_k per call; returns A_{i,k} for each call of each rollout.
+    """
+    if len(bases) != len(delta_entropies):
+        raise ValueError(f"{len(bases)} outcome scores for {len(delta_entropies)} rollouts")
+    rewards = [tepo_dense_call_rewards(base, deltas, alpha) for base, deltas in zip(bases, delta_entropies, strict=True)]
+    return tool_level_advantages(rewards, eps)

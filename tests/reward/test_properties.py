@@ -83,3 +83,20 @@ def test_any_number_string_is_scored_without_error(predicted: str, gold: str) ->
     for kind in ("calculator", "complex"):
         assert 0.0 <= verify(kind, predicted, gold) <= 1.0
     assert fast_math_equal(predicted, gold) in (True, False, None)
+
+
+TAG_PIECES = ["<think>", "</think>", "<answer>", "</answer>", "<code>", "</code>", "<search>", "</search>",
+              "<response>", "</response>", "x", " ", "\n", "42", "<python>", "</python>"]  # fmt: skip
+
+
+@given(st.lists(st.sampled_from(TAG_PIECES), max_size=14).map("".join))
+def test_grammar_invariants_on_tag_soup(text: str) -> None:
+    strict = check_format(text, "tapo", [], strict=True)
+    lenient = check_format(text, "tapo", [], strict=False)
+    if strict.ok:
+        assert lenient.ok  # strict accepts a subset of what lenient accepts
+    if lenient.ok:
+        assert text.count("<answer>") == text.count("</answer>") == 1
+        assert "<response>" not in text and "</response>" not in text  # no tool ran, so no output is legal
+        assert text.rsplit("</answer>", 1)[1].strip() == ""
+        assert extract_answer(text, "tapo")

@@ -11,6 +11,7 @@ from pipeline.reward import (
     dense_token_advantages,
     policy_segments,
     tepo_dense_call_rewards,
+    tepo_dense_group_advantages,
     tepo_sparse_reward,
     tool_level_advantages,
 )
@@ -84,3 +85,15 @@ def test_dense_token_advantages_place_each_call_on_the_segment_that_made_it() ->
 def test_dense_token_advantages_checks_lengths() -> None:
     with pytest.raises(ValueError, match="1 call advantages for 2 tool outputs"):
         dense_token_advantages(12, SPANS, [0.5], outcome_advantage=0.0)
+
+
+def test_dense_group_advantages_gate_on_correctness_and_reward_entropy_drops() -> None:
+    # rollout 0 correct with a reducing and a raising call; rollout 1 wrong with a reducing call
+    advantages = tepo_dense_group_advantages([1.0, 0.0], [[-0.2, 0.3], [-0.5]], alpha=0.5, eps=0.0)
+    rewards = [1.5, 1.0, 0.0]
+    mean = sum(rewards) / 3
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / 3)
+    assert advantages == [[pytest.approx((1.5 - mean) / std), pytest.approx((1.0 - mean) / std)],
+                          [pytest.approx(-mean / std)]]  # fmt: skip
+    with pytest.raises(ValueError, match="2 outcome scores for 1 rollouts"):
+        tepo_dense_group_advantages([1.0, 0.0], [[0.1]], alpha=0.5)

@@ -152,6 +152,10 @@ class WorkerPool:
         self._busy += 1
         try:
             outcome = await asyncio.wait_for(worker.request(job), job.timeout_s + _ANSWER_GRACE_S)
+        except asyncio.CancelledError:
+            # Its answer would arrive as the reply to the next request: the worker cannot be reused.
+            self._replace(worker)
+            raise
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.error("worker %d failed (%r); replacing it", worker.slot, exc)
             self._replace(worker)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -187,6 +188,7 @@ def run(n_problems: int, group_size: int, steps: int, baseline_items: int, seed:
     ours = len(items) / ours_s
     base = len(subset) / base_s
     return {
+        "load_avg_1min": round(os.getloadavg()[0], 1),  # other jobs share the cores; read figures with it
         "trajectories": len(items),
         "steps": steps,
         "ours_per_s": round(ours, 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pipeline.config import ConfigError, config_from_dict
+from pipeline.config import ConfigError, config_from_dict, load_config
 from pipeline.config.evaluate import BenchmarkConfig, EvaluateConfig
 from pipeline.evaluation.benchmarks import KNOWN, BenchmarkError, load_benchmark, load_benchmarks, unique_ids
 from pipeline.evaluation.evaluate import tools_needed
@@ -86,3 +86,10 @@ def test_repeated_questions_get_distinct_ids() -> None:
 def test_pass_k_above_samples_is_rejected() -> None:
     with pytest.raises(ValidationError, match="pass_k values"):
         EvaluateConfig(samples=2, pass_k=(1, 4))
+
+
+def test_example_benchmarks_config_loads_every_benchmark(repo_root, shared_data) -> None:
+    cfg = load_config(repo_root / "configs" / "evaluate-benchmarks.yaml", {"evaluate.limit": 2})
+    shared = [b for b in cfg.evaluate.benchmarks if b.name != "calculator"]  # calculator is a DVC output
+    names = [b.name for b in load_benchmarks(cfg.evaluate.model_copy(update={"benchmarks": tuple(shared)}))]
+    assert set(TABLE_1_AND_ISSUE) <= set(names)

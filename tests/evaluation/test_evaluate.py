@@ -7,6 +7,7 @@ import json
 import struct
 from pathlib import Path
 
+import mlflow
 import pytest
 
 from pipeline.config import RunConfig
@@ -206,3 +207,17 @@ def test_directory_without_config_is_not_a_model(tmp_path) -> None:
 def test_default_config_is_the_curated_split() -> None:
     cfg = RunConfig(evaluate=EvaluateConfig(), rollout=RolloutConfig())
     assert cfg.evaluate.split_file == "data/curated/test.jsonl" and cfg.evaluate.benchmarks == ()
+
+
+def test_metrics_and_reports_are_logged_to_the_active_mlflow_run(tok, tmp_path) -> None:
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    experiment = mlflow.create_experiment("eval", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=experiment) as active:
+        scripted_run(tok, make_cfg(tmp_path / "out"), [calculator()])
+    run_data = mlflow.get_run(active.info.run_id).data
+    assert run_data.metrics["eval/calculator/accuracy"] == 0.5
+    client = mlflow.MlflowClient()
+    logged = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation")}
+    assert {"evaluation/eval.json", "evaluation/eval_samples.jsonl", "evaluation/eval_table.md"} <= logged
+    plots = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation/plots")}
+    assert plots == {f"evaluation/plots/{n}.png" for n in ("tool_calls", "accuracy_vs_search", "response_length")}

@@ -47,6 +47,7 @@ class SourceConfig(StageConfig):
 class FilterConfig(StageConfig):
     time_ambiguous: bool = Field(True, description="Drop time-ambiguous questions ('this year', 'current', ...) without an explicit date.")
     time_ambiguous_types: tuple[ProblemTypeName, ...] = Field(("fact", "multihop"), description="Problem types the time rule applies to.")
+    time_judge: str = Field("", description="Name of a multi_llm judge also asked whether each such question is time-ambiguous (empty = rules only).")
     exact_duplicates: bool = Field(True, description="Drop rows whose normalised question was already kept.")
     near_duplicate_threshold: float = Field(0.9, ge=0.0, le=1.0, description="Word-3-gram Jaccard at or above which a row is a near duplicate (0 = off).")
     near_duplicate_types: tuple[ProblemTypeName, ...] = Field(("math", "fact", "multihop", "complex"), description="Types checked for near duplicates (templates make calculator rows look alike).")
@@ -109,6 +110,9 @@ class CurateConfig(StageConfig):
             raise ValueError(f"source names must be unique, repeated: {dupes}")
         if "calculator" in names:
             raise ValueError("source name 'calculator' is reserved for the generator")
+        judge_names = [j.name for j in self.multi_llm.judges]
+        if self.filters.time_judge and self.filters.time_judge not in judge_names:
+            raise ValueError(f"filters.time_judge {self.filters.time_judge!r} is not one of multi_llm.judges {judge_names}")
         judged = [s.name for s in self.sources if s.judge]
         if judged and not self.multi_llm.judges:
             raise ValueError(f"sources {judged} have judge: true but multi_llm.judges is empty")

@@ -8,7 +8,8 @@
 - `report.json`: counts per source and per filter, and judge token/cost totals.
 
 Filters run cheapest first so judges are only paid for rows that passed everything else:
-malformed -> invalid answer -> time-ambiguous -> duplicates -> contamination -> judges.
+malformed -> invalid answer -> time-ambiguous rules -> duplicates -> contamination ->
+time-ambiguity LLM judge (optional) -> multi-LLM judges.
 Duplicates are resolved with test rows first, so a training row that repeats a test row is
 the one dropped. Generated calculator rows are exempt from the n-gram contamination check
 (their shared template wording would match; the generator already keeps train and test
@@ -174,11 +175,16 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationR
     rejected += dropped
     judge_totals: dict[str, dict[str, float]] = {}
     run_stats: dict[str, float] = {}
-    if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
-        from pipeline.data.judging import judge_filter  # only runs that configure judges need it
+    if cfg.filters.time_judge:
+        from pipeline.data.time_judge import time_judge_filter  # only runs that configure judges need it
 
-        kept, dropped, judge_totals, run_stats = judge_filter(kept, cfg, tool_factory)
-        rejected += dropped
+        kept, dropped, totals, stats = time_judge_filter(kept, cfg)
+        rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
+    if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
+        from pipeline.data.judging import judge_filter
+
+        kept, dropped, totals, stats = judge_filter(kept, cfg, tool_factory)
+        rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
     out = Path(cfg.output_dir)
     n_train = write_problems(out / "train.jsonl", (p for p in kept if p.split == "train"))
     n_test = write_problems(out / "test.jsonl", (p for p in kept if p.split != "train"))

@@ -11,6 +11,7 @@ with function calling, and it behaves deterministically from a `Script`:
 - `Script.wrong[model]` lists questions that model gets wrong;
 - `Script.fail_first[model]` = n: the first n requests for each question get HTTP 503;
 - `Script.status[model]` = code: every request gets that HTTP status;
+- a model in `Script.verdicts` is a classifier: it says YES for the questions listed, else NO;
 - `Script.latency_s` delays every response (benchmarks of concurrency).
 
 Run in-process (`with ScriptedOpenAIServer(script) as server`) or as its own process, so the
@@ -37,6 +38,7 @@ class Script:
     wrong: dict[str, set[str]] = field(default_factory=dict)
     fail_first: dict[str, int] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)
+    verdicts: dict[str, set[str]] = field(default_factory=dict)
     latency_s: float = 0.0
     api_key: str = ""
 
@@ -53,7 +55,9 @@ def _reply(script: Script, model: str, body: dict[str, Any]) -> dict[str, Any]:
     offered = {t["function"]["name"] for t in body.get("tools") or []}
     tool_outputs = [m.get("content") or "" for m in messages if m.get("role") == "tool"]
     message: dict[str, Any] = {"role": "assistant", "content": None}
-    if question in script.wrong.get(model, set()):
+    if model in script.verdicts:
+        message["content"] = "YES" if question in script.verdicts[model] else "NO"
+    elif question in script.wrong.get(model, set()):
         message["content"] = "I think it is \\boxed{definitely wrong}."
     elif tool and tool in offered and not tool_outputs:
         arguments = {"query": question} if tool == "search" else {"code": f"print({gold or 'None'!r})"}
@@ -159,6 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     raw = json.loads(open(args.script, encoding="utf-8").read())
     raw["wrong"] = {m: set(qs) for m, qs in raw.get("wrong", {}).items()}
+    raw["verdicts"] = {m: set(qs) for m, qs in raw.get("verdicts", {}).items()}
     server = ScriptedOpenAIServer(Script(**raw), args.host, args.port)
     server._server.serve_forever()
 

@@ -214,3 +214,32 @@ def test_a_killed_run_resumes_without_paying_twice(tmp_path: Path, questions_fil
         report = run(cfg, tool_factory=dict)
         assert server.requests["m"] - before == len(QUESTIONS) - cached  # only the unanswered questions
     assert report.n_train == len(QUESTIONS) and report.run_stats["judge_cache_hits"] == cached
+
+
+def test_time_judge_rejects_what_it_calls_time_ambiguous(tmp_path: Path) -> None:
+    rows = {"who is the president of france?": "Emmanuel Macron", "who wrote the iliad?": "Homer",
+            "how tall is mount everest?": "8849 m", "who is the current pope?": "Leo XIV"}
+    qfile = tmp_path / "nq.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q, "answer": [a]}) + "\n" for q, a in rows.items()))
+    script = Script(answers={}, verdicts={"clock": {"who is the president of france?", "how tall is mount everest?"}},
+                    fail_first={"clock": 1})
+    with ScriptedOpenAIServer(script) as server:
+        cfg = CurateConfig(
+            calculator={"n_train": 0, "n_test": 0},
+            sources=(SourceConfig(name="nq", path=str(qfile), adapter="nq_open", type="fact", split="train"),),
+            filters={"time_judge": "clock"},
+            multi_llm={"judges": [{"name": "clock", "base_url": server.url, "model": "clock", "input_usd_per_mtok": 1.0}],
+                       "cache_path": str(tmp_path / "c.sqlite"), "backoff_s": 0.0},
+            output_dir=str(tmp_path / "out"),
+        )
+        report = run(cfg)
+        assert server.requests["clock"] == 3 * 2  # the rules caught "current"; one retry each after a 503
+        again = run(cfg)
+        assert server.requests["clock"] == 6 and again.run_stats["time_judge_requests"] == 0
+    assert _kept(tmp_path) == {"who wrote the iliad?"}
+    reasons = {r["question"]: r["reason"] for r in map(json.loads, (tmp_path / "out" / "rejected.jsonl").read_text().splitlines())}
+    assert reasons["who is the current pope?"] == "time cue 'current' and no explicit year"
+    assert reasons["who is the president of france?"] == "time judge clock: YES"
+    assert report.per_filter["time_ambiguous"] == 3
+    totals = report.judges["clock/time_ambiguity"]
+    assert totals["questions"] == 3 and totals["ambiguous"] == 2 and totals["cost_usd"] > 0

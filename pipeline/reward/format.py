@@ -117,6 +117,8 @@ def check_format(
     text: str, protocol: str, outputs: Sequence[str], *, strict: bool = True, eos_strings: Sequence[str] = ()
 ) -> FormatResult:
     """Check `text` (the whole response, tool outputs included) against the protocol grammar."""
+    if _OUTPUT_MARK in text:  # the mark must be ours alone, or a model could fake an output
+        return FormatResult(False, "NUL character in the response", text)
     segments, error = split_engine_outputs(text, protocol, outputs)
     if error is not None:
         return FormatResult(False, error, text)

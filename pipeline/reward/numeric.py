@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from pipeline.reward.extract import last_boxed_span
+
 _NUMBER_WORDS = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
     "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
@@ -51,6 +53,9 @@ class Number:
 def normalize_math(text: str) -> str:
     """Presentation-free form of a math answer (still a string; no evaluation)."""
     s = text.strip()
+    span = last_boxed_span(s) if s.startswith("\\boxed{") else None
+    if span is not None and span[1] == len(s) - 1 and span[0] == len("\\boxed{"):
+        s = s[span[0] : span[1]]  # the whole answer is one box: \boxed{a} -> a
     for token in _DROP_TOKENS:
         s = s.replace(token, "")
     s = _TRAILING_UNIT_RE.sub("", s)

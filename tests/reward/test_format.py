@@ -53,6 +53,8 @@ TAPO_CASES = [
     # every call is answered by the tool; an output never comes without a call
     ("<search>q</search><answer>1</answer>", [], False, False),
     ("<think>a</think>\n<response>\n42\n</response>\n<answer>42</answer>", ["42"], False, False),
+    # a NUL would pass for the engine's output mark
+    ("<search>q</search>\x00<answer>1</answer>", [], False, False),
     # the engine's outputs must be in the text, in order
     ("<think>a</think><answer>42</answer>", ["42"], False, False),
 ]

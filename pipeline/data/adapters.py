@@ -196,14 +196,17 @@ def multihop_qa(row: dict[str, Any]) -> Adapted:
 def verl(row: dict[str, Any]) -> Adapted:
     """verl-style rows (ToRL's and TAPO's parquet files): chat `prompt`, `reward_model.ground_truth`.
 
-    The question is the last user message; ground_truth may be a string, a list, or TAPO's
-    `{"target": [...]}`.
+    The question is the `question` column when there is one (TAPO's release), else the last
+    user message of `prompt`; ground_truth may be a string, a list, or TAPO's `{"target": [...]}`.
     """
-    messages = _field(row, "prompt")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise RowError("field 'prompt' must be a list of chat messages")
-    users = [m.get("content") for m in messages if m.get("role") == "user"]
-    question = _text({"prompt": users[-1] if users else None}, "prompt")
+    if isinstance(row.get("question"), str):
+        question = _text(row, "question")
+    else:
+        messages = _field(row, "prompt")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise RowError("field 'prompt' must be a list of chat messages")
+        users = [m.get("content") for m in messages if m.get("role") == "user"]
+        question = _text({"prompt": users[-1] if users else None}, "prompt")
     reward_model = row.get("reward_model")
     if not isinstance(reward_model, dict):
         raise RowError("field 'reward_model' must be an object")

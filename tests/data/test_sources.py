@@ -98,3 +98,18 @@ def test_hub_source_reads_through_datasets(tmp_path: Path, shared_data: Path, mo
     problems = [p for p in load_source(cfg, 0, 0.1) if isinstance(p, Problem)]
     assert len(problems) == 5 and problems[0].answers == ("18",)
     assert problems[0].meta["file"].startswith("hub:")
+
+
+def test_verl_adapter_reads_tapo_release_rows() -> None:
+    from pipeline.data.adapters import RowError, verl
+
+    tapo_row = {"question": "Who wrote Hamlet?", "data_source": "nq", "ability": "fact-reasoning",
+                "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare", "William Shakespeare"]}}}
+    assert verl(tapo_row) == ("Who wrote Hamlet?", ["Shakespeare", "William Shakespeare"], {"data_source": "nq"})
+    chat_row = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+                "reward_model": {"ground_truth": "$4$"}}
+    assert verl(chat_row)[:2] == ("2+2?", ["4"])
+    with pytest.raises(RowError, match="reward_model"):
+        verl({"question": "q?"})
+    with pytest.raises(RowError, match="chat messages"):
+        verl({"prompt": "just text", "reward_model": {"ground_truth": "1"}})

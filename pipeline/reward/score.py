@@ -115,16 +115,21 @@ def apply_tepo(breakdown: RewardBreakdown, delta_entropies: Sequence[float], cfg
 
 
 _scorers: dict[str, RewardScorer] = {}
+_scorers_by_id: dict[int, tuple[RewardConfig, RewardScorer]] = {}
 _scorers_lock = threading.Lock()
 
 
 def scorer_for(cfg: RewardConfig) -> RewardScorer:
     """The shared scorer of this config (one verifier cache and worker pool per distinct config)."""
+    known = _scorers_by_id.get(id(cfg))
+    if known is not None and known[0] is cfg:  # the same (frozen) object: skip the JSON key
+        return known[1]
     key = cfg.model_dump_json()
     with _scorers_lock:
         scorer = _scorers.get(key)
         if scorer is None:
             scorer = _scorers[key] = RewardScorer(cfg)
+        _scorers_by_id[id(cfg)] = (cfg, scorer)  # holding cfg keeps its id from being reused
     return scorer
 
 

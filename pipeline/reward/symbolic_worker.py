@@ -8,11 +8,13 @@ SIGALRM timer is switched off here.
 
 import json
 import logging
+import resource
 import sys
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 CONFIG = [LatexExtractionConfig(), ExprExtractionConfig()]
+MEMORY_LIMIT_BYTES = 2 << 30  # a pathological expression gets MemoryError ("not equivalent"), not the host's RAM
 
 
 def equivalent(pred: str, gold: str) -> bool:
@@ -22,6 +24,7 @@ def equivalent(pred: str, gold: str) -> bool:
 
 
 def main() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     logging.disable(logging.CRITICAL)  # math-verify warns on every call without a timer
     out = sys.stdout
     # sympy imports its polynomial, set and simplification code lazily; pay for that

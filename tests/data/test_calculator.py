@@ -9,6 +9,8 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.data.calculator import TEMPLATES, format_exact, generate, generate_splits
 
@@ -86,3 +88,24 @@ def test_bad_arguments_are_rejected() -> None:
         generate(3, levels=(4,))
     with pytest.raises(ValueError, match="n must be"):
         generate(-1)
+
+
+def test_gold_answers_pass_the_calculator_verifier_and_wrong_ones_fail() -> None:
+    from pipeline.reward import verify
+
+    for p in generate(300, seed=5):
+        gold = p.answers[0]
+        assert verify("calculator", gold, gold) == 1.0, p.question
+        off = str(Decimal(gold) * Decimal("1.01") + 1)  # 1% off is wrong under any tolerance
+        assert verify("calculator", off, gold) == 0.0, (p.question, off)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32), n=st.integers(1, 40))
+def test_any_seed_gives_well_formed_reproducible_problems(seed: int, n: int) -> None:
+    first = generate(n, seed=seed)
+    assert first == generate(n, seed=seed)
+    assert generate(n + 5, seed=seed)[:n] == first  # a bigger set extends a smaller one
+    for p in first:
+        Decimal(p.answers[0])  # parses
+        assert p.id == f"calculator-{p.id.split('-')[1]}" and len(p.id) == len("calculator-") + 12

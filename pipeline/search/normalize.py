@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 
 from rapidfuzz import fuzz
 from rapidfuzz.distance import OSA
@@ -40,6 +41,7 @@ from rapidfuzz.distance import OSA
 ARTICLES = frozenset({"a", "an", "the"})
 TYPO_MIN_LETTERS = 5
 
+_DIGIT = re.compile(r"\d")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
 # Punctuation that changes what is asked ("c#" vs "c", "at&t", "100%") is kept.
 _KEPT_PUNCTUATION = frozenset("#%&@")
@@ -78,9 +80,10 @@ def normalize_query(query: str) -> str:
     return " ".join(text.split())
 
 
+@lru_cache(maxsize=1 << 18)  # words repeat across queries; this is the hot path of building the index
 def plural_stem(word: str) -> str:
     """Strip an English plural/possessive ending; applied to both sides, so over-stripping is harmless."""
-    if any(ch.isdigit() for ch in word) or len(word) < 4:
+    if len(word) < 4 or _DIGIT.search(word):
         return word
     if word.endswith("ies") and len(word) >= 5:
         return word[:-3] + "y"
@@ -91,9 +94,10 @@ def plural_stem(word: str) -> str:
     return word
 
 
+@lru_cache(maxsize=1 << 18)
 def is_numeric_token(token: str) -> bool:
     """Numbers and Roman numerals: tokens that must be identical for a fuzzy merge."""
-    return any(ch.isdigit() for ch in token) or bool(_ROMAN.match(token))
+    return bool(_DIGIT.search(token) or _ROMAN.match(token))
 
 
 @dataclass(frozen=True)

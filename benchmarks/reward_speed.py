@@ -14,7 +14,8 @@ model-written tool output). The texts use the TAPO tag protocol.
   prefix of the same trajectories (it is slow) and reported per trajectory.
 
 Prints one JSON object as its last line: trajectories/s for both and `ratio` = ours/baseline.
-Usage: python benchmarks/reward_speed.py [--problems 600] [--group-size 8] [--steps 4]
+Usage (from the repository root):
+    python -m benchmarks.reward_speed [--problems 600] [--group-size 8] [--steps 4]
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@ cached query that can pass the guard of `pipeline.search.normalize.may_merge`, a
   under their single-deletion variants (SymSpell), which catch any single edit.
 - Spacing variants are found through a dict keyed by the words joined without spaces.
 
-Candidates are ranked with rapidfuzz's C++ `fuzz.ratio` and the best one that passes the guard wins.
+Candidates are then cut by two exact bounds, both vectorised: the same number of words (the guard
+aligns words one to one), and |len(a) - len(b)| <= (1 - threshold) * (len(a) + len(b)) (the Indel
+distance is at least the length difference). The survivors are ranked with rapidfuzz's C++
+`fuzz.ratio` and the best one that passes the guard wins.
 `max_candidates` bounds the work for queries made only of very common words (documented trade-off:
 such a query may miss a fuzzy hit, never get a wrong one).
 """

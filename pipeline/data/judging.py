@@ -6,8 +6,8 @@ code interpreter", and kept the questions all three answered correctly. Here:
 1. Each judge is an OpenAI-compatible endpoint offered our tools through function calling:
    `search(query)` and `code(code)`, executed by our own services through the `Tool`
    protocol; tool failures go back to the judge as the tool's message, never as exceptions.
-2. A judge may call tools `max_tool_turns` times; the next request offers no tools, so it
-   must answer. The answer is the last `\\boxed{}` of its final message.
+2. A judge may call tools in `max_tool_turns` turns; the next request sets `tool_choice:
+   "none"`, so it must answer. The answer is the last `\\boxed{}` of its final message.
 3. Correctness is our reward verifier for the problem's source/type (`pipeline.reward`),
    the same one training uses; a score >= `correct_threshold` counts.
 4. A row is kept when `min_correct` judges (0 = all) are right. A judge error (after retries)
@@ -88,15 +88,20 @@ async def ask_judge(client: ChatClient, question: str, tools: Mapping[str, Tool]
     schemas = [TOOL_SCHEMAS[name] for name in sorted(tools)]
     prompt_tokens = completion_tokens = tool_calls = requests = 0
     for turn in range(cfg.max_tool_turns + 1):
+        final = turn == cfg.max_tool_turns
         body: dict[str, Any] = {"messages": messages, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
-        if schemas and turn < cfg.max_tool_turns:
+        if schemas:
+            # The last turn still declares the tools (some servers refuse a history with tool calls
+            # otherwise) but forbids calling them, so the judge must answer.
             body["tools"] = schemas
+            if final:
+                body["tool_choice"] = "none"
         reply = await client.complete(body)
         prompt_tokens += reply.prompt_tokens
         completion_tokens += reply.completion_tokens
         requests += reply.attempts
         calls = reply.message.get("tool_calls") or []
-        if not calls or "tools" not in body:
+        if not calls or final:
             content = reply.message.get("content") or ""
             return JudgeAnswer(last_boxed(content), content, prompt_tokens, completion_tokens, tool_calls, requests)
         messages.append({"role": "assistant", "content": reply.message.get("content"), "tool_calls": calls})

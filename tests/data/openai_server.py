@@ -52,7 +52,7 @@ def _reply(script: Script, model: str, body: dict[str, Any]) -> dict[str, Any]:
     question = _question(messages)
     gold = script.answers.get(question)
     tool = script.tool.get(model)
-    offered = {t["function"]["name"] for t in body.get("tools") or []}
+    offered = set() if body.get("tool_choice") == "none" else {t["function"]["name"] for t in body.get("tools") or []}
     tool_outputs = [m.get("content") or "" for m in messages if m.get("role") == "tool"]
     message: dict[str, Any] = {"role": "assistant", "content": None}
     if model in script.verdicts:

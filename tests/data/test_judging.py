@@ -243,3 +243,13 @@ def test_time_judge_rejects_what_it_calls_time_ambiguous(tmp_path: Path) -> None
     assert report.per_filter["time_ambiguous"] == 3
     totals = report.judges["clock/time_ambiguity"]
     assert totals["questions"] == 3 and totals["ambiguous"] == 2 and totals["cost_usd"] > 0
+
+
+def test_a_judge_out_of_tool_turns_must_answer(tmp_path: Path, questions_file: Path, tools) -> None:
+    script = Script(answers=dict(QUESTIONS), tool={"searcher": "search"})
+    with ScriptedOpenAIServer(script) as server:
+        report = run(_config(tmp_path, questions_file, server.url, ["searcher"], max_tool_turns=0),
+                     tool_factory=lambda: {"search": tools[0]})
+        assert server.requests["searcher"] == 6  # one request each: tools declared but tool_choice "none"
+    assert tools[0].queries == [] and report.n_train == 0  # without its search it does not know
+    assert report.judges["searcher"]["tool_calls"] == 0

@@ -78,7 +78,10 @@ async def _call_tool(tools: Mapping[str, Tool], call: dict[str, Any]) -> str:
         arg = args["query" if name == "search" else "code"]
     except (ValueError, KeyError, TypeError):
         return f"error: arguments of {name} must be JSON with a '{'query' if name == 'search' else 'code'}' string"
-    result = await tools[name](str(arg))
+    try:
+        result = await tools[name](str(arg))
+    except Exception as err:  # a Tool must not raise; if one does, the judge sees it, the run goes on
+        return f"error: tool {name} failed: {type(err).__name__}: {err}"
     return result.output
 
 

@@ -253,3 +253,23 @@ def test_a_judge_out_of_tool_turns_must_answer(tmp_path: Path, questions_file: P
         assert server.requests["searcher"] == 6  # one request each: tools declared but tool_choice "none"
     assert tools[0].queries == [] and report.n_train == 0  # without its search it does not know
     assert report.judges["searcher"]["tool_calls"] == 0
+
+
+class ExplodingSearch:
+    name = "search"
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        raise ConnectionError("backend fell over")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_runs_inside_an_event_loop_and_survives_a_raising_tool(tmp_path: Path, questions_file: Path) -> None:
+    """Prefect (or any async caller) may call run() with a loop running; a broken tool is an observation."""
+    script = Script(answers=dict(QUESTIONS), tool={"searcher": "search"})
+    with ScriptedOpenAIServer(script) as server:
+        report = run(_config(tmp_path, questions_file, server.url, ["searcher", "plain"], min_correct=1),
+                     tool_factory=lambda: {"search": ExplodingSearch()})
+    assert report.n_train == 6  # "plain" answers; "searcher" saw the error text and said unknown
+    assert report.judges["searcher"]["correct"] == 0 and report.judges["searcher"]["tool_calls"] == 6

@@ -171,6 +171,7 @@ def main(argv: list[str]) -> int:
     channel = socket.socket(fileno=settings.channel_fd)
     try:
         jail.die_with_parent()
+        jail.prepare_worker_process()
         warm_imports()
         worker = Worker(settings)
         gc.collect()

@@ -25,7 +25,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,13 +37,13 @@ from pipeline.data.calculator import generate_splits
 from pipeline.data.dedupe import Deduper, NgramIndex
 from pipeline.data.filters import rule_rejection
 from pipeline.data.formats import SourceError
+from pipeline.data.judging import ToolFactory, judge_filter
 from pipeline.data.sources import Rejection, load_source, location
+from pipeline.data.time_judge import time_judge_filter
 from pipeline.jsonl import write_json, write_json_lines, write_problems
-from pipeline.tools.base import Tool
 from pipeline.types import Problem
 
 log = logging.getLogger(__name__)
-ToolFactory = Callable[[], Mapping[str, Tool]]
 
 FILTERS: tuple[str, ...] = ("malformed", "invalid_answer", "time_ambiguous", "duplicate", "near_duplicate",
                             "contamination", "judges")
@@ -176,13 +176,9 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationR
     judge_totals: dict[str, dict[str, float]] = {}
     run_stats: dict[str, float] = {}
     if cfg.filters.time_judge:
-        from pipeline.data.time_judge import time_judge_filter  # only runs that configure judges need it
-
         kept, dropped, totals, stats = time_judge_filter(kept, cfg)
         rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
     if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
-        from pipeline.data.judging import judge_filter
-
         kept, dropped, totals, stats = judge_filter(kept, cfg, tool_factory)
         rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
     out = Path(cfg.output_dir)

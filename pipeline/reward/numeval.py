@@ -1,4 +1,4 @@
-"""Float evaluation of constant LaTeX expressions (`2\\sqrt{3}`, `\\frac{\\pi}{6}+1`), no sympy.
+"""Float evaluation of LaTeX expressions (`2\\sqrt{3}`, `\\frac{\\pi}{6}+1`, `x^2+2x`), no sympy.
 
 A small recursive-descent parser over numbers, + - * / ^, `\\frac`, `\\sqrt` (and
 `\\sqrt[n]`), `\\pi`, `\\cdot`, `\\times`, `\\div`, parentheses, braces and implicit
@@ -6,9 +6,11 @@ multiplication. Anything else (a variable, a set, a function name) makes it give
 (None), and so does an exponent large enough to be a denial of service (9^{9^{9^9}}):
 those go to the symbolic checker under its time limit.
 
-Used to decide constant answers quickly: values that differ clearly are not equivalent;
-values equal to 1e-9 relative are taken as equivalent (math-verify's own numeric fallback
-makes the same call).
+Used to decide answers quickly. Constants: values that differ clearly are not
+equivalent; values equal to 1e-9 relative are taken as equivalent (math-verify's own
+numeric fallback makes the same call). Expressions in variables: values that differ at
+a fixed point prove non-equivalence; agreeing values prove nothing (the symbolic checker
+decides).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import math
 import re
 
-_TOKEN_RE = re.compile(r"\s*(\d+\.?\d*|\.\d+|\\[a-zA-Z]+|[-+*/^(){}\[\]])")
+_TOKEN_RE = re.compile(r"\s*(\d+\.?\d*|\.\d+|\\[a-zA-Z]+|[-+*/^(){}\[\]]|[a-zA-Z])")
+# e and i are constants in most answers (e^{i\pi}); reading them as variables could make
+# equal expressions look different, so an expression that uses them is not evaluated.
+_NOT_VARIABLES = frozenset("ei")
 _MAX_EXPONENT = 1000.0
 _MAX_TOKENS = 200
 
@@ -41,9 +46,10 @@ def _tokenize(text: str) -> list[str]:
 
 
 class _Parser:
-    def __init__(self, tokens: list[str]) -> None:
+    def __init__(self, tokens: list[str], point: int | None) -> None:
         self.tokens = tokens
         self.i = 0
+        self.point = point  # which assignment of values to variables; None = no variables allowed
 
     def peek(self) -> str | None:
         return self.tokens[self.i] if self.i < len(self.tokens) else None
@@ -74,7 +80,7 @@ class _Parser:
                 if divisor == 0:
                     raise _GiveUp
                 value /= divisor
-            elif token is not None and (token[0].isdigit() or token in ("(", "{", "\\frac", "\\sqrt", "\\pi")):
+            elif token is not None and (token[0].isalnum() or token in ("(", "{", "\\frac", "\\sqrt", "\\pi")):
                 value *= self.factor()  # implicit multiplication: 2\sqrt{3}, 3\pi
             else:
                 return value
@@ -123,6 +129,8 @@ class _Parser:
             return value
         if token == "\\pi":
             return math.pi
+        if len(token) == 1 and token.isalpha():
+            return self.variable(token)
         if token == "\\frac":
             top, bottom = self.group(), self.group()
             if bottom == 0:
@@ -131,6 +139,12 @@ class _Parser:
         if token == "\\sqrt":
             return self.root()
         raise _GiveUp
+
+    def variable(self, name: str) -> float:
+        """A fixed positive value per letter (case-folded, as math-verify does) and point."""
+        if self.point is None or name.lower() in _NOT_VARIABLES:
+            raise _GiveUp
+        return 0.5 + ((ord(name.lower()) * 0.6180339887498949 + self.point * 0.7548776662466927) % 1.0) * 2.0
 
     def root(self) -> float:
         degree = 2.0
@@ -144,10 +158,15 @@ class _Parser:
         return radicand ** (1.0 / degree)
 
 
-def evaluate(text: str) -> float | None:
-    """The value of a constant expression, or None when it is not one this parser handles."""
+def evaluate(text: str, point: int | None = None) -> float | None:
+    """The value of an expression, or None when it is not one this parser handles.
+
+    With `point` None only constant expressions are evaluated; with point = 0, 1, ...
+    single-letter variables (except e and i) take fixed positive values, the same for both
+    sides of a comparison, so two expressions that differ there are not equivalent.
+    """
     try:
-        parser = _Parser(_tokenize(text))
+        parser = _Parser(_tokenize(text), point)
         value = parser.expr()
         if parser.peek() is not None:
             return None

@@ -71,6 +71,8 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
             return True
         if abs(p_val - g_val) > 1e-6 * scale:
             return False
+    elif _differ_at_some_point(p, g):
+        return False
     p_items, g_items = split_top_level(p), split_top_level(g)
     if p_items is not None and g_items is not None:
         if (p[0], p[-1]) != (g[0], g[-1]) or len(p_items) != len(g_items):
@@ -81,6 +83,17 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
         if any(v is False for v in verdicts) and all(parse_number(normalize_math(x)) for x in p_items + g_items):
             return False
     return None
+
+
+def _differ_at_some_point(p: str, g: str) -> bool:
+    """Two expressions in variables whose values differ at a fixed point are not equivalent."""
+    for point in (0, 1):
+        p_val, g_val = evaluate(p, point), evaluate(g, point)
+        if p_val is None or g_val is None:
+            return False
+        if abs(p_val - g_val) > 1e-6 * max(abs(p_val), abs(g_val)):
+            return True
+    return False
 
 
 def _exact_or_complex(text: str) -> Fraction | complex | None:

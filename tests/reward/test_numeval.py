@@ -45,3 +45,14 @@ def test_tower_of_powers_gives_up_at_once() -> None:
     assert evaluate("9^{9^{9^{9}}}") is None
     assert evaluate("10^{10^{10}}") is None
     assert time.monotonic() - start < 0.1
+
+
+def test_variables_only_at_a_point_and_never_e_or_i() -> None:
+    assert evaluate("x^2+2x+1") is None  # constants only by default
+    x = evaluate("x", point=0)
+    assert x is not None and 0.5 <= x <= 2.5
+    assert evaluate("(x+1)^2", point=0) == pytest.approx(evaluate("x^2+2x+1", point=0))
+    assert evaluate("X", point=1) == evaluate("x", point=1)  # case-folded, like math-verify
+    assert evaluate("x", point=0) != evaluate("x", point=1)
+    assert evaluate("e^{2}", point=0) is None
+    assert evaluate("3i", point=0) is None

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from pipeline.config.reward import RewardConfig, TepoSparse
-from pipeline.reward import RewardScorer, apply_tepo, overlong_penalty, route, score_trajectory
+from pipeline.reward import (
+    RewardScorer,
+    Verifier,
+    apply_tepo,
+    overlong_penalty,
+    route,
+    score_trajectory,
+    scorer_for,
+    verify,
+)
 from pipeline.types import Group, Problem, ToolCall, ToolResult, Trajectory
 
 CFG = RewardConfig()
@@ -183,8 +194,9 @@ def test_score_batch_equals_one_by_one_and_runs_symbolic_checks_concurrently() -
     golds = [("\\frac{1}{\\sqrt{2}}",), ("\\frac{\\sqrt{2}}{2}",), ("x^2+2x+1",), ("1/2",), ("(x+1)^2",), ("1",), ("8",)]
     items = [(problem(g), trajectory(f"<answer>{a}</answer>")) for a, g in zip(answers, golds, strict=True)]
     items.append((problem(("1",)), trajectory("no format")))
-    batch = RewardScorer(cfg).score_batch(items, protocol="tapo", max_policy_tokens=100)
-    scorer = RewardScorer(cfg)
+    checker = scorer_for(CFG).verifier.checker  # share warm workers; each Verifier keeps its own cache
+    batch = RewardScorer(cfg, Verifier(cfg, checker)).score_batch(items, protocol="tapo", max_policy_tokens=100)
+    scorer = RewardScorer(cfg, Verifier(cfg, checker))
     one_by_one = [scorer.score(p, t, protocol="tapo", max_policy_tokens=100) for p, t in items]
     assert batch == one_by_one
     assert [r.total for r in batch] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0]
@@ -197,3 +209,12 @@ def test_needs_symbolic_only_for_undecided_math() -> None:
     assert not verifier.needs_symbolic("math", "Paris", ("48",))
     assert not verifier.needs_symbolic("fact", "(x+1)^2", ("x^2+2x+1",))
     assert not RewardScorer(RewardConfig(math_mode="strict")).verifier.needs_symbolic("math", "(x+1)^2", ("x^2+2x+1",))
+
+
+def test_verify_from_many_threads_matches_sequential() -> None:
+    cases = [("math", "1/2", "0.5"), ("math", "3", "4"), ("fact", "Wilhelm Röntgen", "Wilhelm Conrad Röntgen"),
+             ("em", "the Beatles", "Beatles"), ("f1", "New York City", "New York"), ("calculator", "3.1416", "3.14159"),
+             ("complex", "3.5 million", "3400000"), ("math", "50\\%", "0.5")] * 25  # fmt: skip
+    expected = [verify(*case) for case in cases]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        assert list(pool.map(lambda case: verify(*case), cases)) == expected

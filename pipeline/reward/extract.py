@@ -9,6 +9,10 @@ Departures from the anchors: ToRL's regex handles three brace levels and strips 
 100 characters of the answer; here the answer is kept whole (the verifiers bound their
 own work). Search-R1 needs two `<answer>` matches because it decodes prompt + response;
 we score the response alone, so the last one is taken.
+
+`extract_answer` reads whatever text it is given. The scorer gives it the model's own
+text (`check_format(...).model_text`, tool outputs removed), so a tool output that
+contains `<answer>` or `\\boxed{}` cannot answer for the model.
 """
 
 from __future__ import annotations

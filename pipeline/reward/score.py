@@ -10,10 +10,13 @@ result that happens to contain `<answer>` cannot answer for the model.
 
 `entropy` is 0 here: TEPO needs the policy's token entropies, which only the trainer has.
 It calls `apply_tepo` with the delta segment entropies (tepo.py) to add the sparse term;
-the dense variant shapes advantages per call instead (tepo.tool_level_advantages).
+the dense variant shapes advantages per call instead (tepo.tepo_dense_group_advantages,
+placed on tokens by tepo.dense_token_advantages).
 
 A `RewardScorer` is built once per config (verifier cache, symbolic workers, routing);
-`score_trajectory` and `verify` reuse one per distinct config.
+`score_trajectory` and `verify` reuse one per distinct config. For a whole step, prefer
+`RewardScorer.score_batch` / `score_group`: the same breakdowns, with the slow symbolic
+checks run concurrently.
 """
 
 from __future__ import annotations

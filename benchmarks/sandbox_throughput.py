@@ -12,7 +12,10 @@ being measured. Both sides share the same machine, so figures depend on its othe
     python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3]   (from the repository root)
 
 The last line is one JSON object; `ratio` = ours / baseline requests/s for the sympy snippet
-at concurrency 8, `ratio_by_concurrency` gives all three.
+at concurrency 8, `ratio_by_concurrency` gives all three. Because other jobs may share the
+cores, it also reports the service's CPU per request (server + workers + snippet processes)
+and `trivial_rps_cpu_bound_estimate` = cores / that: the rate the same work would reach with
+the cores to itself (an upper bound: it leaves out the load generator).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 from pipeline.services import free_port, python_service
 
@@ -75,27 +81,45 @@ def _figures(latencies_s: list[float], elapsed_s: float, failures: int) -> dict:
     }
 
 
-async def measure_service(port: int, code: str, expected: str, concurrency: int, seconds: float) -> dict:
+def service_cpu_seconds(pid: int) -> float:
+    """CPU used so far by the server, its workers and their reaped snippet processes."""
+    server = psutil.Process(pid)
+    total = 0.0
+    for process in (server, *server.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+async def measure_service(port: int, server_pid: int, code: str, expected: str, concurrency: int, seconds: float) -> dict:
     body = json.dumps({"code": code, "timeout_s": 10}).encode()
     connections = [await HttpConnection.open(port) for _ in range(concurrency)]
     latencies: list[float] = []
     failures = 0
     warmup_end = time.perf_counter() + 0.5
     stop = warmup_end + seconds
+    cpu_at_start = None
 
     async def client(connection: HttpConnection) -> None:
-        nonlocal failures
+        nonlocal failures, cpu_at_start
         while (now := time.perf_counter()) < stop:
             status, answer = await connection.post_json("/run", body)
             if now >= warmup_end:
+                if cpu_at_start is None:
+                    cpu_at_start = service_cpu_seconds(server_pid)
                 latencies.append(time.perf_counter() - now)
                 failures += status != 200 or answer.get("status") != "ok" or answer.get("stdout") != expected
 
     await asyncio.gather(*(client(c) for c in connections))
     elapsed = time.perf_counter() - warmup_end
+    cpu_used = service_cpu_seconds(server_pid) - (cpu_at_start or 0.0)
     for connection in connections:
         connection.close()
-    return _figures(latencies, elapsed, failures)
+    # CPU per request is what the machine's load distorts least: 1000 / it ~ requests/s per idle core.
+    return {**_figures(latencies, elapsed, failures), "cpu_ms_per_request": round(cpu_used / max(1, len(latencies)) * 1000, 2)}
 
 
 async def measure_baseline(code: str, expected: str, concurrency: int, total: int) -> dict:
@@ -119,16 +143,16 @@ async def measure_baseline(code: str, expected: str, concurrency: int, total: in
     return _figures(latencies, time.perf_counter() - began, failures)
 
 
-async def run_all(port: int, seconds: float) -> dict:
+async def run_all(port: int, server_pid: int, seconds: float) -> dict:
     results: dict = {}
     for name, (code, expected) in SNIPPETS.items():
         for concurrency in CONCURRENCY:
-            ours = await measure_service(port, code, expected, concurrency, seconds)
+            ours = await measure_service(port, server_pid, code, expected, concurrency, seconds)
             base = await measure_baseline(code, expected, concurrency, BASELINE_REQUESTS[name][concurrency])
             results[f"{name}_c{concurrency}"] = {"ours": ours, "baseline": base,
                                                   "ratio": round(ours["rps"] / base["rps"], 1)}
             print(f"{name:8s} c={concurrency:<3d} ours {ours['rps']:7.1f} req/s p50 {ours['p50_ms']:7.2f} ms "
-                  f"p99 {ours['p99_ms']:7.2f} ms fail {ours['failures']} | baseline {base['rps']:6.1f} req/s "
+                  f"p99 {ours['p99_ms']:7.2f} ms cpu {ours['cpu_ms_per_request']:5.2f} ms/req fail {ours['failures']} | baseline {base['rps']:6.1f} req/s "
                   f"p50 {base['p50_ms']:8.2f} ms p99 {base['p99_ms']:8.2f} ms fail {base['failures']}", flush=True)
     return results
 
@@ -146,12 +170,17 @@ def main() -> int:
         pass
     port = free_port()
     with tempfile.TemporaryDirectory() as logs:
-        with python_service("sandbox", "sandbox.code", ["--workers", str(args.workers)], port, Path(logs)):
-            results = asyncio.run(run_all(port, args.seconds))
+        load_before = os.getloadavg()[0]
+        with python_service("sandbox", "sandbox.code", ["--workers", str(args.workers)], port, Path(logs)) as service:
+            results = asyncio.run(run_all(port, service.process.pid, args.seconds))
+        load_after = os.getloadavg()[0]
     trivial8 = results["trivial_c8"]["ours"]
     summary = {
         "workers": args.workers,
+        "load_average_1min": [round(load_before, 2), round(load_after, 2)], "cores": os.cpu_count(),
         "trivial_c8_rps": trivial8["rps"], "trivial_c8_p99_ms": trivial8["p99_ms"],
+        "trivial_c8_cpu_ms_per_request": trivial8["cpu_ms_per_request"],
+        "trivial_rps_cpu_bound_estimate": round(1000 / trivial8["cpu_ms_per_request"] * (os.cpu_count() or 1), 1),
         "sympy_c8_rps": results["sympy_c8"]["ours"]["rps"],
         "ratio": results["sympy_c8"]["ratio"],
         "ratio_by_concurrency": {c: results[f"sympy_c{c}"]["ratio"] for c in CONCURRENCY},

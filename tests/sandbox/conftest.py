@@ -1,6 +1,6 @@
 """A real code sandbox on a loopback port, shared by the sandbox tests.
 
-It runs with three workers (so a hostile snippet and a concurrent benign one each get a
+It runs with two workers (so a hostile snippet and a concurrent benign one each get a
 worker) and with a secret in the server's environment, which no snippet may ever see.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.services import ServiceProcess, free_port, python_service
 
-WORKERS = 3
+WORKERS = 2
 UID_BASE = 61000
 
 

@@ -22,8 +22,9 @@ the next engine output; the model never writes the output tag. `lenient` strictn
 
 Grammar of torl (markdown fences, answer in `\\boxed{}`): the model never writes a
 ```output fence; a complete, non-empty `\\boxed{...}` appears after the last engine output,
-outside any open ```python fence; `strict` also allows only closing punctuation
-(`.`, `$`, `\\]`, `)`) and EOS after the final box.
+outside any open ```python fence. Strictness adds nothing here: ToRL answers end in prose
+("... is \\boxed{5}. I hope it is correct."), and what follows the final box cannot change
+the answer (a code block after it would be run and then need a new box).
 
 Departure from TAPO's code: its check scans with `re.search`, so free text before and
 between blocks passes, and a model-written `<response>` counts as a valid block (the
@@ -124,7 +125,7 @@ def check_format(
         return FormatResult(False, error, text)
     model_text = _OUTPUT_MARK.join(segments)
     reason = (
-        _check_torl(model_text, strict, tuple(eos_strings))
+        _check_torl(model_text)
         if protocol == "torl"
         else _check_tags(model_text, CALL_TAGS[protocol], WRAPPERS[protocol], strict, tuple(eos_strings))
     )
@@ -205,10 +206,7 @@ def _check_tail(tail: str, eos: tuple[str, ...]) -> str | None:
     return "text after </answer>" if _strip_eos(tail, eos) else None
 
 
-_TORL_TAIL_RE = re.compile(r"^[\s.$)\]\\]*$")
-
-
-def _check_torl(model_text: str, strict: bool, eos: tuple[str, ...]) -> str | None:
+def _check_torl(model_text: str) -> str | None:
     if "```output" in model_text:
         return "the model wrote a ```output block itself (only the tool may)"
     final = model_text.rsplit(_OUTPUT_MARK, 1)[-1]
@@ -217,9 +215,7 @@ def _check_torl(model_text: str, strict: bool, eos: tuple[str, ...]) -> str | No
         return "no \\boxed{} answer after the last tool output"
     if not final[span[0] : span[1]].strip():
         return "empty \\boxed{}"
-    tail = final[span[1] + 1 :]
-    if final.count("```python", 0, span[0]) > final.count("```", 0, span[0]) - final.count("```python", 0, span[0]):
+    openers = final.count("```python", 0, span[0])
+    if openers > final.count("```", 0, span[0]) - openers:
         return "the final \\boxed{} is inside an unclosed ```python block"
-    if strict and not _TORL_TAIL_RE.match(_strip_eos(tail, eos)):
-        return "text after the final \\boxed{}"
     return None

@@ -101,7 +101,7 @@ TORL_CASES = [
     (TORL_CALL + "So the answer is \\boxed{42}.", ["42"], True, True),
     ("Directly: $\\boxed{42}$", [], True, True),
     ("\\[\\boxed{\\frac{1}{2}}\\]<|im_end|>", [], True, True),
-    (TORL_CALL + "So \\boxed{42}. Let me double check this again.", ["42"], False, True),
+    (TORL_CALL + "So \\boxed{42}. I hope it is correct.", ["42"], True, True),
     ("No box here.", [], False, False),
     ("\\boxed{}", [], False, False),
     ("\\boxed{42}\n" + TORL_CALL + "Done.", ["42"], False, False),

@@ -77,7 +77,7 @@ class RewardConfig(StageConfig):
     format_penalty: float = Field(-1.0, le=0.0, description="Reward when the format is wrong (TAPO Eq. 7).")
     overlong_buffer: int = Field(64, ge=0, description="L_cache: policy tokens over which the overlong penalty ramps to -1 (TAPO Eq. 9).")
     format_strictness: Literal["strict", "lenient"] = Field(
-        "strict", description="strict: only whitespace between tag blocks; lenient: free text allowed between blocks (TAPO's code)."
+        "strict", description="Tag protocols: strict = only whitespace between blocks; lenient = free text between blocks (TAPO's code)."
     )
     math_mode: Literal["equivalent", "strict"] = Field(
         "equivalent", description="equivalent: numeric/symbolic equivalence; strict: TAPO's normalised string equality."

@@ -173,6 +173,7 @@ def main(argv: list[str]) -> int:
         jail.die_with_parent()
         jail.prepare_worker_process()
         warm_imports()
+        os.environ.pop("PYTHONPATH", None)  # only needed to find this package; snippets need no repo path
         worker = Worker(settings)
         gc.collect()
         gc.freeze()  # the collector must not touch (and so copy) the warm heap in every child

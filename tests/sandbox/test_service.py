@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -193,3 +194,11 @@ async def test_degraded_mode_keeps_seccomp_rlimits_and_a_wiped_scratch_dir() -> 
     assert socket.status == "error" and "PermissionError" in socket.error
     assert listed.stdout == "[]\n"
     assert flood.status == "output_limit" and len(flood.stdout) <= 4096
+
+
+def test_snippets_see_only_a_minimal_environment(sandbox: Sandbox) -> None:
+    code = "import fractions\nprint(sorted(fractions.sys.modules['os'].environ))"
+    names = ast.literal_eval(sandbox.run(code)["stdout"])
+    assert set(names) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
+                          "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_ARENA_MAX"}
+    assert "PATH" in names

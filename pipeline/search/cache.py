@@ -4,9 +4,9 @@ Layout in Redis (all keys under `namespace`, default "tapo:search:v1"):
 - `{ns}:r:{sha1(backend, top_k, normalised query)}` -> JSON `{"query", "results"}` with a TTL;
 - `{ns}:z:{backend}:{top_k}` sorted set: member = normalised query, score = its expiry time (epoch s).
 
-The sorted set is what makes the fuzzy index survive a restart: on the first successful connect the
-live members are loaded into an in-process `FuzzyIndex` per (backend, top_k), and expired ones are
-pruned. Writes go to Redis and to the local index. Entries written by another service process
+The sorted set is what makes the fuzzy index survive a restart: after the first successful connect
+the live members are loaded into an in-process `FuzzyIndex` per (backend, top_k) (in the background
+in the service), and expired ones are pruned. Writes go to Redis and to the local index. Entries written by another service process
 are found by the exact lookup at once and by the fuzzy lookup after this process's next reload.
 
 When a Redis call fails (refused, timeout), the cache switches to "off", logs once, and every request
@@ -17,6 +17,7 @@ of the raw query and has no index or outage handling.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -69,6 +70,7 @@ class SearchCache:
         self._indexes: dict[tuple[str, int], FuzzyIndex] = {}
         self._online = False
         self._loaded = False
+        self._loader: asyncio.Task[None] | None = None
         self._next_probe = 0.0
 
     @property
@@ -97,39 +99,63 @@ class SearchCache:
         self._online = False
         self._next_probe = time.monotonic() + self.retry_s
 
-    async def connect(self) -> bool:
-        """Load the persisted index; True when Redis answered."""
+    async def connect(self, load_in_background: bool = False) -> bool:
+        """Ping Redis and (once) load the persisted fuzzy index; True when Redis answered.
+
+        With `load_in_background`, the index fills page by page in a task while requests are served:
+        exact hits work at once and a fuzzy lookup sees the entries loaded so far (it can miss, never
+        merge wrongly), so a service with a million cached queries is healthy in a second.
+        """
         if self._redis is None:
             return False
         try:
             await self._redis.ping()
-            if not self._loaded:
-                # Only at start-up: after an outage the local index is still right (entries Redis lost
-                # are dropped lazily when their GET comes back empty), and a reload of a big cache
-                # would stall the event loop.
-                await self._reload()
-                self._loaded = True
         except (RedisError, OSError) as err:
             self._went_down(err)
             return False
         if not self._online:
-            log.info("search cache on: %d cached queries loaded", self.size())
+            log.info("search cache on")
         self._online = True
-        return True
+        # Only once: after an outage the local index is still right (entries Redis lost are dropped
+        # lazily when their GET comes back empty).
+        if not self._loaded:
+            self._loaded = True
+            if load_in_background:
+                self._loader = asyncio.create_task(self._reload())
+            else:
+                await self._reload()
+        return self._online
+
+    @property
+    def loading(self) -> bool:
+        """True while the persisted index is still being loaded in the background."""
+        return self._loader is not None and not self._loader.done()
+
+    async def wait_loaded(self) -> None:
+        if self._loader is not None:
+            await self._loader
 
     async def _reload(self) -> None:
-        now = time.time()
-        indexes: dict[tuple[str, int], FuzzyIndex] = {}
-        async for key in self._redis.scan_iter(match=f"{self.namespace}:z:*", count=1000):
-            backend, top_k = key.rsplit(":", 2)[-2:]
-            await self._redis.zremrangebyscore(key, "-inf", now)
-            index = indexes.setdefault((backend, int(top_k)), FuzzyIndex(self.fuzzy_threshold, known_words=self.known_words))
-            start = 0
-            while members := await self._redis.zrange(key, start, start + RELOAD_PAGE - 1):
-                for member in members:  # paged, so no single reply outlasts the socket timeout
-                    index.add(member)
-                start += RELOAD_PAGE
-        self._indexes = indexes
+        try:
+            count = 0
+            async for key in self._redis.scan_iter(match=f"{self.namespace}:z:*", count=1000):
+                count += await self._load_index(key)
+            log.info("search cache index loaded: %d cached queries", count)
+        except (RedisError, OSError) as err:
+            self._loaded = False  # try again on the next connect
+            self._went_down(err)
+
+    async def _load_index(self, key: str) -> int:
+        backend, top_k = key.rsplit(":", 2)[-2:]
+        await self._redis.zremrangebyscore(key, "-inf", time.time())
+        index = self._index(backend, int(top_k))
+        start = 0
+        while members := await self._redis.zrange(key, start, start + RELOAD_PAGE - 1):
+            for member in members:  # paged, so no reply outlasts the socket timeout and requests interleave
+                index.add(member)
+            start += len(members)
+            await asyncio.sleep(0)
+        return start
 
     async def _available(self) -> bool:
         if self._online:
@@ -189,6 +215,8 @@ class SearchCache:
         self._index(backend, top_k).add(normalized)
 
     async def aclose(self) -> None:
+        if self._loader is not None:
+            self._loader.cancel()
         if self._redis is not None:
             await self._redis.aclose()
 

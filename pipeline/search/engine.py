@@ -146,6 +146,7 @@ class SearchEngine:
             "backend_calls": self.counters.backend_calls,
             "backend_errors": self.counters.backend_errors,
             "cache_size": self.cache.size(),
+            "index_loading": self.cache.loading,
         }
 
     async def aclose(self) -> None:

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     async def make_engine() -> SearchEngine:
         cache = SearchCache(redis_url, ttl_s=cfg.cache_ttl_s, fuzzy_threshold=cfg.fuzzy_threshold, fuzzy=cfg.fuzzy,
                             known_words=known_words)
-        await cache.connect()
+        await cache.connect(load_in_background=True)  # healthy at once, even with a huge cache
         return SearchEngine(backend, cache, deadline_s=deadline_s)
 
     app = create_app(make_engine, max_query_chars=cfg.max_query_chars, default_top_k=cfg.top_k)

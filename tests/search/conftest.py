@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,7 +60,11 @@ def start_search(params: Path, redis_url: str, log_dir: Path, env: dict[str, str
     service = python_service("search", "sandbox.search", ["--redis-url", redis_url, "--params", str(params)],
                              free_port(), log_dir)
     service.env = env or {}
-    return service.start(timeout_s=60)
+    service.start(timeout_s=60)
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{service.url}/stats").json()["index_loading"] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the persisted fuzzy index loads in the background
+    return service
 
 
 def search(service: ServiceProcess, query: str, top_k: int = 3) -> httpx.Response:

@@ -61,8 +61,10 @@ async def test_reload_pages_through_a_big_index(redis_server: ServiceProcess, mo
     for question in questions:
         await first.put("local-bm25", 3, question, RESULTS)
     second = _cache(redis_server.url, namespace=namespace)
-    await second.connect()
-    assert second.size() == len(questions)
+    assert await second.connect(load_in_background=True)
+    assert (await second.get("local-bm25", 3, "who won the world cup in 1990")).outcome == "exact"  # already
+    await second.wait_loaded()
+    assert second.size() == len(questions) and not second.loading
     assert (await second.get("local-bm25", 3, normalize_query("Who won the World Cup in 1996?"))).outcome == "exact"
     await first.aclose()
     await second.aclose()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -14,17 +12,18 @@ from pipeline.data.curate import run as curate
 
 @task(cache_policy=NO_CACHE)
 def curate_task(cfg: CurateConfig) -> dict:
-    report = curate(cfg)
-    return dataclasses.asdict(report) if dataclasses.is_dataclass(report) else dict(report)
+    return curate(cfg).to_dict()
 
 
 @flow(name="curate", log_prints=True)
 def curate_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
     report = curate_task(cfg.curate)
-    print(f"curated: {report.get('counts', report)}")
+    print(f"curated: {report}")
     return report
 
 
 if __name__ == "__main__":
-    curate_flow(stage_args("Curate the training and test problems.").params)
+    args = stage_args("Curate the training and test problems.")
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
+    curate_flow(args.params)

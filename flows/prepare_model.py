@@ -23,4 +23,6 @@ def prepare_model_flow(params: str = "params.yaml") -> str:
 
 
 if __name__ == "__main__":
-    prepare_model_flow(stage_args("Prepare the base model.").params)
+    args = stage_args("Prepare the base model.")
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
+    prepare_model_flow(args.params)

@@ -57,4 +57,5 @@ def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code",
 
 if __name__ == "__main__":
     args = stage_args("Start the tool services and keep them running.")
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
     services_flow(args.params)

@@ -27,4 +27,5 @@ def train_flow(params: str = "params.yaml", resume: bool = False) -> dict:
 
 if __name__ == "__main__":
     args = stage_args("Train the policy with tools.", resume=True)
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
     train_flow(args.params, args.resume)

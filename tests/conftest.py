@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pipeline.paths import REPO_ROOT, shared_data_dir
-from pipeline.services import ServiceProcess, redis_service
+from pipeline.services import ServiceProcess, free_port, redis_service
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +32,16 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServicePr
     """A private redis-server on a free loopback port for the whole session."""
     with redis_service(tmp_path_factory.mktemp("redis")) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Prefect API server on loopback; yields its API URL (PREFECT_API_URL)."""
+    home = tmp_path_factory.mktemp("prefect")
+    port = free_port()
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    env = {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": ""}
+    service = ServiceProcess("prefect", [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                             port, home / "server.log", health_path="/api/health", env=env)
+    with service.start(timeout_s=180):
+        yield f"{service.url}/api"

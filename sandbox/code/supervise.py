@@ -37,9 +37,15 @@ class ChildPipes:
     @classmethod
     def open(cls, stdin: str) -> ChildPipes:
         stdin_r, stdin_w = os.pipe()
-        # The server caps stdin at 64 KiB, the default pipe capacity, so this write never blocks.
-        os.write(stdin_w, stdin.encode())
-        os.close(stdin_w)
+        # The server caps stdin at 64 KiB, the default pipe capacity; non-blocking so that a
+        # larger input is cut at the capacity instead of hanging the worker.
+        os.set_blocking(stdin_w, False)
+        try:
+            os.write(stdin_w, stdin.encode())
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(stdin_w)
         return cls(stdin_r, *os.pipe(), *os.pipe(), *os.pipe())
 
     def close_child_ends(self) -> None:
@@ -83,6 +89,14 @@ def _kill_group(pid: int) -> None:
             target()
         except ProcessLookupError:
             pass
+
+
+def kill_and_reap(pid: int) -> None:
+    _kill_group(pid)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def watch(pid: int, pipes: ChildPipes, deadline: float, output_cap: int) -> ChildRun:

@@ -141,7 +141,11 @@ class Worker:
             child_main(setup)  # never returns; the exit below is a second fence
             os._exit(70)
         pipes.close_child_ends()
-        return supervise.watch(pid, pipes, time.monotonic() + job.timeout_s, self.settings.output_limit_bytes)
+        try:
+            return supervise.watch(pid, pipes, time.monotonic() + job.timeout_s, self.settings.output_limit_bytes)
+        except BaseException:
+            supervise.kill_and_reap(pid)  # never leave a snippet running behind a failed watch
+            raise
 
     def _wipe_tmp(self) -> None:
         if self.settings.isolated:

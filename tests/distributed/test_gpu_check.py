@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_gpu_check_runs_tiny_on_cpu(repo_root: Path) -> None:
     env = dict(os.environ) | {"OMP_NUM_THREADS": "1",
                               "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}

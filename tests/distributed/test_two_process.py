@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pipeline.distributed.launch import launch
 from tests.distributed.worker import VOCAB
 
 TOLERANCE = 1e-5  # fp32, issue 10
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, repo_root: Path) -> tuple[dict, Path]:
-    out = tmp_path_factory.mktemp("two_ranks")
-    env = dict(os.environ) | {"PYTHONPATH": str(repo_root),
-                              "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}
-    codes = launch([sys.executable, "-m", "tests.distributed.worker", str(out)], 2, env=env, threads=1,
-                   timeout_s=600)
-    assert codes == [0, 0], f"rank exit codes {codes}"
-    return torch.load(out / "result.pt", weights_only=False), out
+def two_ranks(two_rank_run: Path) -> tuple[dict, Path]:
+    return torch.load(two_rank_run / "result.pt", weights_only=False), two_rank_run
 
 
 @pytest.mark.slow

@@ -6,7 +6,9 @@
    initial weights) loads the checkpoint and repeats the second step.
 3. Export: an HF directory gathered from the ZeRO-3 shards in-process, and one merged from
    the shards on disk offline.
-Rank 0 writes what it saw to OUT/result.pt; the test makes the assertions.
+4. With a params file: the trainer end to end (`trainer_worker`), in the same launch to pay
+   the process start-up once.
+Rank 0 writes what it saw to OUT/result.pt (and OUT/trainer.pt); the tests make the assertions.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def train_on(backend, sched, seed: int) -> None:
 
 def resume_and_export(out: Path) -> dict:
     tok = tiny_tokenizer()
-    root = out / "run"
+    root = out / "resume_run"
     a, sched_a = zero3_engine(seed=1)
     train_on(a, sched_a, seed=10)
     saved_state = TrainerState(step=1, data_cursor=5, rollout_calls=3)
@@ -123,13 +125,17 @@ def resume_and_export(out: Path) -> dict:
             "step1": after_step1, "loaded": loaded, "resumed_a": gathered(a), "resumed_b": gathered(b)}
 
 
-def main(out: Path) -> None:
+def main(out: Path, params: Path | None) -> None:
     torch.set_num_threads(1)
     result = {"uneven": parity(groups=3, seed=0), "idle_rank": parity(groups=1, seed=1)}
     result |= resume_and_export(out)
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "result.pt")
+    if params is not None:
+        from tests.distributed import trainer_worker
+
+        trainer_worker.main(params, out)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)

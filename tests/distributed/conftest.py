@@ -1,0 +1,48 @@
+"""One 2-rank launch (DeepSpeed on gloo) shared by the distributed tests: start-up is most of its cost."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.distributed.launch import launch
+from tests.helpers.tiny import tiny_llama, tiny_tokenizer
+
+
+def write_run(tmp: Path, repo_root: Path) -> Path:
+    """A tiny model, 7 calculator problems and a params file with `distributed.enabled` (ZeRO-3)."""
+    tok = tiny_tokenizer()
+    tiny_llama(len(tok), seed=3).save_pretrained(tmp / "init")
+    tok.save_pretrained(tmp / "init")
+    rows = [{"id": f"p{i}", "question": f"What is {i} + {i}?", "answers": [str(2 * i)], "type": "calculator",
+             "source": "calculator", "split": "train"} for i in range(7)]
+    (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["train"] |= {"init_model": str(tmp / "init"), "train_file": str(tmp / "train.jsonl"), "steps": 2,
+                        "prompts_per_step": 3, "micro_batch_size": 2, "gradient_checkpointing": False,
+                        "checkpoint_dir": str(tmp / "run"), "output_dir": str(tmp / "policy"), "lr": 1e-3,
+                        "algorithm": {"kind": "grpo", "dynamic_sampling": False}}
+    params["rollout"] |= {"group_size": 2, "max_policy_tokens": 6, "max_total_tokens": 256}
+    params["distributed"] |= {"enabled": True, "zero_stage": 3, "dist_backend": "gloo"}
+    params["run"] |= {"torch_threads": 1}
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(tmp_path_factory, repo_root: Path) -> Path:
+    """Run `tests.distributed.worker` on 2 ranks; returns the directory holding result.pt and trainer.pt."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    params = write_run(out, repo_root)
+    env = dict(os.environ) | {"PYTHONPATH": str(repo_root),
+                              "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}
+    codes = launch([sys.executable, "-m", "tests.distributed.worker", str(out), str(params)], 2, env=env,
+                   threads=1, timeout_s=900)
+    assert codes == [0, 0], f"rank exit codes {codes}"
+    return out

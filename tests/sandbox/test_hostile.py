@@ -122,6 +122,8 @@ CASES = [
          ("timeout",), timeout_s=0.5),
     Case("setitimer_off", SYS + "signal = sys.modules['signal']\nsignal.setitimer(signal.ITIMER_REAL, 0)\nwhile True:\n    pass", ("timeout",), timeout_s=0.5),
     Case("read_stdin_forever", "print(input())", ("error",), error_has="EOFError"),
+    Case("deeply_nested_source", "x = " + "[" * 5000 + "]" * 5000, ("error",), error_has="SyntaxError"),
+    Case("compiler_recursion", "x = " + "1+" * 30000 + "1", ("error",)),
     # --- exit tricks are not success
     Case("exit_zero", "print(42)\nexit(0)", ("error",), stdout_has="42", error_has="SystemExit"),
     Case("sys_exit", SYS + "print(42)\nsys.exit(0)", ("error",), stdout_has="42", error_has="SystemExit"),

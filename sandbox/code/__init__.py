@@ -36,6 +36,8 @@ Not isolated:
     kernel exploit escapes. Use a VM or gVisor for a stronger boundary.
   * CPU contention: snippets share the machine's cores with each other and with the
     server; a busy snippet slows its neighbours until its deadline (no cgroup quota).
+  * Total memory: each snippet is bounded (RLIMIT_AS), the sum is not: size --workers and
+    --max-memory-mb so that workers x (worker size + max) fits in RAM (no cgroup limit).
   * Information the kernel shows every process: uname, CPU flags, time, free memory via
     sysinfo(). Public Python and library files under the mounted prefixes are readable.
   * Python state inside one request (a snippet can rewrite its own report on fd 3; it

@@ -158,7 +158,7 @@ def test_overload_is_429_with_retry_after_and_timeouts_are_capped(tiny_sandbox: 
     assert codes.count(200) == 2 and codes.count(429) == 2, codes  # one running, one queued
     assert all(r.headers["Retry-After"] for r in responses if r.status_code == 429)
     answered = [r.json() for r in responses if r.status_code == 200]
-    assert all(a["status"] == "timeout" and a["duration_ms"] < 3000 for a in answered), answered
+    assert all(a["status"] == "timeout" and a["duration_ms"] < 10_000 for a in answered), answered  # 30 s asked, 1 s cap
 
 
 def test_a_dead_worker_is_replaced(tiny_sandbox: ServiceProcess) -> None:

@@ -36,8 +36,11 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     if temperature > 0:
         logits_BTV = logits_BTV / temperature
     B, T = batch.input_ids_BT.shape
-    logprobs_BT = logits_BTV.new_zeros((B, T))
-    entropy_BT = logits_BTV.new_zeros((B, T))
+    # At least float32 even for a bf16 model: bf16 log-probs (3 significant digits) would put
+    # noise of ~1% into every importance ratio.
+    out_dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
+    logprobs_BT = logits_BTV.new_zeros((B, T), dtype=out_dtype)
+    entropy_BT = logits_BTV.new_zeros((B, T), dtype=out_dtype)
     targets_BT = batch.input_ids_BT[:, 1:]
     for start in range(0, T - 1, ENTROPY_CHUNK):
         end = min(start + ENTROPY_CHUNK, T - 1)

@@ -97,3 +97,16 @@ def test_launcher_gives_each_rank_its_environment(tmp_path) -> None:
            "os.environ['WORLD_SIZE'] + os.environ['MASTER_ADDR'])" % str(tmp_path)
     assert launch([sys.executable, "-c", code], 2, timeout_s=60) == [0, 0]
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == {"0": "2127.0.0.1", "1": "2127.0.0.1"}
+
+
+def test_bf16_model_gives_float32_logprobs() -> None:
+    """GPU runs train in bf16; the importance ratio must not be computed from bf16 log-probs."""
+    from pipeline.update import token_logprobs_and_entropy
+    from tests.helpers.tiny import tiny_llama
+
+    batch = make_batch(1, seed=0)
+    lp16, ent16 = token_logprobs_and_entropy(tiny_llama(64, seed=1, dtype=torch.bfloat16), batch, 1.0)
+    lp32, _ = token_logprobs_and_entropy(tiny_llama(64, seed=1), batch, 1.0)
+    assert lp16.dtype == ent16.dtype == torch.float32
+    assert not torch.equal(lp16, lp16.to(torch.bfloat16).float())  # more precision than bf16 holds
+    assert torch.allclose(lp16, lp32, atol=0.1)

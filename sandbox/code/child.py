@@ -14,7 +14,6 @@ import io
 import json
 import linecache
 import os
-import random
 import sys
 import traceback
 from dataclasses import dataclass
@@ -59,15 +58,6 @@ def _fresh_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     return out, err
 
 
-def _reseed() -> None:
-    # Every child is forked from the same worker: without this, all requests would draw the
-    # same "random" numbers.
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
 def _run(setup: ChildSetup, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
     snippet_globals: dict = {"__name__": "__main__", "__builtins__": builtins}
     policy.install_import_guard(snippet_globals)
@@ -104,7 +94,6 @@ def child_main(setup: ChildSetup) -> None:
         os.chdir(setup.workdir)
         jail.lock_down_child(setup.limits, setup.uid, setup.seccomp_program)
         out, err = _fresh_streams()
-        _reseed()
     except BaseException as exc:  # noqa: BLE001 - never run a snippet without the lock-down
         os.write(2, f"sandbox lock-down failed: {exc!r}\n".encode())
         os._exit(70)

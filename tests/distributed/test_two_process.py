@@ -19,7 +19,7 @@ def two_ranks(two_rank_run: Path) -> tuple[dict, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["uneven", "idle_rank"])
+@pytest.mark.parametrize("case", ["uneven", "idle_rank", "zero3_offload"])
 def test_loss_and_gradients_match_one_process(two_ranks, case: str) -> None:
     r = two_ranks[0][case]
     assert r["grad_max"] > 1e-4  # a real gradient, not an all-zero one

@@ -1,7 +1,8 @@
 """One rank of the 2-process test (started by `pipeline.distributed.launch`).
 
-1. Parity: ZeRO-2 steps on uneven shards (3 groups on 2 ranks: unequal micro-batch counts)
-   and with an idle rank (1 group on 2 ranks) against the one-process step on the whole batch.
+1. Parity: ZeRO-2 steps on uneven shards (3 groups on 2 ranks: unequal micro-batch counts),
+   with an idle rank (1 group on 2 ranks), and ZeRO-3 with parameter and optimiser offload,
+   against the one-process step on the whole batch.
 2. Resume: ZeRO-3 with AdamW and warm-up: step, checkpoint, step; a fresh engine (other
    initial weights) loads the checkpoint and repeats the second step.
 3. Export: an HF directory gathered from the ZeRO-3 shards in-process, and one merged from
@@ -62,7 +63,12 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
-def parity(groups: int, seed: int) -> dict:
+ZERO2 = DistributedConfig(enabled=True, zero_stage=2, dist_backend="gloo")
+ZERO3_OFFLOAD = DistributedConfig(enabled=True, zero_stage=3, offload_params=True, offload_optimizer=True,
+                                  dist_backend="gloo")
+
+
+def parity(groups: int, seed: int, cfg: DistributedConfig = ZERO2) -> dict:
     """max |single - data parallel| of loss and gradient (SGD lr 1: change = -gradient)."""
     batch = make_batch(groups, seed)
     ref = tiny_llama(VOCAB, seed=1)
@@ -70,12 +76,11 @@ def parity(groups: int, seed: int) -> dict:
     ref_metrics = policy_gradient_step(ref, torch.optim.SGD(ref.parameters(), lr=1.0), batch, LOSS, SETTINGS)
     ref_grad = before - flat_params(ref)
     model = tiny_llama(VOCAB, seed=1)
-    backend = make_deepspeed_backend(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                                     DistributedConfig(enabled=True, zero_stage=2, dist_backend="gloo"),
+    backend = make_deepspeed_backend(model, torch.optim.SGD(model.parameters(), lr=1.0), cfg,
                                      SETTINGS.micro_batch_size, SETTINGS.grad_clip, "float32")
     local, weight = my_rows(batch, backend.rank, backend.world)
     metrics = apply_policy_gradient(backend, local, LOSS, SETTINGS, weight)
-    grad = before - flat_params(backend.module)
+    grad = before - gathered(backend)
     return {"loss_diff": abs(metrics["train/loss"] - ref_metrics["train/loss"]),
             "grad_diff": float((grad - ref_grad).abs().max()), "grad_max": float(ref_grad.abs().max()),
             "entropy_diff": abs(metrics["train/entropy"] - ref_metrics["train/entropy"])}
@@ -127,7 +132,8 @@ def resume_and_export(out: Path) -> dict:
 
 def main(out: Path, params: Path | None) -> None:
     torch.set_num_threads(1)
-    result = {"uneven": parity(groups=3, seed=0), "idle_rank": parity(groups=1, seed=1)}
+    result = {"uneven": parity(groups=3, seed=0), "idle_rank": parity(groups=1, seed=1),
+              "zero3_offload": parity(groups=3, seed=2, cfg=ZERO3_OFFLOAD)}
     result |= resume_and_export(out)
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "result.pt")

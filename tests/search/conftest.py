@@ -71,7 +71,7 @@ def search(service: ServiceProcess, query: str, top_k: int = 3) -> httpx.Respons
     return httpx.post(f"{service.url}/search", json={"query": query, "top_k": top_k}, timeout=10)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def local_service(hotpot_index: Path, redis_server: ServiceProcess,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     tmp = tmp_path_factory.mktemp("local-service")
@@ -81,7 +81,7 @@ def local_service(hotpot_index: Path, redis_server: ServiceProcess,
     service.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def serper_service(redis_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[tuple[ServiceProcess, FakeSerper]]:
     tmp = tmp_path_factory.mktemp("serper-service")

@@ -71,6 +71,7 @@ class SearchCache:
         self._online = False
         self._loaded = False
         self._loader: asyncio.Task[None] | None = None
+        self._down_logged = False
         self._next_probe = 0.0
 
     @property
@@ -94,7 +95,8 @@ class SearchCache:
         return self._indexes[key]
 
     def _went_down(self, err: Exception) -> None:
-        if self._online:
+        if not self._down_logged:  # once per outage, including one that starts before we do
+            self._down_logged = True
             log.warning("search cache off: Redis unreachable (%s); serving uncached until it answers", err)
         self._online = False
         self._next_probe = time.monotonic() + self.retry_s
@@ -116,6 +118,7 @@ class SearchCache:
         if not self._online:
             log.info("search cache on")
         self._online = True
+        self._down_logged = False
         # Only once: after an outage the local index is still right (entries Redis lost are dropped
         # lazily when their GET comes back empty).
         if not self._loaded:
@@ -200,7 +203,7 @@ class SearchCache:
         return CacheHit("fuzzy", _decode(stored), matched)
 
     async def put(self, backend: str, top_k: int, normalized: str, results: tuple[Passage, ...]) -> None:
-        """Store results; a Redis failure only switches the cache off."""
+        """Store results (empty ones are not cached, as in TAPO); a Redis failure only switches the cache off."""
         if not self._online or not results:
             return
         payload = json.dumps({"query": normalized, "results": [p.to_dict() for p in results]})

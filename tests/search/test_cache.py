@@ -82,10 +82,12 @@ async def test_ttl_expires_entries(redis_server: ServiceProcess) -> None:
     await cache.aclose()
 
 
-async def test_no_redis_means_off() -> None:
-    cache = _cache("redis://127.0.0.1:1")  # nothing listens on port 1
+async def test_no_redis_means_off(caplog: pytest.LogCaptureFixture) -> None:
+    cache = _cache("redis://127.0.0.1:1", retry_s=0.0)  # nothing listens on port 1
     assert not await cache.connect()
-    assert (await cache.get("local-bm25", 3, "anything")).outcome == "off"
+    for _ in range(3):
+        assert (await cache.get("local-bm25", 3, "anything")).outcome == "off"
+    assert sum("search cache off" in r.message for r in caplog.records) == 1
     await cache.put("local-bm25", 3, "anything", RESULTS)  # silently skipped
     await cache.aclose()
 

@@ -40,6 +40,7 @@ class Calculation:
     question: str
     value: Fraction
     decimals: int  # 0 = integer answer
+    code: str  # a Python program printing the answer (the scripted teacher's tool call)
 
 
 def format_exact(value: Fraction, decimals: int) -> str:
@@ -72,13 +73,14 @@ def long_multiplication(rng: random.Random, level: int) -> Calculation:
     a, b = _digits(rng, 2 + level), _digits(rng, 1 + level)
     if level == 3:
         x, y = Decimal(a) / 100, Decimal(b) / 10
-        return Calculation("multiplication", f"Compute {x} × {y}.", Fraction(x * y), 3)
-    return Calculation("multiplication", f"What is {_fmt(a)} multiplied by {_fmt(b)}?", Fraction(a * b), 0)
+        return Calculation("multiplication", f"Compute {x} × {y}.", Fraction(x * y), 3, f"print(round({x} * {y}, 3))")
+    return Calculation("multiplication", f"What is {_fmt(a)} multiplied by {_fmt(b)}?", Fraction(a * b), 0,
+                       f"print({a} * {b})")
 
 
 def long_division(rng: random.Random, level: int) -> Calculation:
     a, b = _digits(rng, 3 + 2 * level), _digits(rng, 1 + level)
-    return Calculation("division", f"Divide {_fmt(a)} by {_fmt(b)}.", Fraction(a, b), 4)
+    return Calculation("division", f"Divide {_fmt(a)} by {_fmt(b)}.", Fraction(a, b), 4, f"print(round({a} / {b}, 4))")
 
 
 def power(rng: random.Random, level: int) -> Calculation:
@@ -86,8 +88,10 @@ def power(rng: random.Random, level: int) -> Calculation:
     exp = rng.randint(3, 4 + 3 * level)
     if level >= 2 and rng.random() < 0.5:
         b = Decimal(rng.randint(101, 999)) / 100
-        return Calculation("power", f"What is {b} raised to the power {exp}?", Fraction(b) ** exp, 4)
-    return Calculation("power", f"What is {base} raised to the power {exp}?", Fraction(base**exp), 0)
+        return Calculation("power", f"What is {b} raised to the power {exp}?", Fraction(b) ** exp, 4,
+                           f"print(round({b} ** {exp}, 4))")
+    return Calculation("power", f"What is {base} raised to the power {exp}?", Fraction(base**exp), 0,
+                       f"print({base} ** {exp})")
 
 
 def root(rng: random.Random, level: int) -> Calculation:
@@ -98,7 +102,8 @@ def root(rng: random.Random, level: int) -> Calculation:
     with localcontext() as ctx:
         ctx.prec = 60
         value = Decimal(x).sqrt() if n == 2 else _cube_root(Decimal(x))
-    return Calculation("root", f"What is the {name} root of {_fmt(x)}?", Fraction(value), 4)
+    code = f"print(round({x} ** 0.5, 4))" if n == 2 else f"print(round({x} ** (1 / 3), 4))"
+    return Calculation("root", f"What is the {name} root of {_fmt(x)}?", Fraction(value), 4, code)
 
 
 def _cube_root(x: Decimal) -> Decimal:
@@ -113,11 +118,12 @@ def percentage(rng: random.Random, level: int) -> Calculation:
     pct = Decimal(rng.randint(1, 999)) / (10 if level > 1 else 1)
     whole = Decimal(_digits(rng, 2 + level)) / (100 if level == 3 else 1)
     if rng.random() < 0.5:
-        return Calculation("percentage", f"What is {pct}% of {whole}?", Fraction(pct * whole) / 100, 4)
+        return Calculation("percentage", f"What is {pct}% of {whole}?", Fraction(pct * whole) / 100, 4,
+                           f"print(round({pct} * {whole} / 100, 4))")
     old, new = _digits(rng, 2 + level), _digits(rng, 2 + level)
     change = Fraction(new - old, old) * 100
     q = f"A value changes from {_fmt(old)} to {_fmt(new)}. What is the percentage change?"
-    return Calculation("percentage", q, change, 2)
+    return Calculation("percentage", q, change, 2, f"print(round(({new} - {old}) / {old} * 100, 2))")
 
 
 def compound_interest(rng: random.Random, level: int) -> Calculation:
@@ -128,7 +134,8 @@ def compound_interest(rng: random.Random, level: int) -> Calculation:
     value = principal * (1 + rate / 100 / periods) ** (periods * years)
     q = (f"${_fmt(principal)} is invested at {float(rate):g}% annual interest compounded {label}. "
          f"What is the balance after {years} years, in dollars?")
-    return Calculation("compound_interest", q, value, 2)
+    code = f"print(round({principal} * (1 + {float(rate):g} / 100 / {periods}) ** ({periods} * {years}), 2))"
+    return Calculation("compound_interest", q, value, 2, code)
 
 
 # Exact factors by definition (international yard and pound, US liquid gallon).
@@ -146,12 +153,15 @@ def unit_conversion(rng: random.Random, level: int) -> Calculation:
     if rng.random() < 0.2:
         f = Fraction(rng.randint(-400, 2000 * level), 10)
         q = f"Convert {float(f):g} degrees Fahrenheit to degrees Celsius."
-        return Calculation("unit_conversion", q, (f - 32) * Fraction(5, 9), 3)
+        return Calculation("unit_conversion", q, (f - 32) * Fraction(5, 9), 3,
+                           f"print(round(({float(f):g} - 32) * 5 / 9, 3))")
     src, dst, factor = rng.choice(_UNITS)
     amount = Fraction(_digits(rng, 1 + level), 10 if level > 1 else 1)
     if rng.random() < 0.5:
-        return Calculation("unit_conversion", f"Convert {float(amount):g} {src} to {dst}.", amount * factor, 3)
-    return Calculation("unit_conversion", f"Convert {float(amount):g} {dst} to {src}.", amount / factor, 3)
+        return Calculation("unit_conversion", f"Convert {float(amount):g} {src} to {dst}.", amount * factor, 3,
+                           f"print(round({float(amount):g} * {float(factor)!r}, 3))")
+    return Calculation("unit_conversion", f"Convert {float(amount):g} {dst} to {src}.", amount / factor, 3,
+                       f"print(round({float(amount):g} / {float(factor)!r}, 3))")
 
 
 def dates_and_durations(rng: random.Random, level: int) -> Calculation:
@@ -159,10 +169,13 @@ def dates_and_durations(rng: random.Random, level: int) -> Calculation:
     if rng.random() < 0.6:
         end = start + dt.timedelta(days=rng.randint(30, 400 * 4**level))
         q = f"How many days are there from {start:%B} {start.day}, {start.year} to {end:%B} {end.day}, {end.year}?"
-        return Calculation("dates", q, Fraction((end - start).days), 0)
+        code = (f"from datetime import date\n"
+                f"print((date({end.year}, {end.month}, {end.day}) - date({start.year}, {start.month}, {start.day})).days)")
+        return Calculation("dates", q, Fraction((end - start).days), 0, code)
     d, h, m, s = rng.randint(1, 40 * level), rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59)
     q = f"How many seconds are there in {d} days, {h} hours, {m} minutes and {s} seconds?"
-    return Calculation("durations", q, Fraction(((d * 24 + h) * 60 + m) * 60 + s), 0)
+    return Calculation("durations", q, Fraction(((d * 24 + h) * 60 + m) * 60 + s), 0,
+                       f"print((({d} * 24 + {h}) * 60 + {m}) * 60 + {s})")
 
 
 def _expression(rng: random.Random, depth: int) -> tuple[str, Fraction]:
@@ -179,7 +192,8 @@ def _expression(rng: random.Random, depth: int) -> tuple[str, Fraction]:
 def mixed_expression(rng: random.Random, level: int) -> Calculation:
     text, value = _expression(rng, level + 1)
     decimals = 0 if value.denominator == 1 else 4
-    return Calculation("expression", f"Evaluate {text[1:-1]}.", value, decimals)
+    code = f"print(round({text[1:-1]}))" if decimals == 0 else f"print(round({text[1:-1]}, 4))"
+    return Calculation("expression", f"Evaluate {text[1:-1]}.", value, decimals, code)
 
 
 TEMPLATES: tuple[Callable[[random.Random, int], Calculation], ...] = (
@@ -198,7 +212,7 @@ def _to_problem(calc: Calculation, level: int, split: Split) -> Problem:
         type="calculator",
         source=SOURCE,
         split=split,
-        meta={"template": calc.template, "level": level, "decimals": calc.decimals},
+        meta={"template": calc.template, "level": level, "decimals": calc.decimals, "code": calc.code},
     )
 
 

@@ -56,7 +56,9 @@ class FuzzyIndex:
         self._lengths = array("I")  # entry id -> characters (the ratio bounds the length difference)
         self._ids: dict[str, int] = {}
         self._postings: dict[str, array] = defaultdict(lambda: array("I"))
-        self._compact: dict[str, list[int]] = defaultdict(list)
+        # arrays, not lists: they are invisible to the cyclic GC, which otherwise rescans millions of
+        # containers while a big index is built
+        self._compact: dict[str, array] = defaultdict(lambda: array("I"))
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -106,7 +108,7 @@ class FuzzyIndex:
         found = np.unique(found)
         # Word-aligned matches have the same number of words; spacing variants come from the compact map.
         found = found[np.frombuffer(self._word_counts, dtype=np.uint16)[found] == len(terms.words)]
-        spaced = np.asarray(self._compact.get(terms.compact, ()), dtype=np.uint32)
+        spaced = np.frombuffer(self._compact.get(terms.compact, array("I")), dtype=np.uint32)
         ids = np.union1d(found, spaced).astype(np.int64)
         # ratio >= t needs |len(a) - len(b)| <= (1 - t) * (len(a) + len(b)), the Indel distance's lower bound.
         lengths = np.frombuffer(self._lengths, dtype=np.uint32)[ids].astype(np.int64)

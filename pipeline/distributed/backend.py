@@ -51,6 +51,10 @@ class DeepSpeedBackend:
 
     engine: torch.nn.Module  # deepspeed.DeepSpeedEngine
 
+    def __post_init__(self) -> None:
+        if self.zero_stage == 0 and not hasattr(self.engine, "_tapo_grad_norm"):
+            record_stage0_grad_norm(self.engine)
+
     @property
     def model(self) -> torch.nn.Module:
         return self.engine
@@ -82,7 +86,7 @@ class DeepSpeedBackend:
 
     def step(self) -> float:
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
+        norm = self.engine._tapo_grad_norm if self.zero_stage == 0 else self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
@@ -97,6 +101,23 @@ class DeepSpeedBackend:
 
     def barrier(self) -> None:
         dist.barrier()
+
+
+def record_stage0_grad_norm(engine) -> None:
+    """Without ZeRO, DeepSpeed clips the all-reduced fp32 gradients but drops their norm; keep it.
+
+    (ZeRO-2/3 report it through `get_global_grad_norm`.) Only the fp32 path clips here; bf16
+    and fp16 go through DeepSpeed's own optimisers, which record the norm themselves.
+    """
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    engine._tapo_grad_norm = None
+
+    def clip_and_record() -> None:
+        engine._tapo_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
+                                                 max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip_and_record
 
 
 def make_deepspeed_backend(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: DistributedConfig,

@@ -19,12 +19,12 @@ def two_ranks(two_rank_run: Path) -> tuple[dict, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["uneven", "idle_rank", "zero3_offload"])
+@pytest.mark.parametrize("case", ["uneven", "idle_rank", "zero3_offload", "zero0"])
 def test_loss_and_gradients_match_one_process(two_ranks, case: str) -> None:
     r = two_ranks[0][case]
     assert r["grad_max"] > 1e-4  # a real gradient, not an all-zero one
     assert r["loss_diff"] <= TOLERANCE and r["grad_diff"] <= TOLERANCE, r
-    assert r["entropy_diff"] <= TOLERANCE
+    assert r["entropy_diff"] <= TOLERANCE and r["grad_norm_diff"] <= TOLERANCE
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """One rank of the 2-process test (started by `pipeline.distributed.launch`).
 
 1. Parity: ZeRO-2 steps on uneven shards (3 groups on 2 ranks: unequal micro-batch counts),
-   with an idle rank (1 group on 2 ranks), and ZeRO-3 with parameter and optimiser offload,
+   with an idle rank (1 group on 2 ranks), ZeRO-0, and ZeRO-3 with parameter and optimiser offload,
    against the one-process step on the whole batch.
 2. Resume: ZeRO-3 with AdamW and warm-up: step, checkpoint, step; a fresh engine (other
    initial weights) loads the checkpoint and repeats the second step.
@@ -63,6 +63,7 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
+ZERO0 = DistributedConfig(enabled=True, zero_stage=0, dist_backend="gloo")
 ZERO2 = DistributedConfig(enabled=True, zero_stage=2, dist_backend="gloo")
 ZERO3_OFFLOAD = DistributedConfig(enabled=True, zero_stage=3, offload_params=True, offload_optimizer=True,
                                   dist_backend="gloo")
@@ -83,7 +84,8 @@ def parity(groups: int, seed: int, cfg: DistributedConfig = ZERO2) -> dict:
     grad = before - gathered(backend)
     return {"loss_diff": abs(metrics["train/loss"] - ref_metrics["train/loss"]),
             "grad_diff": float((grad - ref_grad).abs().max()), "grad_max": float(ref_grad.abs().max()),
-            "entropy_diff": abs(metrics["train/entropy"] - ref_metrics["train/entropy"])}
+            "entropy_diff": abs(metrics["train/entropy"] - ref_metrics["train/entropy"]),
+            "grad_norm_diff": abs(metrics["train/grad_norm"] - ref_metrics["train/grad_norm"])}
 
 
 def zero3_engine(seed: int):
@@ -133,7 +135,7 @@ def resume_and_export(out: Path) -> dict:
 def main(out: Path, params: Path | None) -> None:
     torch.set_num_threads(1)
     result = {"uneven": parity(groups=3, seed=0), "idle_rank": parity(groups=1, seed=1),
-              "zero3_offload": parity(groups=3, seed=2, cfg=ZERO3_OFFLOAD)}
+              "zero3_offload": parity(groups=3, seed=2, cfg=ZERO3_OFFLOAD), "zero0": parity(3, 3, ZERO0)}
     result |= resume_and_export(out)
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "result.pt")

@@ -160,6 +160,13 @@ class Worker:
             raise
 
     def _wipe_tmp(self) -> None:
+        if not self.settings.isolated:
+            os.chmod(self.workdir, 0o700)  # degraded: the snippet had our uid and may have changed it
+        # An empty /tmp is already clean: the snippet's uid cannot change the root-owned,
+        # sticky directory itself, and it has exited. Remounting costs more than the check.
+        with os.scandir(self.workdir) as entries:
+            if next(entries, None) is None:
+                return
         if self.settings.isolated:
             jail.wipe_tmp(self.settings.tmp_size_mib)
         else:

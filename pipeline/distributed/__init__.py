@@ -6,6 +6,7 @@
 - `checkpointing`: DeepSpeed checkpoints with exact resume; Hugging Face export (ZeRO-3 too).
 - `trainer`: the hooks `pipeline.train` calls when `distributed.enabled`.
 - `launch`: start N local ranks (`python -m pipeline.distributed.launch --nproc N -- CMD`).
+- `export`: command line merging ZeRO shards on disk into a Hugging Face directory.
 
 Importing this package does not import DeepSpeed; the modules that need it do.
 """

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# The first start on a clean checkout compiles DeepSpeed's CPU communication op (1.5-5 min).
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.mark.slow
 def test_gpu_check_runs_tiny_on_cpu(repo_root: Path) -> None:
@@ -18,7 +21,7 @@ def test_gpu_check_runs_tiny_on_cpu(repo_root: Path) -> None:
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
         env.pop(key, None)
     res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny"], cwd=repo_root, env=env,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=850)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("generation_tokens_per_s", "training_tokens_per_s", "model_tflops_per_s", "peak_memory_gib"):

@@ -8,6 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+# The first start on a clean checkout compiles DeepSpeed's CPU communication op (1.5-5 min).
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def trained(two_rank_run: Path) -> tuple[dict, Path]:

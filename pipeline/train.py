@@ -182,6 +182,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 save_checkpoint(Path(cfg.train.checkpoint_dir), tr.state, tr.model, tr.optimizer, tr.scheduler)
         save_final_model(tr, Path(cfg.train.output_dir))
+    tr.engine.close()
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     return last

@@ -47,6 +47,13 @@ def cut_middle(text: str, limit: int) -> str:
     return f"{text[:half]}\n...\n{text[-half:]}"
 
 
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
+                  tools: tuple[ToolName, ...]) -> list[int]:
+    """The chat-templated prompt (system rules for the offered tools, then the question)."""
+    prompt = tokenizer.apply_chat_template(protocol.messages(problem, tools), add_generation_prompt=True, tokenize=True)
+    return list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+
+
 class RolloutEngine:
     """Samples groups of trajectories with tools. Build once; call `rollout` per batch."""
 
@@ -55,11 +62,25 @@ class RolloutEngine:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
         self.protocol: Protocol = make_protocol(cfg.protocol)
         self.seed = seed
+        # One event loop for the engine's life: tool clients keep connection pools bound to it.
+        self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
         """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
-        return asyncio.run(self.arollout(problems, n, temperature=temperature))
+        return self._runner.run(self.arollout(problems, n, temperature=temperature))
+
+    def close(self) -> None:
+        """Close the tool clients and the engine's event loop."""
+        for tool in self.tools.values():
+            self._runner.run(tool.aclose())
+        self._runner.close()
+
+    def __enter__(self) -> RolloutEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
         params = SamplingParams(
@@ -83,10 +104,7 @@ class RolloutEngine:
 
     def _new_sequence(self, problem: Problem) -> Sequence:
         tools = tools_for(problem, tuple(self.tools))
-        messages = self.protocol.messages(problem, tools)
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt_ids = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
-        return Sequence(problem=problem, tools=tools, prompt_ids=prompt_ids)
+        return Sequence(problem=problem, tools=tools, prompt_ids=encode_prompt(self.tokenizer, self.protocol, problem, tools))
 
     def encode_output(self, text: str) -> list[int]:
         return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]

@@ -19,7 +19,8 @@ Isolated (enforced by the kernel, not by Python):
     and a 32 MiB noexec /tmp (the working directory) that is replaced by a fresh tmpfs
     after every request. There is no /proc, /sys, /home, /root content, project source
     (so no server code or config), and no host /tmp. Mounts are private to the worker.
-  * Identity: the snippet runs as uid/gid 61000+slot (no passwd entry, no groups) with
+  * Identity: the snippet runs as uid/gid base+slot, base = 2,000,000 + 256 x port by
+    default, so no two sandboxes on a host share one (no passwd entry, no groups), with
     no_new_privs, not dumpable, no capabilities; mount/unshare/setns/ptrace/bpf/keyctl/
     perf_event_open/io_uring/module and clock calls are denied by the filter as well.
   * Secrets and other requests: workers start with a scrubbed environment (nothing from

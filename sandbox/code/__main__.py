@@ -17,6 +17,7 @@ import uvicorn
 from sandbox.code.app import ServerSettings, create_app
 from sandbox.code.pool import PoolSettings
 
+UID_RANGE_START = 2_000_000  # above any system or login uid; no passwd entries needed
 NOT_ROOT_MESSAGE = (
     "sandbox.code: this server must run as root (effective uid 0) to isolate snippets: it creates a "
     "network namespace (no network), a mount namespace with a read-only root and a private /tmp, and "
@@ -36,9 +37,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-memory-mb", type=int, default=2048, help="Cap on a request's memory_mb.")
     parser.add_argument("--output-limit-kib", type=int, default=64, help="Cap on stdout and on stderr.")
     parser.add_argument("--tmp-size-mib", type=int, default=32, help="Size of each snippet's private /tmp.")
-    parser.add_argument("--uid-base", type=int, default=61000, help="Worker slot i runs snippets as uid base+i.")
+    parser.add_argument("--uid-base", type=int, default=None,
+                        help="Worker slot i runs snippets as uid base+i (default: derived from the port, so "
+                             "two sandboxes on one host never share a uid).")
     parser.add_argument("--allow-degraded", action="store_true", help="Start without root (much weaker isolation).")
     args = parser.parse_args(argv)
+    if args.uid_base is None:
+        # Distinct per port: a snippet's kill(-1) and RLIMIT_NPROC reach only its own uid, which
+        # must not be shared with another sandbox's snippets.
+        args.uid_base = UID_RANGE_START + args.port * 256
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be between 1 and 65535, got {args.port}")
     if not 1 <= args.workers <= 256:
         parser.error(f"--workers must be between 1 and 256, got {args.workers}")
     if args.queue_size < 1 or args.output_limit_kib < 1 or args.tmp_size_mib < 1:

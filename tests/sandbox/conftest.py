@@ -18,7 +18,9 @@ import pytest
 from pipeline.services import ServiceProcess, free_port, python_service
 
 WORKERS = 2
-UID_BASE = 61000
+# Our own uid range, so other sandboxes on this host (other test runs, services) never look
+# like processes our snippets left behind.
+UID_BASE = 3_000_000 + 256 * (os.getpid() % 50_000)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.services import ServiceProcess, free_port, python_service
 from sandbox.code import __main__ as cli
-from tests.sandbox.conftest import WORKERS, Sandbox
+from tests.sandbox.conftest import UID_BASE, WORKERS, Sandbox
 
 
 def test_ok_run_reports_stdout_and_duration(sandbox: Sandbox) -> None:
@@ -140,7 +140,7 @@ def test_without_root_the_server_refuses_with_a_reason(monkeypatch, capsys) -> N
 def tiny_sandbox(tmp_path_factory: pytest.TempPathFactory):
     """One worker, one queue slot, 1 s timeout cap: overload and replacement become observable.
     Shared by the two tests below, in file order (the replacement test kills the worker last)."""
-    args = ["--workers", "1", "--queue-size", "1", "--max-timeout-s", "1", "--uid-base", "61100"]
+    args = ["--workers", "1", "--queue-size", "1", "--max-timeout-s", "1", "--uid-base", str(UID_BASE + 128)]
     logs: Path = tmp_path_factory.mktemp("tiny-sandbox")
     with python_service("tiny-sandbox", "sandbox.code", args, free_port(), logs) as service:
         yield service
@@ -179,7 +179,7 @@ async def test_degraded_mode_keeps_seccomp_rlimits_and_a_wiped_scratch_dir() -> 
     from sandbox.code.pool import PoolSettings, WorkerPool
     from sandbox.code.protocol import Job
 
-    pool = WorkerPool(PoolSettings(workers=1, queue_size=4, isolated=False, uid_base=61200, tmp_size_mib=8,
+    pool = WorkerPool(PoolSettings(workers=1, queue_size=4, isolated=False, uid_base=UID_BASE + 192, tmp_size_mib=8,
                                    output_limit_bytes=4096))
     await pool.start()
     try:

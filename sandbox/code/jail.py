@@ -7,11 +7,13 @@ Two halves:
   `pivot_root` into a fresh tmpfs that shows only what an interpreter needs, read-only:
   /usr, /lib*, the Python prefix and the virtualenv's site-packages, a minimal /dev, an
   empty /etc, and a size-limited writable /tmp. No /proc, /sys, /home, /root contents,
-  project sources or host /tmp exist in that view. CPython 3.11 has no `os.unshare`, and
-  the new mount API (`mount_setattr`) has no wrapper at all, hence ctypes.
+  project sources or host /tmp exist in that view. CPython 3.11 has no `os.unshare`,
+  `mount` or `pivot_root`, hence ctypes.
 * `lock_down_child` runs in every forked request process: rlimits, a per-slot
-  unprivileged uid, no_new_privs, no core dumps, death with the worker, and a seccomp
-  filter (built once per worker by `sandbox.code.seccomp`) loaded with one prctl call.
+  unprivileged uid, death with the worker, and a seccomp filter (built once per worker by
+  `sandbox.code.seccomp`) loaded with one prctl call. What fork passes on unchanged
+  (no_new_privs, not dumpable, an armed CPU limit, SIGXFSZ ignored) is set once in the
+  worker by `prepare_worker_process`, because per-request work is the service's cost.
 """
 
 from __future__ import annotations

@@ -46,11 +46,12 @@ Not isolated:
   * The import allow-list (`policy`) is a courtesy that gives clear errors, not a
     boundary: numpy and sympy hand out os/ctypes/subprocess, and those fail at the OS.
 
-Privileges: the server must run as root (namespaces, mounts, setuid), and nothing else
-on the host should listen on 127.0.0.1 expecting the sandbox's uids to be trusted. If
-it is not root it refuses to start unless `--allow-degraded` is given, in which case
-only seccomp, rlimits, the scrubbed environment and a per-worker scratch directory
-remain (no read-only view, no network namespace, same uid as the server).
+Privileges: the server must run as root and be allowed to create namespaces and mounts
+(it probes this at start). Otherwise it refuses to start, saying why and what is lost,
+unless `--allow-degraded` is given: then only seccomp (which still blocks sockets and new
+processes), rlimits, the scrubbed environment and a per-worker scratch directory remain,
+with no read-only view and no network namespace; snippets keep the server's uid unless it
+is root, in which case they still drop to the slot uid.
 
 Departures from the anchors: TAPO's server blocks modules inside Docker; SandboxFusion
 runs a fresh interpreter per request with no isolation by default. Here the import list

@@ -1,7 +1,7 @@
 """`python -m sandbox.code --host 127.0.0.1 --port PORT [--workers N]`: run the code sandbox.
 
-Must run as root (see the threat model in `sandbox.code`). Without root it refuses to
-start and says what would be lost; `--allow-degraded` runs anyway with seccomp and
+Must run as root, allowed to create namespaces (see the threat model in `sandbox.code`).
+Otherwise it refuses to start and says what would be lost; `--allow-degraded` runs anyway with seccomp and
 rlimits only, and `/health` then reports `"isolation": "degraded"`.
 """
 
@@ -15,11 +15,13 @@ import sys
 import uvicorn
 
 from sandbox.code.app import ServerSettings, create_app
+from sandbox.code.jail import isolation_unavailable_reason
 from sandbox.code.pool import PoolSettings
 
 UID_RANGE_START = 2_000_000  # above any system or login uid; no passwd entries needed
-NOT_ROOT_MESSAGE = (
-    "sandbox.code: this server must run as root (effective uid 0) to isolate snippets: it creates a "
+NOT_ISOLATED_MESSAGE = (
+    "sandbox.code: this server must run as root (effective uid 0, allowed to create namespaces and "
+    "mounts) to isolate snippets: it creates a "
     "network namespace (no network), a mount namespace with a read-only root and a private /tmp, and "
     "switches each snippet to an unprivileged uid. Without root all of that is lost and snippets could "
     "read every file this user can read and write where it can write; only seccomp (no processes, no "
@@ -58,12 +60,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    isolated = os.geteuid() == 0
+    reason = isolation_unavailable_reason()
+    isolated = reason is None
     if not isolated and not args.allow_degraded:
-        print(NOT_ROOT_MESSAGE, file=sys.stderr)
+        print(f"{NOT_ISOLATED_MESSAGE} (here: {reason})", file=sys.stderr)
         return 2
     if not isolated:
-        logging.getLogger("sandbox.code").warning("DEGRADED ISOLATION: %s", NOT_ROOT_MESSAGE)
+        logging.getLogger("sandbox.code").warning("DEGRADED ISOLATION (%s): %s", reason, NOT_ISOLATED_MESSAGE)
     pool = PoolSettings(
         workers=args.workers, queue_size=args.queue_size, isolated=isolated, uid_base=args.uid_base,
         tmp_size_mib=args.tmp_size_mib, output_limit_bytes=args.output_limit_kib * 1024,

@@ -125,6 +125,27 @@ def _unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
 
 
+def isolation_unavailable_reason() -> str | None:
+    """None if this process could build a worker jail, else why not (probed in a throwaway child)."""
+    if os.geteuid() != 0:
+        return "not running as root"
+    if not os.path.isdir(_STAGING):
+        return f"{_STAGING} does not exist"
+    pid = os.fork()
+    if pid == 0:  # the probe must not change this process's namespaces
+        try:
+            _unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
+            _mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _mount("tmpfs", _STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m")
+        except JailError:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        return "root, but creating namespaces or mounts is not permitted (a container without CAP_SYS_ADMIN?)"
+    return None
+
+
 def _pivot_root(new_root: str) -> None:
     os.chdir(new_root)
     # pivot_root(".", ".") stacks the old root under the new one; unmounting it lazily leaves

@@ -118,6 +118,8 @@ class WorkerPool:
         scratch = "" if self.settings.isolated else tempfile.mkdtemp(prefix=f"sandbox-code-{slot}-")
         if scratch:
             os.chmod(scratch, 0o700)
+            if os.geteuid() == 0:  # snippets will run as the slot's uid (see Worker.snippet_uid)
+                os.chown(scratch, self.settings.uid_base + slot, self.settings.uid_base + slot)
         settings = {
             "slot": slot, "channel_fd": child_end.fileno(), "isolated": self.settings.isolated,
             "uid": self.settings.uid_base + slot, "tmp_size_mib": self.settings.tmp_size_mib,

@@ -96,6 +96,8 @@ class Worker:
         # Opened before the jail hides /proc: the baseline for the per-request memory budget.
         self._status_fd = os.open("/proc/self/status", os.O_RDONLY)
         self.workdir = jail.JAIL_TMP if settings.isolated else settings.degraded_tmp
+        # Degraded but still root (e.g. a container without CAP_SYS_ADMIN): still drop the uid.
+        self.snippet_uid = settings.uid if settings.isolated or os.geteuid() == 0 else None
 
     def _virtual_memory_bytes(self) -> int:
         for line in os.pread(self._status_fd, 8192, 0).decode().splitlines():
@@ -142,7 +144,7 @@ class Worker:
         numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
 
     def _owner_uid(self) -> int | None:
-        return self.settings.uid if self.settings.isolated else None
+        return self.snippet_uid
 
     def _fork_and_watch(self, job: protocol.Job, code) -> supervise.ChildRun:
         pipes = supervise.ChildPipes.open(job.stdin)
@@ -161,7 +163,7 @@ class Worker:
 
     def _wipe_tmp(self) -> None:
         if not self.settings.isolated:
-            os.chmod(self.workdir, 0o700)  # degraded: the snippet had our uid and may have changed it
+            os.chmod(self.workdir, 0o700)  # degraded: the snippet may own the directory and have changed it
         # An empty /tmp is already clean: the snippet's uid cannot change the root-owned,
         # sticky directory itself, and it has exited. Remounting costs more than the check.
         with os.scandir(self.workdir) as entries:

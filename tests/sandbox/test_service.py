@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.services import ServiceProcess, free_port, python_service
 from sandbox.code import __main__ as cli
+from sandbox.code import jail
 from tests.sandbox.conftest import UID_BASE, WORKERS, Sandbox
 
 
@@ -130,10 +131,15 @@ def test_run_code_other_language_is_sandbox_error(sandbox: Sandbox) -> None:
 
 
 def test_without_root_the_server_refuses_with_a_reason(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(jail.os, "geteuid", lambda: 1000)
     assert cli.main(["--port", str(free_port())]) == 2
     message = capsys.readouterr().err
     assert "must run as root" in message and "--allow-degraded" in message and "network namespace" in message
+    assert "here: not running as root" in message
+
+
+def test_this_machine_can_isolate() -> None:
+    assert jail.isolation_unavailable_reason() is None
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +192,13 @@ async def test_degraded_mode_keeps_seccomp_rlimits_and_a_wiped_scratch_dir() -> 
         assert pool.stats()["isolation"] == "degraded"
         wrote = await pool.run(Job("open('left', 'w').write('x')\nprint('ok')", 5.0, 256))
         socket = await pool.run(Job("import fractions\nfractions.sys.modules['socket'].socket()", 5.0, 256))
-        listed = await pool.run(Job("import fractions\nprint(fractions.sys.modules['os'].listdir('.'))", 5.0, 256))
+        listed = await pool.run(Job("import fractions\nos = fractions.sys.modules['os']\nprint(os.listdir('.'), os.getuid())", 5.0, 256))
         flood = await pool.run(Job("while True: print('x' * 100)", 5.0, 256))
     finally:
         await pool.close()
     assert (wrote.status, wrote.stdout) == ("ok", "ok\n")
     assert socket.status == "error" and "PermissionError" in socket.error
-    assert listed.stdout == "[]\n"
+    assert listed.stdout == f"[] {UID_BASE + 192}\n"  # root without namespaces still drops the uid
     assert flood.status == "output_limit" and len(flood.stdout) <= 4096
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.paths import REPO_ROOT, shared_data_dir
-from pipeline.services import ServiceProcess, free_port, redis_service
+from pipeline.services import ServiceProcess, free_port, python_service, redis_service
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +45,11 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                              port, home / "server.log", health_path="/api/health", env=env)
     with service.start(timeout_s=180):
         yield f"{service.url}/api"
+
+
+@pytest.fixture(scope="session")
+def code_sandbox_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real code sandbox service on a free loopback port."""
+    logs = tmp_path_factory.mktemp("sandbox")
+    with python_service("sandbox", "sandbox.code", ["--workers", "2"], free_port(), logs).start(timeout_s=120) as svc:
+        yield svc.url

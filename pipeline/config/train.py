@@ -33,7 +33,7 @@ LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
 
 class TrainConfig(StageConfig):
     algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
-    init_model: str = Field("models/base", min_length=1, description="Model directory RL starts from (the base or SFT model).")
+    init_model: str = Field("models/sft", min_length=1, description="Model directory RL starts from (the base or SFT model).")
     train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
     steps: int = Field(4, ge=1, description="Optimiser steps (one rollout batch each).")
     prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")

@@ -84,6 +84,14 @@ class TagProtocol:
     def wrap_output(self, output: str) -> str:
         return f"\n<{self.output_tag}>\n{output}\n</{self.output_tag}>\n"
 
+    def render_call(self, tool: ToolName, call_input: str, thought: str) -> str:
+        """How a well-formed call is written (the scripted SFT teacher writes these)."""
+        tag = next(t for t, name in self.call_tags.items() if name == tool)
+        return f"<think>{thought}</think>\n<{tag}>\n{call_input}\n</{tag}>"
+
+    def render_answer(self, answer: str) -> str:
+        return f"<answer>{answer}</answer>"
+
     def messages(self, problem: Problem, tools: tuple[ToolName, ...]) -> list[dict[str, str]]:
         return [
             {"role": "system", "content": self.system_prompt(tools)},
@@ -156,6 +164,12 @@ class TorlProtocol:
 
     def wrap_output(self, output: str) -> str:
         return f"```output\n{output}\n```\n"
+
+    def render_call(self, tool: ToolName, call_input: str, thought: str) -> str:
+        return f"{thought}\n```python\n{call_input}\n```\n"
+
+    def render_answer(self, answer: str) -> str:
+        return f"The answer is \\boxed{{{answer}}}."
 
     def messages(self, problem: Problem, tools: tuple[ToolName, ...]) -> list[dict[str, str]]:
         return [{"role": "system", "content": _template("torl.txt")}, {"role": "user", "content": problem.question}]

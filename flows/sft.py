@@ -1,0 +1,31 @@
+"""Stage sft: cold-start supervised fine-tuning on verified, really executed tool-use traces."""
+
+from __future__ import annotations
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import load_or_exit, stage_args
+from flows.services import running_services
+from pipeline.config import RunConfig
+from pipeline.sft import run as sft
+
+
+@task(cache_policy=NO_CACHE)
+def sft_task(cfg: RunConfig, urls: dict) -> dict:
+    return sft(cfg, urls)
+
+
+@flow(name="sft", log_prints=True)
+def sft_flow(params: str = "params.yaml") -> dict:
+    cfg = load_or_exit(params)
+    with running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+        metrics = sft_task(cfg, urls)
+    print(f"sft: {metrics}")
+    return metrics
+
+
+if __name__ == "__main__":
+    args = stage_args("Fine-tune the base model on tool-use traces.")
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
+    sft_flow(args.params)

@@ -35,6 +35,17 @@ def _deletions(word: str) -> set[str]:
     return {word[:i] + word[i + 1 :] for i in range(len(word))} | {word}
 
 
+def _intersect_sorted(small: np.ndarray, big: np.ndarray) -> np.ndarray:
+    """Ids in both sorted postings, in O(|small| log |big|): a common word's posting can hold a
+    quarter of all entries, and a merge-style intersection would walk all of it."""
+    if len(small) > len(big):
+        small, big = big, small
+    if len(small) == 0:
+        return small
+    at = np.searchsorted(big, small).clip(max=len(big) - 1)
+    return small[big[at] == small]
+
+
 def _single_word_deletions(terms: QueryTerms) -> set[str]:
     """SymSpell keys of a one-word query, for the word as written and plural-stripped (the guard accepts
     a typo in either form)."""
@@ -97,7 +108,7 @@ class FuzzyIndex:
         words = sorted(set(terms.words), key=lambda w: len(self._postings.get(w, ())))
         if len(words) >= 3:
             p1, p2, p3 = (self._posting(w) for w in words[:3])
-            pairs = [np.intersect1d(x, y, assume_unique=True) for x, y in ((p1, p2), (p1, p3), (p2, p3))]
+            pairs = [_intersect_sorted(x, y) for x, y in ((p1, p2), (p1, p3), (p2, p3))]
             found = np.concatenate(pairs)
         elif len(words) == 2:
             found = np.concatenate([self._posting(words[0]), self._posting(words[1])])

@@ -6,9 +6,12 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 from rapidfuzz import fuzz
 
-from pipeline.search.fuzzy import FuzzyIndex
+from pipeline.search.fuzzy import FuzzyIndex, _intersect_sorted
 from pipeline.search.normalize import may_merge, normalize_query, query_terms
 
 
@@ -80,3 +83,9 @@ def test_single_word_typo_and_spacing() -> None:
     assert index.lookup("einstien") is None  # one edit, but below the 0.9 ratio on a short string
     assert index.lookup("newyork city population") == "new york city population"
     assert index.lookup("photosynthesis") is None  # never returns the query itself
+
+
+@given(st.sets(st.integers(0, 500)), st.sets(st.integers(0, 500)))
+def test_sorted_intersection(a: set[int], b: set[int]) -> None:
+    x, y = (np.array(sorted(s), dtype=np.uint32) for s in (a, b))
+    assert _intersect_sorted(x, y).tolist() == sorted(a & b)

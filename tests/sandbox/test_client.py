@@ -10,7 +10,7 @@ from pipeline.config.sandbox import SandboxConfig
 from pipeline.services import free_port
 from pipeline.tools.base import Tool
 from pipeline.tools.code import CodeSandboxClient, model_output
-from tests.sandbox.conftest import Sandbox
+from tests.sandbox.support import Sandbox
 
 
 def test_model_output_appends_the_error_line_after_stdout() -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.sandbox.conftest import WORKERS, Sandbox, sandbox_processes
+from tests.sandbox.support import WORKERS, Sandbox, sandbox_processes
 
 SITE = site.getsitepackages()[0]
 BENIGN = ("import math\nprint(sum(range(10)), math.comb(5, 2))", "45 10\n")

@@ -15,7 +15,7 @@ import pytest
 from pipeline.services import ServiceProcess, free_port, python_service
 from sandbox.code import __main__ as cli
 from sandbox.code import jail
-from tests.sandbox.conftest import UID_BASE, WORKERS, Sandbox
+from tests.sandbox.support import UID_BASE, WORKERS, Sandbox
 
 
 def test_ok_run_reports_stdout_and_duration(sandbox: Sandbox) -> None:

@@ -31,7 +31,7 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
     with ExitStack() as stack:
         if "code" in tools:
             urls["code"] = cfg.sandbox.url or stack.enter_context(python_service(
-                "sandbox", "sandbox.code", ["--workers", str(cfg.sandbox.workers)],
+                "sandbox", "sandbox.code", cfg.sandbox.server_args(),
                 cfg.sandbox.port or free_port(), log_dir)).url
         if "search" in tools:
             redis_url = cfg.search.redis_url or stack.enter_context(redis_service(log_dir / "redis")).url

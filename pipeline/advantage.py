@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.config.train import DAPOLoss, GRPOLoss
 from pipeline.types import ScoredGroup
 
 STD_EPS = 1e-6
@@ -25,3 +26,9 @@ def is_informative(group: ScoredGroup) -> bool:
     """A group whose rewards all agree gives zero advantage everywhere (DAPO drops it)."""
     totals = group.totals
     return max(totals) - min(totals) > 1e-9
+
+
+def advantages_of(groups: list[ScoredGroup], algo: DAPOLoss | GRPOLoss) -> list[np.ndarray]:
+    """Per-group advantages [G] for each kept group (DAPO always normalises by the std)."""
+    std_normalize = algo.std_normalize if isinstance(algo, GRPOLoss) else True
+    return [group_advantages(np.array(g.totals, dtype=np.float64), std_normalize=std_normalize) for g in groups]

@@ -17,21 +17,21 @@ Departures from the papers, and why:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.advantage import group_advantages, is_informative
+from pipeline.advantage import advantages_of, is_informative
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
-from pipeline.config.train import GRPOLoss
+from pipeline.distributed import trainer as data_parallel
 from pipeline.history import MetricHistory
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
@@ -39,6 +39,7 @@ from pipeline.model import load_policy
 from pipeline.problem_stream import ProblemStream
 from pipeline.reward import score_trajectory
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.session import Placement, Trainer
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
 from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
@@ -46,20 +47,6 @@ from pipeline.update import UpdateSettings, micro_batches, policy_gradient_step,
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
                  "train/entropy", "train/kept_group_fraction"]
-
-
-@dataclass
-class Trainer:
-    """Everything the loop touches, built once by `set_up`."""
-
-    cfg: RunConfig
-    model: torch.nn.Module
-    tokenizer: object
-    engine: RolloutEngine
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    stream: ProblemStream
-    state: TrainerState
 
 
 def seed_everything(seed: int) -> None:
@@ -83,15 +70,15 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         problems = problems[: tc.max_train_problems]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
-        from pipeline.distributed.trainer import set_up_data_parallel
-        return set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems, make_tools(cfg, tool_urls), resume)
+        return data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
+                                                  make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
     engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
     engine.calls = state.rollout_calls
     stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
-    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state)
+    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS)
 
 
 def score_group(group: Group, cfg: RunConfig) -> ScoredGroup:
@@ -135,11 +122,6 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
     return out | {f"reward/accuracy/{s}": float(np.mean(v)) for s, v in by_source.items()}
 
 
-def advantages_of(groups: list[ScoredGroup], algo) -> list[np.ndarray]:
-    std_normalize = algo.std_normalize if isinstance(algo, GRPOLoss) else True
-    return [group_advantages(np.array(g.totals, dtype=np.float64), std_normalize=std_normalize) for g in groups]
-
-
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
     tr.model.eval()
     with torch.no_grad():
@@ -149,9 +131,6 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
 
 
 def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
-    if tr.cfg.distributed.enabled:  # whole groups per rank, global token denominator
-        from pipeline.distributed.trainer import data_parallel_train_step
-        return data_parallel_train_step(tr, kept)
     if not kept:
         return {"train/skipped": 1.0}
     batch = make_train_batch(kept, advantages_of(kept, tr.cfg.train.algorithm), tr.tokenizer.pad_token_id)
@@ -170,28 +149,39 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
         metrics_dir: Path = Path("metrics")) -> dict[str, float]:
     """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics."""
     tr = set_up(cfg, tool_urls, resume)
-    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0)
+    place = tr.placement  # single process, or one rank of a data-parallel job (only rank 0 records)
+    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0,
+                            enabled=place.is_main())
     last: dict[str, float] = {}
-    with tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id) as active:
+    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id) \
+        if place.is_main() else contextlib.nullcontext(None)
+    with run_ctx as active:
         for step in range(tr.state.step, cfg.train.steps):
             kept, rollout_metrics = collect_batch(tr)            # sample with tools, reward, dynamic sampling
-            update_metrics = train_step(tr, kept)                # advantages, loss, optimiser step
+            update_metrics = place.train_step(tr, kept)          # advantages, loss, optimiser step
             last = rollout_metrics | update_metrics
             history.log(step, last)
-            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id)
+            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-                save_checkpoint(Path(cfg.train.checkpoint_dir), tr.state, tr.model, tr.optimizer, tr.scheduler)
-        save_final_model(tr, Path(cfg.train.output_dir))
+                place.save_checkpoint(tr)
+        place.save_final_model(tr, Path(cfg.train.output_dir))
     tr.engine.close()
-    history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
-    write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+    if place.is_main():
+        history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
+        write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     return last
 
 
 def save_final_model(tr: Trainer, path: Path) -> None:
     """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM."""
-    if tr.cfg.distributed.enabled:  # gathered from ZeRO shards; rank 0 writes
-        from pipeline.distributed.trainer import save_final_model as save_data_parallel
-        return save_data_parallel(tr, path)
     tr.model.save_pretrained(path, safe_serialization=True)
     tr.tokenizer.save_pretrained(path)
+
+
+def save_single_process_checkpoint(tr: Trainer) -> None:
+    save_checkpoint(Path(tr.cfg.train.checkpoint_dir), tr.state, tr.model, tr.optimizer, tr.scheduler)
+
+
+SINGLE_PROCESS = Placement(train_step, save_single_process_checkpoint, save_final_model, lambda: True)
+DATA_PARALLEL = Placement(data_parallel.data_parallel_train_step, data_parallel.save_checkpoint,
+                          data_parallel.save_final_model, data_parallel.is_main_process)

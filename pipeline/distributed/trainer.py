@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.advantage import advantages_of
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
@@ -28,15 +29,15 @@ from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backen
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
 from pipeline.loss import make_policy_loss
 from pipeline.problem_stream import ProblemStream
+from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
 from pipeline.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy
 
 
 def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
-                         scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool):
+                         scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool,
+                         placement: Placement) -> Trainer:
     """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine."""
-    from pipeline.train import Trainer  # the trainer module imports this one lazily
-
     rollout_model = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 else model
     backend = make_deepspeed_backend(model, optimizer, cfg.distributed, cfg.train.micro_batch_size,
                                      cfg.train.grad_clip, cfg.model.dtype)
@@ -49,7 +50,7 @@ def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, opti
     engine = ShardedRolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
     engine.calls = state.rollout_calls
     stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
-    return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state)
+    return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement)
 
 
 def local_groups(kept: list[ScoredGroup], rank: int, world: int) -> tuple[list[ScoredGroup], float]:
@@ -70,10 +71,8 @@ def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: 
     return dataclasses.replace(batch, old_logprobs_BT=torch.cat(out[: len(parts)]) * batch.loss_mask_BT)
 
 
-def data_parallel_train_step(tr, kept: list[ScoredGroup]) -> dict[str, float]:
+def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     """`pipeline.train.train_step` across ranks: whole groups per rank, global token denominator."""
-    from pipeline.train import advantages_of
-
     if not kept:  # identical on every rank: the rollouts were all-gathered
         return {"train/skipped": 1.0}
     backend = DeepSpeedBackend(tr.model)
@@ -93,13 +92,13 @@ def data_parallel_train_step(tr, kept: list[ScoredGroup]) -> dict[str, float]:
     return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
 
 
-def save_checkpoint(tr) -> Path:
+def save_checkpoint(tr: Trainer) -> Path:
     """Collective: a DeepSpeed checkpoint of the trainer (what `pipeline.train.run` saves every N steps)."""
     return checkpointing.save(DeepSpeedBackend(tr.model), Path(tr.cfg.train.checkpoint_dir), tr.state,
                               tr.scheduler, tr.tokenizer)
 
 
-def save_final_model(tr, path: Path) -> None:
+def save_final_model(tr: Trainer, path: Path) -> None:
     """Collective: rank 0 writes the Hugging Face directory, gathered from ZeRO shards when needed."""
     checkpointing.export_hf(DeepSpeedBackend(tr.model), tr.tokenizer, path)
 

@@ -1,4 +1,4 @@
-"""One rank of the end-to-end test: `pipeline.train`'s own set_up / collect_batch / train_step
+"""One rank of the end-to-end test: `pipeline.train`'s own set_up / collect_batch / placement step
 with `distributed.enabled`, a DeepSpeed checkpoint, the final export, then a resumed run.
 
 The steps are the ones `pipeline.train.run` makes (its MLflow and metric files are left out).
@@ -18,7 +18,7 @@ from pipeline.config import load_config
 from pipeline.distributed import trainer as data_parallel
 from pipeline.distributed.checkpointing import for_each_full_parameter
 from pipeline.distributed.backend import DeepSpeedBackend
-from pipeline.train import collect_batch, save_final_model, set_up, train_step
+from pipeline.train import collect_batch, set_up
 
 
 def gathered(tr) -> torch.Tensor:
@@ -29,7 +29,7 @@ def gathered(tr) -> torch.Tensor:
 
 def one_step(tr, step: int) -> dict:
     kept, rollout_metrics = collect_batch(tr)
-    metrics = train_step(tr, kept)
+    metrics = tr.placement.train_step(tr, kept)
     tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, [(g.group.problem.id, g.group.trajectories[0].response_ids) for g in kept])
@@ -53,7 +53,7 @@ def main(params: Path, out: Path) -> None:
     before_second = gathered(tr)
     second = one_step(tr, 1)
     after = gathered(tr)
-    save_final_model(tr, Path(cfg.train.output_dir))
+    tr.placement.save_final_model(tr, Path(cfg.train.output_dir))
     resumed = set_up(cfg, {}, resume=True)
     resumed_state = resumed.state
     third = one_step(resumed, 1)

@@ -1,0 +1,31 @@
+"""Stage build-index: the BM25 index over the search corpus (data/search/index)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.common import load_or_exit, stage_args
+from pipeline.config.search import SearchConfig
+from pipeline.search.build_index import build_index
+
+
+@task(cache_policy=NO_CACHE)
+def build_index_task(cfg: SearchConfig) -> dict:
+    return {k: str(v) for k, v in dataclasses.asdict(build_index(cfg)).items()}
+
+
+@flow(name="build-index", log_prints=True)
+def build_index_flow(params: str = "params.yaml") -> dict:
+    cfg = load_or_exit(params)
+    report = build_index_task(cfg.search)
+    print(f"index: {report}")
+    return report
+
+
+if __name__ == "__main__":
+    args = stage_args("Build the search index.")
+    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
+    build_index_flow(args.params)

@@ -1,0 +1,43 @@
+"""What the training loop holds: the `Trainer` bundle and its `Placement`.
+
+The placement (single process, or one rank of a DeepSpeed data-parallel job) is chosen
+once at set-up; the loop calls its functions and never asks which one it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.checkpoint import TrainerState
+from pipeline.config import RunConfig
+from pipeline.problem_stream import ProblemStream
+from pipeline.rollout.engine import RolloutEngine
+from pipeline.types import ScoredGroup
+
+
+@dataclass(frozen=True)
+class Placement:
+    train_step: Callable[[Trainer, list[ScoredGroup]], dict[str, float]]  # advantages, loss, optimiser step
+    save_checkpoint: Callable[[Trainer], Any]  # collective under data parallelism
+    save_final_model: Callable[[Trainer, Path], None]
+    is_main: Callable[[], bool]  # only the main process logs and writes metrics
+
+
+@dataclass
+class Trainer:
+    """Everything the loop touches, built once by `pipeline.train.set_up`."""
+
+    cfg: RunConfig
+    model: torch.nn.Module  # the policy (a DeepSpeed engine under data parallelism)
+    tokenizer: Any
+    engine: RolloutEngine
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: ProblemStream
+    state: TrainerState
+    placement: Placement

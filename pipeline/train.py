@@ -169,6 +169,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     if place.is_main():
         history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
         write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+        from pipeline.registry import log_and_register  # imported here: only the main process registers
+        log_and_register(cfg.run, active.info.run_id, Path(cfg.train.output_dir))  # new version of tapo-policy
     return last
 
 

@@ -22,6 +22,7 @@ from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
 from pipeline.evaluation.model_source import ModelSourceError, resolve_model
+from pipeline.registry import update_champion
 from pipeline.tracking import tracked_run
 
 BAD_INPUT = (BenchmarkError, EvaluationError, ModelSourceError, FileNotFoundError)
@@ -49,6 +50,8 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
     with running_services(cfg, tools, params) as urls:
         metrics = evaluate_task(cfg, urls, model)
     print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
+    decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"])
+    print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
     return metrics
 
 

@@ -1,7 +1,7 @@
 """Scored groups -> right-padded `TrainBatch` tensors with per-token advantages.
 
-The sequence advantage is broadcast to every *sampled* response token; prompt, tool-output
-and padding tokens get loss mask 0, so they are excluded from both the numerator and the
+Each trajectory's per-token advantages land on its *sampled* response tokens; prompt,
+tool-output and padding tokens get loss mask 0, so they are excluded from both the numerator and the
 denominator of the loss (TAPO's code zeroes their advantage but still counts them).
 """
 
@@ -14,8 +14,8 @@ from pipeline.types import ScoredGroup, TrainBatch
 
 
 def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pad_id: int) -> TrainBatch:
+    """`advantages`: one [R] array per trajectory, groups flattened in order (see advantage.token_advantages)."""
     trajs = [t for g in groups for t in g.group.trajectories]
-    seq_adv = [float(a) for adv_G in advantages for a in adv_G]
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     B = len(trajs)
     input_ids = torch.full((B, width), pad_id, dtype=torch.long)
@@ -23,11 +23,11 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
     loss_mask = torch.zeros((B, width), dtype=torch.float32)
     old_lp = torch.zeros((B, width), dtype=torch.float32)
     adv = torch.zeros((B, width), dtype=torch.float32)
-    for i, (t, a) in enumerate(zip(trajs, seq_adv, strict=True)):
+    for i, (t, a_R) in enumerate(zip(trajs, advantages, strict=True)):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids)
         attention[i, : p + r] = 1
         loss_mask[i, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         old_lp[i, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
-        adv[i, p : p + r] = a * loss_mask[i, p : p + r]
+        adv[i, p : p + r] = torch.as_tensor(a_R, dtype=torch.float32) * loss_mask[i, p : p + r]
     return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()))

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.advantage import advantages_of, is_informative
+from pipeline.advantage import is_informative, token_advantages
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
@@ -38,6 +38,8 @@ from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy
 from pipeline.problem_stream import ProblemStream
 from pipeline.reward import score_trajectory
+from pipeline.reward.score import apply_tepo
+from pipeline.reward.tepo import delta_segment_entropies
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.session import Placement, Trainer
 from pipeline.tools.factory import make_tools
@@ -82,9 +84,12 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
 
 
 def score_group(group: Group, cfg: RunConfig) -> ScoredGroup:
+    """Rule-based rewards, plus TEPO's sparse term when configured (a no-op otherwise)."""
+    min_tokens = getattr(cfg.reward.tepo, "min_segment_tokens", 1)
     rewards = tuple(
-        score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
-                         max_policy_tokens=cfg.rollout.max_policy_tokens)
+        apply_tepo(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
+                                    max_policy_tokens=cfg.rollout.max_policy_tokens),
+                   delta_segment_entropies(t.entropies, t.output_spans, min_tokens), cfg.reward)
         for t in group.trajectories
     )
     return ScoredGroup(group, rewards)
@@ -133,7 +138,8 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
 def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     if not kept:
         return {"train/skipped": 1.0}
-    batch = make_train_batch(kept, advantages_of(kept, tr.cfg.train.algorithm), tr.tokenizer.pad_token_id)
+    advantages = token_advantages(kept, tr.cfg.train.algorithm, tr.cfg.reward.tepo)
+    batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id)
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)
     settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature)

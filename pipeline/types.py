@@ -129,6 +129,11 @@ class Trajectory:
     finish_reason: FinishReason
     text: str  # the decoded response, tool outputs included
     turns: int  # generation segments (1 + number of tool calls answered)
+    entropies: tuple[float, ...] = ()  # [R] entropy of the sampling distribution at each token; 0.0 where mask is 0
+
+    @property
+    def output_spans(self) -> list[tuple[int, int]]:
+        return [c.output_span for c in self.tool_calls]
 
     @property
     def policy_token_count(self) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.advantage import advantages_of
+from pipeline.advantage import token_advantages
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
@@ -78,7 +78,7 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, 
     backend = DeepSpeedBackend(tr.model)
     tc = tr.cfg.train
     groups, weight = local_groups(kept, backend.rank, backend.world)
-    batch = make_train_batch(groups, advantages_of(groups, tc.algorithm), tr.tokenizer.pad_token_id)
+    batch = make_train_batch(groups, token_advantages(groups, tc.algorithm, tr.cfg.reward.tepo), tr.tokenizer.pad_token_id)
     if tc.logprobs_source == "recompute":
         batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)

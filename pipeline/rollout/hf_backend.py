@@ -155,8 +155,9 @@ class HFDecoder:
         else:
             tokens_B = torch.multinomial(_top_p(logp_BV.exp(), self.params.top_p), 1, generator=self.generator)[:, 0]
         chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
-        for seq, tok, lp in zip(rows, tokens_B.tolist(), chosen_B.tolist(), strict=True):
-            seq.append_sampled(tok, lp)
+        entropy_B = -(logp_BV.exp() * logp_BV).sum(-1)  # of the distribution sampled from (TEPO reads it)
+        for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):
+            seq.append_sampled(tok, lp, h)
         return tokens_B.to(self.device)
 
     def _retire_stopped(self, batch: _Batch, candidates: list[int], scheduler: Scheduler) -> None:

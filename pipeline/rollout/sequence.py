@@ -17,6 +17,7 @@ class Sequence:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     segment_start: int = 0  # response index where the current sampled segment began
     turns: int = 0
@@ -34,10 +35,11 @@ class Sequence:
     def inserted_tokens(self) -> int:
         return sum(1 for m in self.loss_mask if m == 0)
 
-    def append_sampled(self, token_id: int, logprob: float) -> None:
+    def append_sampled(self, token_id: int, logprob: float, entropy: float = 0.0) -> None:
         self.response_ids.append(token_id)
         self.loss_mask.append(1)
         self.logprobs.append(logprob)
+        self.entropies.append(entropy)
 
     def append_inserted(self, token_ids: list[int]) -> tuple[int, int]:
         """Append tool-output tokens (mask 0); return their response span."""
@@ -45,6 +47,7 @@ class Sequence:
         self.response_ids.extend(token_ids)
         self.loss_mask.extend([0] * len(token_ids))
         self.logprobs.extend([0.0] * len(token_ids))
+        self.entropies.extend([0.0] * len(token_ids))
         self.segment_start = len(self.response_ids)
         return start, len(self.response_ids)
 
@@ -60,4 +63,5 @@ class Sequence:
             finish_reason=self.finish_reason,
             text=text,
             turns=self.turns,
+            entropies=tuple(self.entropies),
         )

@@ -71,6 +71,8 @@ def test_tool_call_round_trip_is_token_exact(tok) -> None:
     assert all(m == 1 for m in traj.loss_mask[:o0] + traj.loss_mask[o1:])
     assert all(lp == 0.0 for lp in traj.logprobs[o0:o1])
     assert all(lp <= 0.0 for lp in traj.logprobs)
+    assert len(traj.entropies) == len(traj.response_ids)
+    assert all(h == 0.0 for h in traj.entropies[o0:o1]) and all(h >= 0.0 for h in traj.entropies)
     assert traj.text.endswith("<answer>42</answer>")
     assert traj.turns == 2
 

@@ -7,7 +7,7 @@ import dataclasses
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args
+from flows.common import load_or_exit, run_stage
 from pipeline.config.search import SearchConfig
 from pipeline.search.build_index import build_index
 
@@ -26,6 +26,4 @@ def build_index_flow(params: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
-    args = stage_args("Build the search index.")
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    build_index_flow(args.params)
+    run_stage(build_index_flow, "Build the search index.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
@@ -33,3 +34,10 @@ def tools_needed(problem_file: str | Path) -> tuple[ToolName, ...]:
     """The tools the problems in a file may call (from their types)."""
     types = {p.type for p in read_problems(problem_file)}
     return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))
+
+
+def run_stage(flow_fn: Callable[..., object], description: str, *, resume: bool = False) -> None:
+    """`python -m flows.<stage>`: validate the params file before Prefect starts, then run the flow."""
+    args = stage_args(description, resume=resume)
+    load_or_exit(args.params)
+    flow_fn(args.params, **({"resume": args.resume} if resume else {}))

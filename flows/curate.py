@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args
+from flows.common import load_or_exit, run_stage
 from pipeline.config.curate import CurateConfig
 from pipeline.data.curate import run as curate
 
@@ -24,6 +24,4 @@ def curate_flow(params: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
-    args = stage_args("Curate the training and test problems.")
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    curate_flow(args.params)
+    run_stage(curate_flow, "Curate the training and test problems.")

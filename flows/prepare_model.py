@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args
+from flows.common import load_or_exit, run_stage
 from pipeline.model import prepare_base_model
 
 
@@ -23,6 +23,4 @@ def prepare_model_flow(params: str = "params.yaml") -> str:
 
 
 if __name__ == "__main__":
-    args = stage_args("Prepare the base model.")
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    prepare_model_flow(args.params)
+    run_stage(prepare_model_flow, "Prepare the base model.")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.common import load_or_exit, stage_args
+from flows.common import load_or_exit, run_stage
 from pipeline.config import RunConfig
 from pipeline.services import free_port, python_service, redis_service
 from pipeline.types import ToolName
@@ -56,6 +56,4 @@ def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code",
 
 
 if __name__ == "__main__":
-    args = stage_args("Start the tool services and keep them running.")
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    services_flow(args.params)
+    run_stage(services_flow, "Start the tool services and keep them running.")

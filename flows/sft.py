@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args
+from flows.common import load_or_exit, run_stage
 from flows.services import running_services
 from pipeline.config import RunConfig
 from pipeline.sft import run as sft
@@ -26,6 +26,4 @@ def sft_flow(params: str = "params.yaml") -> dict:
 
 
 if __name__ == "__main__":
-    args = stage_args("Fine-tune the base model on tool-use traces.")
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    sft_flow(args.params)
+    run_stage(sft_flow, "Fine-tune the base model on tool-use traces.")

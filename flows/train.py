@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, stage_args, tools_needed
+from flows.common import load_or_exit, run_stage, tools_needed
 from flows.services import running_services
 from pipeline.config import RunConfig
 from pipeline.train import run as train
@@ -26,6 +26,4 @@ def train_flow(params: str = "params.yaml", resume: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    args = stage_args("Train the policy with tools.", resume=True)
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    train_flow(args.params, args.resume)
+    run_stage(train_flow, "Train the policy with tools.", resume=True)

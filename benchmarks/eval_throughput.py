@@ -52,7 +52,7 @@ def config(args: argparse.Namespace, out_dir: Path, chunk: int):
     base = load_config(args.params)
     benches = (BenchmarkConfig(name="gsm8k"), BenchmarkConfig(name="nq"))
     evaluate = base.evaluate.model_copy(update={
-        "benchmarks": benches, "limit": args.limit, "samples": 1, "temperature": 0.0, "mode": "tools",
+        "model": args.model, "benchmarks": benches, "limit": args.limit, "samples": 1, "temperature": 0.0, "mode": "tools",
         "output_dir": str(out_dir), "resume": False, "plots": out_dir.name == "ours", "compare_dirs": (),
         "chunk_problems": chunk or base.evaluate.chunk_problems})
     return base.model_copy(update={"evaluate": evaluate})

@@ -12,6 +12,11 @@ from pipeline.config.base import StageConfig
 class RolloutConfig(StageConfig):
     protocol: Literal["tapo", "torl", "search-r1"] = Field("tapo", description="Tag protocol: how tool calls, tool outputs and answers are written.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: transformers (CPU/GPU) or vLLM (GPU).")
+    schedule: Literal["continuous", "turn-synchronous"] = Field(
+        "continuous",
+        description="continuous: a sequence resumes as soon as its tool answers; turn-synchronous: everyone waits "
+        "for the slowest tool of each turn (TAPO/ToRL behaviour, for comparison).",
+    )
     group_size: int = Field(4, ge=1, le=256, description="G: trajectories sampled per problem.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")

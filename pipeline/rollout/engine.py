@@ -54,6 +54,30 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, proble
     return list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
 
 
+class HFBackend:
+    """The `hf` backend: a fresh continuous-batching decoder per rollout over the shared model."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig) -> None:
+        self.model, self.tokenizer, self.max_batch = model, tokenizer, cfg.max_batch_sequences
+
+    def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
+        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.max_batch, seed=seed)
+
+    def close(self) -> None:  # the model belongs to the caller
+        pass
+
+
+def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int):
+    """The generation backend named by `rollout.backend`; vLLM is imported only when selected
+    (a missing install raises `VLLMUnavailable` naming the fix). The vllm backend loads the model
+    from its directory (`model.name_or_path`) and takes new weights through `update_weights`."""
+    if cfg.backend == "vllm":
+        from pipeline.rollout.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed)
+    return HFBackend(model, tokenizer, cfg)
+
+
 class RolloutEngine:
     """Samples groups of trajectories with tools. Build once; call `rollout` per batch."""
 
@@ -62,6 +86,7 @@ class RolloutEngine:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
         self.protocol: Protocol = make_protocol(cfg.protocol)
         self.seed = seed
+        self.backend = make_backend(model, tokenizer, cfg, seed)  # chosen once by rollout.backend
         # One event loop for the engine's life: tool clients keep connection pools bound to it.
         self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
@@ -90,10 +115,9 @@ class RolloutEngine:
             max_total_tokens=self.cfg.max_total_tokens,
         )
         self.calls += 1
-        decoder = HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
-                            seed=self.seed * 1_000_003 + self.calls)
+        decoder = self.backend.decoder(params, seed=self.seed * 1_000_003 + self.calls)
         seqs = [self._new_sequence(p) for p in problems for _ in range(n)]
-        run = _Run(self, seqs, asyncio.get_running_loop())
+        run = SCHEDULES[self.cfg.schedule](self, seqs, asyncio.get_running_loop())
         t0 = time.perf_counter()
         decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
         await run.drain()
@@ -201,3 +225,41 @@ class _Run:
         with self.cond:
             self.open -= 1
             self.cond.notify()
+
+
+class _TurnSynchronousRun(_Run):
+    """TAPO/ToRL's batch-synchronous tool rounds: a turn's sequences resume together only when
+    every sequence of the turn has finished or received its tool result (the slowest tool
+    sets the pace). Kept to reproduce the anchors and to measure what continuous scheduling gains."""
+
+    def __init__(self, engine: RolloutEngine, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(engine, seqs, loop)
+        self.in_turn = 0  # taken by the decoder this turn and not yet parked or finished
+        self.parked: list[Sequence] = []
+
+    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        taken = super().take_ready(max_n)
+        with self.cond:
+            self.in_turn += len(taken)
+        return taken
+
+    def _requeue(self, seq: Sequence) -> None:
+        with self.cond:
+            self.parked.append(seq)
+            self._leave_turn()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        with self.cond:
+            self.open -= 1
+            self._leave_turn()
+
+    def _leave_turn(self) -> None:  # holds self.cond
+        self.in_turn -= 1
+        if self.in_turn == 0 and not self.ready:
+            self.ready.extend(self.parked)
+            self.parked.clear()
+        self.cond.notify()
+
+
+SCHEDULES: dict[str, type[_Run]] = {"continuous": _Run, "turn-synchronous": _TurnSynchronousRun}

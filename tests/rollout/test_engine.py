@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
+from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine
 from pipeline.types import Problem, ToolResult
-from tests.helpers.tiny import ScriptedLM, tiny_tokenizer
+from tests.helpers.tiny import ScriptedLM, _Out, tiny_tokenizer
 
 
 class PythonEval:
@@ -149,3 +151,63 @@ def test_groups_keep_problem_order(tok) -> None:
     assert [g.problem.id for g in result.groups] == ["p0", "p1", "p2"]
     assert all(len(g.trajectories) == 2 and {t.problem_id for t in g.trajectories} == {g.problem.id}
                for g in result.groups)
+
+
+class LoggedTool(PythonEval):
+    """Problem p0's call is slow; every completion is logged in a shared event list."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+
+    async def __call__(self, code: str) -> ToolResult:
+        await asyncio.sleep(0.6 if "print(6 * 0)" in code else 0.0)
+        self.log.append("tool_done")
+        return await super().__call__(code)
+
+
+class LoggedLM(ScriptedLM):
+    def __init__(self, tok, segments, log: list[str]) -> None:
+        super().__init__(tok, segments)
+        self.log = log
+
+
+def test_turn_synchronous_waits_for_the_slowest_tool(tok) -> None:
+    """Problem p0's tool is slow. Turn-synchronous: nobody resumes before it answers;
+    continuous: p1 resumes as soon as its own (fast) tool answers."""
+    for schedule, done_before_first_resume in (("turn-synchronous", 2), ("continuous", 1)):
+        log: list[str] = []
+        model = _ByQuestion(tok, {
+            "What is 6 * 0?": LoggedLM(tok, ["<code>print(6 * 0)</code>", "<answer>0</answer>"], log),
+            "What is 6 * 1?": LoggedLM(tok, ["<code>print(6 * 1)</code>", "<answer>6</answer>"], log),
+        })
+        cfg = RolloutConfig(max_policy_tokens=200, max_total_tokens=2000, schedule=schedule)
+        result = RolloutEngine(model, tok, {"code": LoggedTool(log)}, cfg).rollout([problem(0), problem(1)], 1)
+        assert [t.text[-10:] for g in result.groups for t in g.trajectories] == ["0</answer>", "6</answer>"]
+        assert log[: log.index("resumed")].count("tool_done") == done_before_first_resume, (schedule, log)
+
+
+class _ByQuestion(torch.nn.Module):
+    """Routes each row to the scripted model of its question (the engine sees one model)."""
+
+    def __init__(self, tok, models: dict) -> None:
+        super().__init__()
+        self.tok, self.models = tok, models
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.generation_config = next(iter(models.values())).generation_config
+
+    def forward(self, input_ids, attention_mask, position_ids=None, cache=None, use_cache=True, logits_to_keep=0):
+        keys = input_ids.float()[:, None, :, None] if cache is None else torch.cat(
+            [cache.layers[0].keys, input_ids.float()[:, None, :, None]], dim=2)
+        rows = []
+        for b in range(input_ids.shape[0]):
+            context = keys[b, 0, :, 0][attention_mask[b].bool()].long()
+            text = self.tok.decode(context)
+            model = next(m for q, m in self.models.items() if q in text)
+            if input_ids.shape[1] > 1 and "<response>" in text[text.rfind("assistant"):]:
+                model.log.append("resumed")
+            rows.append(model._next_token(context.tolist()))
+        logits = torch.full((input_ids.shape[0], 1, len(self.tok)), -1e4)
+        for b, token in enumerate(rows):
+            logits[b, 0, token] = 0.0
+        return _Out(logits, DynamicCache(ddp_cache_data=[(keys, keys)]))

@@ -1,0 +1,232 @@
+"""The `vllm` rollout backend: vLLM's async engine, one coroutine per trajectory segment.
+
+Same interface as `hf_backend.HFDecoder` (`run(scheduler) -> DecoderStats`, driven by the
+rollout engine's scheduler), so `rollout.engine` picks one by `rollout.backend` and
+nothing else changes. vLLM does the batching (continuous batching, prefix caching: a
+sequence re-admitted after a tool call reuses the KV of its context instead of
+prefilling it again).
+
+Token-exact: each segment is submitted as token ids (`TokensPrompt` of the whole
+context), and the token ids vLLM sampled are appended exactly as returned, with the
+log-probability vLLM reports for each (`logprobs=0`: the sampled token only). When a
+stop string ends in the middle of a token, vLLM cuts its *text* after the stop string but
+keeps the sampled token ids whole; we keep the ids (the protocol parser reads the
+decoded ids and stops at the first stop string, as with the hf backend).
+
+Departures from the hf backend, and why:
+- entropy is recorded as 0.0 for vLLM tokens: vLLM returns log-probs of the top-k
+  tokens only, and asking for the full vocabulary on every token costs more than the
+  sampling itself. TEPO's entropy terms therefore see 0 with this backend.
+- log-probs are vLLM's "processed" ones (after temperature scaling), i.e. the
+  distribution sampled from, as the hf backend records; with top_p < 1 vLLM
+  renormalises over the nucleus, the hf backend does not.
+- each request carries its own seed (rollout seed, sequence, position), so a rollout is
+  reproducible regardless of how tool latencies interleave the requests.
+
+Weights: `update_weights(named_tensors)` loads new tensors into the running model through
+a worker extension (`collective_rpc` -> `model.load_weights`) and resets the prefix cache
+(cached KV from the old weights must not be reused). Tensors travel through vLLM's RPC
+channel: fine for one CPU/GPU box and small models; large GPU models would use vLLM's
+NCCL weight transfer instead.
+
+vLLM is imported only when this module is (the engine imports it only for
+`backend: vllm`); a missing install raises `VLLMUnavailable` naming the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.rollout.hf_backend import DecoderStats, SamplingParams, Scheduler
+from pipeline.rollout.sequence import Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+INSTALL_HINT = "build its environment with scripts/setup_vllm.sh and run with .venv-vllm/bin/python"
+
+
+class VLLMUnavailable(ImportError):
+    """`rollout.backend: vllm` was selected but vLLM cannot be imported."""
+
+
+try:
+    import vllm
+    from vllm import SamplingParams as VLLMSamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+except ImportError as err:  # pragma: no cover - exercised by the main suite's missing-vllm test
+    raise VLLMUnavailable(f"rollout.backend is 'vllm' but vLLM cannot be imported ({err}); {INSTALL_HINT}") from err
+
+# CPU builds read their KV cache size from the environment; 2 GiB serves small models.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+
+class WeightSync:
+    """Worker extension: methods vLLM mixes into each worker, called via `collective_rpc`."""
+
+    def tapo_load_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+        model = self.model_runner.model  # type: ignore[attr-defined]  # set by the vLLM worker
+        loaded = model.load_weights(weights=iter(named_tensors))
+        return len(loaded) if loaded is not None else len(named_tensors)
+
+
+def model_dir(model: Any) -> str:
+    """vLLM loads weights and tokenizer from a directory: take it from a path or a HF model."""
+    path = model if isinstance(model, (str, Path)) else getattr(model, "name_or_path", "")
+    if not path or not (Path(path) / "config.json").is_file():
+        raise ValueError(f"the vllm backend needs a model saved as a Hugging Face directory; got {path!r} "
+                         "(save_pretrained the model and tokenizer, and pass the directory or a model loaded from it)")
+    return str(path)
+
+
+class VLLMBackend:
+    """One vLLM engine for the rollout engine's life, on its own event-loop thread.
+
+    AsyncLLM binds itself to the event loop it first runs on, so it gets a private loop
+    that outlives each rollout; `VLLMDecoder.run` (called from the rollout engine's
+    decoder thread) submits work to that loop.
+    """
+
+    def __init__(self, model: Any, *, max_batch: int, max_model_len: int, seed: int = 0,
+                 **engine_overrides: Any) -> None:
+        self.path = model_dir(model)
+        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=True,
+                    enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
+                    logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightSync",
+                    disable_log_stats=True)
+        args.update(engine_overrides)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
+        self._thread.start()
+        self.engine: AsyncLLM = self._call(self._start(AsyncEngineArgs(**args)))
+        self._request_ids = itertools.count()
+
+    async def _start(self, args: AsyncEngineArgs) -> AsyncLLM:
+        return AsyncLLM.from_engine_args(args)
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def decoder(self, params: SamplingParams, seed: int) -> VLLMDecoder:
+        return VLLMDecoder(self, params, seed)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load `named_tensors` (HF parameter names) into the engine; later samples use them."""
+        tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        return self._call(self._update(tensors))
+
+    async def _update(self, tensors: list[tuple[str, torch.Tensor]]) -> int:
+        counts = await self.engine.collective_rpc("tapo_load_weights", args=(tensors,))
+        await self.engine.reset_prefix_cache()  # KV computed with the old weights is stale
+        return int(counts[0])
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self.engine.shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class VLLMDecoder:
+    """Generates one rollout with the shared engine; the scheduler interface of HFDecoder."""
+
+    def __init__(self, backend: VLLMBackend, params: SamplingParams, seed: int) -> None:
+        self.backend, self.params, self.seed = backend, params, seed
+        self.stats = DecoderStats()
+        self._index: dict[int, int] = {}  # id(sequence) -> order first seen (for request seeds)
+        self._active = 0
+        self._busy_since = 0.0
+
+    def run(self, scheduler: Scheduler) -> DecoderStats:
+        """Generate until every sequence has finished; segment ends go to the scheduler."""
+        return self.backend._call(self._arun(scheduler))
+
+    async def _arun(self, scheduler: Scheduler) -> DecoderStats:
+        tasks: set[asyncio.Task] = set()
+        while scheduler.unfinished() > 0:
+            ready = scheduler.take_ready(1 << 30)
+            for seq, stops in ready:
+                self._track_busy(+1)
+                task = asyncio.create_task(self._segment(seq, stops, scheduler))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if not ready:  # nothing new: wait (off this loop) for a requeue or a finish
+                await asyncio.to_thread(scheduler.wait_ready, 0.02)
+        if tasks:
+            await asyncio.gather(*tasks)
+        return self.stats
+
+    def _track_busy(self, delta: int) -> None:
+        """Busy = at least one request in vLLM; idle = every unfinished sequence waits on a tool."""
+        now = time.perf_counter()
+        if self._active > 0:
+            self.stats.busy_s += now - self._busy_since
+        elif self._busy_since:
+            self.stats.idle_s += now - self._busy_since
+        self._busy_since, self._active = now, self._active + delta
+
+    async def _segment(self, seq: Sequence, stops: tuple[str, ...], scheduler: Scheduler) -> None:
+        try:
+            reason = await self._generate(seq, stops)
+        finally:
+            self._track_busy(-1)
+        scheduler.segment_ended(seq, reason)
+
+    async def _generate(self, seq: Sequence, stops: tuple[str, ...]) -> str:
+        p = self.params
+        room = min(p.max_policy_tokens - seq.policy_tokens, p.max_total_tokens - len(seq.context_ids))
+        if room <= 0:
+            return "budget"
+        index = self._index.setdefault(id(seq), len(self._index))
+        sampling = VLLMSamplingParams(
+            n=1, temperature=p.temperature, top_p=p.top_p, max_tokens=room, stop=list(stops),
+            include_stop_str_in_output=True, logprobs=0, seed=_request_seed(self.seed, index, len(seq.response_ids)),
+            output_kind=RequestOutputKind.FINAL_ONLY, skip_special_tokens=False,
+        )
+        context = seq.context_ids
+        final = None
+        request_id = f"tapo-{next(self.backend._request_ids)}"
+        async for out in self.backend.engine.generate(TokensPrompt(prompt_token_ids=context), sampling, request_id):
+            final = out
+        assert final is not None and final.finished, f"vLLM request {request_id} ended without a final output"
+        completion = final.outputs[0]
+        self.stats.prefill_tokens += len(context) - (final.num_cached_tokens or 0)
+        for token, logprobs in zip(completion.token_ids, completion.logprobs, strict=True):
+            seq.append_sampled(token, logprobs[token].logprob, 0.0)
+        self.stats.sampled_tokens += len(completion.token_ids)
+        self.stats.steps += 1
+        return _segment_reason(completion, room)
+
+
+def _segment_reason(completion: Any, room: int) -> str:
+    """Map vLLM's finish to the scheduler's reasons: eos, stop (a stop string) or budget."""
+    if completion.finish_reason == "stop":
+        return "stop" if isinstance(completion.stop_reason, str) else "eos"
+    if completion.finish_reason == "length" or len(completion.token_ids) >= room:
+        return "budget"
+    raise RuntimeError(f"vLLM finished a segment for an unexpected reason: {completion.finish_reason!r}")
+
+
+def _request_seed(rollout_seed: int, sequence_index: int, position: int) -> int:
+    return (rollout_seed * 1_000_003 + sequence_index * 65_537 + position) % (2**31 - 1)
+
+
+__all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "WeightSync", "model_dir", "vllm"]

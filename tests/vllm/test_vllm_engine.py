@@ -72,6 +72,7 @@ def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.mark.slow  # trains the tiny model for ~100 steps and starts its own engine
 def test_tool_round_trip_through_vllm_is_token_exact(trained_dir: Path) -> None:
     from transformers import LlamaForCausalLM
 

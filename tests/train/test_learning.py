@@ -24,7 +24,8 @@ def read_history(path: Path) -> dict[int, dict[str, float]]:
 @pytest.mark.slow
 def test_reward_rises_on_the_toy_tool_task(tmp_path: Path, code_sandbox_url: str) -> None:
     model_dir = build_toy_model(tmp_path / "model", code_sandbox_url)
-    cfg = toy_config(tmp_path, model_dir, steps=STEPS, checkpoint_every=STEPS, lr=1e-3)
+    # Large groups and a clipped, fairly high learning rate: a 30-step signal well above sampling noise.
+    cfg = toy_config(tmp_path, model_dir, group_size=16, steps=STEPS, checkpoint_every=STEPS, lr=2e-3, grad_clip=0.5)
     run(cfg, {"code": code_sandbox_url}, metrics_dir=tmp_path / "metrics")
 
     history = read_history(tmp_path / "metrics" / "train_history.jsonl")
@@ -33,9 +34,11 @@ def test_reward_rises_on_the_toy_tool_task(tmp_path: Path, code_sandbox_url: str
     reward = np.array([history[s]["reward/mean"] for s in range(STEPS)])
     # The cold start leaves a coin flip between the right and the wrong program.
     assert 0.2 <= accuracy[:5].mean() <= 0.8, accuracy
-    # Each step samples 16 rollouts, so a 5-step mean has a standard error of about 0.06.
+    # Each step samples 32 rollouts, so a 5-step mean has a standard error of about 0.04; measured
+    # rises were about 0.5.
     assert reward[-5:].mean() > reward[:5].mean() + 0.2, reward
     assert accuracy[-5:].mean() > accuracy[:5].mean() + 0.2, accuracy
+    assert accuracy[-5:].mean() >= 0.7, accuracy
     # The policy keeps using the tool while it learns which program to run.
     assert np.mean([history[s]["rollout/calls_per_traj/code"] for s in range(STEPS - 5, STEPS)]) > 0.8
     assert (tmp_path / "policy" / "model.safetensors").is_file()

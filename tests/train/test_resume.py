@@ -35,7 +35,8 @@ STEPS, CHECKPOINT_EVERY, KILL_AFTER_LOGGED = 6, 2, 3  # killed after step 2 is l
 TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")
 DRIVER = (
     "import sys; from pathlib import Path; from pipeline.config import load_config; from pipeline.train import run; "
-    "run(load_config(sys.argv[1]), {'code': sys.argv[2]} if sys.argv[2] else {}, resume=sys.argv[3] == 'resume', metrics_dir=Path(sys.argv[4]))"
+    "run(load_config(sys.argv[1]), {'code': sys.argv[2]} if sys.argv[2] else {}, "
+    "resume=sys.argv[3] == 'resume', metrics_dir=Path(sys.argv[4]))"
 )
 
 
@@ -134,14 +135,12 @@ def sample_with_tool_delay(model_dir: Path, sandbox_url: str, delay_s: float, ro
     return [(t.response_ids, t.logprobs) for g in groups for t in g.trajectories]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known bug: the hf decoder draws every row's token from one shared torch.Generator in the order rows sit in the "
-    "running batch, and rows re-enter that batch when their tool result arrives, so samples depend on tool latency "
-    "(fix: one generator per sequence, seeded from the rollout seed and the sequence index)"))
 def test_samples_do_not_depend_on_tool_latency(tmp_path: Path, code_sandbox_url: str) -> None:
     """Resume equality with tools needs this: the same seed gives the same trajectories however fast tools answer."""
     model_dir = build_toy_model(tmp_path / "model", code_sandbox_url)
     fast = sample_with_tool_delay(model_dir, code_sandbox_url, 0.0, tmp_path / "fast")
     slow = sample_with_tool_delay(model_dir, code_sandbox_url, 0.5, tmp_path / "slow")
-    assert [ids for ids, _ in fast] == [ids for ids, _ in slow]
-    assert [lp for _, lp in fast] == [lp for _, lp in slow]
+    assert [ids for ids, _ in fast] == [ids for ids, _ in slow]  # every row draws from its own generator
+    # Log-probs agree to float32 rounding: rows shared their batch with different neighbours.
+    for (_, lp_fast), (_, lp_slow) in zip(fast, slow):
+        assert torch.allclose(torch.tensor(lp_fast), torch.tensor(lp_slow), atol=1e-5, rtol=0)

@@ -107,7 +107,7 @@ def build_toy_model(out_dir: Path, sandbox_url: str, sft_steps: int = 80, seed: 
     return out_dir
 
 
-def toy_config(root: Path, model_dir: Path, **train: Any) -> RunConfig:
+def toy_config(root: Path, model_dir: Path, group_size: int = 8, **train: Any) -> RunConfig:
     """The project's params with the toy model, problems and small, fast settings under `root`."""
     train_file = root / "train.jsonl"
     write_problems(train_file, toy_problems())
@@ -117,7 +117,8 @@ def toy_config(root: Path, model_dir: Path, **train: Any) -> RunConfig:
         "train.checkpoint_dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
         "train.gradient_checkpointing": False, "train.lr": 1e-3, "train.warmup_steps": 0,
         "train.prompts_per_step": 2, "train.max_gen_rounds": 1, "train.micro_batch_size": 8,
-        "rollout.group_size": 8, "rollout.max_policy_tokens": 64, "reward.overlong_buffer": 16, "rollout.max_total_tokens": 1024,
+        "rollout.group_size": group_size, "rollout.max_policy_tokens": 64, "reward.overlong_buffer": 16,
+        "rollout.max_total_tokens": 1024,
         "rollout.max_tool_calls": 1, "rollout.max_turns": 2,
     } | {f"train.{k}": v for k, v in train.items()}
     return load_config(REPO_ROOT / "params.yaml", overrides=overrides)

@@ -61,7 +61,8 @@ class HFBackend:
         self.model, self.tokenizer, self.max_batch = model, tokenizer, cfg.max_batch_sequences
 
     def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
-        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.max_batch, seed=seed)
+        # `seed` is unused here: each sequence carries its own generator (seeded by the engine).
+        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.max_batch)
 
     def close(self) -> None:  # the model belongs to the caller
         pass
@@ -115,8 +116,11 @@ class RolloutEngine:
             max_total_tokens=self.cfg.max_total_tokens,
         )
         self.calls += 1
-        decoder = self.backend.decoder(params, seed=self.seed * 1_000_003 + self.calls)
+        rollout_seed = self.seed * 1_000_003 + self.calls
+        decoder = self.backend.decoder(params, seed=rollout_seed)
         seqs = [self._new_sequence(p) for p in problems for _ in range(n)]
+        for index, seq in enumerate(seqs):  # one generator per sequence, fixed by (rollout, index)
+            seq.rng.manual_seed(rollout_seed * 100_003 + index)
         run = SCHEDULES[self.cfg.schedule](self, seqs, asyncio.get_running_loop())
         t0 = time.perf_counter()
         decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)

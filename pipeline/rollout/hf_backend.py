@@ -70,13 +70,12 @@ class Scheduler(Protocol):
 
 class HFDecoder:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, params: SamplingParams,
-                 *, max_batch: int, seed: int = 0) -> None:
+                 *, max_batch: int) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.params = params
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -153,7 +152,8 @@ class HFDecoder:
         if temperature == 0:
             tokens_B = logp_BV.argmax(-1)
         else:
-            tokens_B = torch.multinomial(_top_p(logp_BV.exp(), self.params.top_p), 1, generator=self.generator)[:, 0]
+            probs_BV = _top_p(logp_BV.exp(), self.params.top_p)
+            tokens_B = torch.cat([torch.multinomial(p_V, 1, generator=seq.rng) for p_V, seq in zip(probs_BV, rows)])
         chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
         entropy_B = -(logp_BV.exp() * logp_BV).sum(-1)  # of the distribution sampled from (TEPO reads it)
         for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):

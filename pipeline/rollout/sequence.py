@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from pipeline.types import FinishReason, Problem, ToolCall, ToolName, Trajectory
 
 
@@ -22,6 +24,9 @@ class Sequence:
     segment_start: int = 0  # response index where the current sampled segment began
     turns: int = 0
     finish_reason: FinishReason | None = None
+    # Its own sampling generator: a row's draws must not depend on which other rows share
+    # its batch, which depends on tool latency (resumed runs would otherwise diverge).
+    rng: torch.Generator = field(default_factory=torch.Generator, repr=False)
 
     @property
     def context_ids(self) -> list[int]:

@@ -41,6 +41,7 @@ from pipeline.reward import score_trajectory
 from pipeline.reward.score import apply_tepo
 from pipeline.reward.tepo import delta_segment_entropies
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.rollout.metrics import RolloutStats
 from pipeline.session import Placement, Trainer
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
@@ -100,17 +101,17 @@ def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
     tc, algo = tr.cfg.train, tr.cfg.train.algorithm
     kept: list[ScoredGroup] = []
     seen: list[ScoredGroup] = []
-    metrics: dict[str, float] = defaultdict(float)
+    rounds: list[RolloutStats] = []
     for _ in range(tc.max_gen_rounds):
         result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
         scored = [score_group(g, tr.cfg) for g in result.groups]
         seen += scored
         kept += [g for g in scored if is_informative(g)] if algo.dynamic_sampling else scored
-        for k, v in result.stats.as_metrics().items():
-            metrics[k] += v
+        rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
-    return kept, dict(metrics) | reward_metrics(seen) | {"train/kept_group_fraction": len(kept) / len(seen)}
+    return kept, (RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
+                  | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:

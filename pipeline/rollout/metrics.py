@@ -50,6 +50,35 @@ class RolloutStats:
             finish_reasons=dict(sorted(Counter(t.finish_reason for t in trajs).items())),
         )
 
+    @classmethod
+    def merge(cls, parts: list[RolloutStats]) -> RolloutStats:
+        """Several rollout rounds of one step as one: counts and times add, rates are trajectory-weighted."""
+        n = sum(p.trajectories for p in parts)
+
+        def weighted(field_name: str) -> dict[str, float]:
+            keys = {k for p in parts for k in getattr(p, field_name)}
+            return {k: sum(getattr(p, field_name).get(k, 0.0) * p.trajectories for p in parts) / max(n, 1) for k in keys}
+
+        def added(field_name: str) -> dict:
+            out: Counter = Counter()
+            for p in parts:
+                out.update(getattr(p, field_name))
+            return dict(sorted(out.items()))
+
+        return cls(
+            trajectories=n,
+            wall_s=sum(p.wall_s for p in parts),
+            generator_busy_s=sum(p.generator_busy_s for p in parts),
+            generator_idle_s=sum(p.generator_idle_s for p in parts),
+            policy_tokens=sum(p.policy_tokens for p in parts),
+            calls_per_trajectory=weighted("calls_per_trajectory"),
+            tool_errors=added("tool_errors"),
+            tool_latency_p50_s=weighted("tool_latency_p50_s"),
+            tool_latency_p95_s=weighted("tool_latency_p95_s"),
+            turns_histogram=added("turns_histogram"),
+            finish_reasons=added("finish_reasons"),
+        )
+
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
         """Flat name -> value for MLflow and metrics files."""
         out = {

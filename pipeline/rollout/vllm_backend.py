@@ -186,6 +186,7 @@ class VLLMDecoder:
         self._index: dict[int, int] = {}  # id(sequence) -> order first seen (for request seeds)
         self._active = 0
         self._busy_since = 0.0
+        self._error: BaseException | None = None  # a failed request ends the rollout, loudly
 
     def run(self, scheduler: Scheduler) -> DecoderStats:
         """Generate until every sequence has finished; segment ends go to the scheduler."""
@@ -194,6 +195,11 @@ class VLLMDecoder:
     async def _arun(self, scheduler: Scheduler) -> DecoderStats:
         tasks: set[asyncio.Task] = set()
         while scheduler.unfinished() > 0:
+            if self._error is not None:
+                for task in tasks:  # cancelling a generate() aborts its vLLM request
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise RuntimeError("vLLM generation failed; rollout aborted") from self._error
             ready = scheduler.take_ready(1 << 30)
             for seq, stops in ready:
                 self._track_busy(+1)
@@ -218,6 +224,9 @@ class VLLMDecoder:
     async def _segment(self, seq: Sequence, stops: tuple[str, ...], scheduler: Scheduler) -> None:
         try:
             reason = await self._generate(seq, stops)
+        except BaseException as err:  # the sequence would never finish: stop the loop in _arun
+            self._error = err
+            raise
         finally:
             self._track_busy(-1)
         scheduler.segment_ended(seq, reason)

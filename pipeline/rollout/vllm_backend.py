@@ -77,7 +77,8 @@ class WeightSync:
     def tapo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
         # reload_weights, not model.load_weights: after loading, vLLM post-processes the layers
         # (e.g. CPU weight repacking) and plain load_weights no longer applies to them.
-        self.model_runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]  # set by the vLLM worker
+        runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))
         return len(packed)
 
 

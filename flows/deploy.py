@@ -72,13 +72,14 @@ def nightly_flow(params: str = "params.yaml") -> dict:
     return {"repro": repro, "evaluate_latest": evaluate_latest_flow(params)}
 
 
-def deployments(params: str, workdir: Path, cron: str = NIGHTLY_CRON) -> list[RunnerDeployment]:
+def deployments(params: str, workdir: Path, cron: str = NIGHTLY_CRON, *, for_pool: bool) -> list[RunnerDeployment]:
+    """The deployments; `for_pool` adds the process worker's job variables (serve rejects them)."""
     # Under `python -m flows.deploy` the flows above live in `__main__`, a module path a worker
     # cannot import; take them from the importable module instead.
     this = importlib.import_module("flows.deploy")
-    common = {"entrypoint_type": EntrypointType.MODULE_PATH, "parameters": {"params": params},
-              "job_variables": {"working_dir": str(workdir),
-                                "env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}}
+    common: dict = {"entrypoint_type": EntrypointType.MODULE_PATH, "parameters": {"params": params}}
+    if for_pool:
+        common["job_variables"] = {"working_dir": str(workdir), "env": {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}}
     return [
         this.nightly_flow.to_deployment("nightly", schedule=Cron(cron, timezone=TIMEZONE),
                                    description="dvc repro, then evaluate the latest registered model", **common),
@@ -115,10 +116,11 @@ def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     workdir = Path(args.workdir).resolve()
     load_or_exit(workdir / args.params)  # fail on a bad params file before anything is registered
-    built = deployments(args.params, workdir, args.cron)
     if args.command == "serve":
-        serve(*built)
+        os.chdir(workdir)  # served runs execute in this process's directory
+        serve(*deployments(args.params, workdir, args.cron, for_pool=False))
         return
+    built = deployments(args.params, workdir, args.cron, for_pool=True)
     asyncio.run(ensure_process_pool(args.pool))
     ids = deploy(*built, work_pool_name=args.pool, print_next_steps_message=False)
     print(f"deployed {len(ids)} deployments to work pool {args.pool!r}; run: prefect worker start --pool {args.pool}")

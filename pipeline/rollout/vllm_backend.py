@@ -20,8 +20,9 @@ Departures from the hf backend, and why:
 - log-probs are vLLM's "processed" ones (after temperature scaling), i.e. the
   distribution sampled from, as the hf backend records; with top_p < 1 vLLM
   renormalises over the nucleus, the hf backend does not.
-- each request carries its own seed (rollout seed, sequence, position), so a rollout is
-  reproducible regardless of how tool latencies interleave the requests.
+- vLLM samples with its own per-request generator, seeded from (rollout seed, the sequence's
+  generator seed, position): reproducible regardless of how tool latencies interleave the
+  requests, but not the same draws as the hf backend for the same seed.
 
 Weights: `update_weights(named_tensors)` loads new tensors into the running model through
 a worker extension (`collective_rpc` -> the model runner's in-place `reload_weights`) and resets the prefix cache
@@ -184,7 +185,6 @@ class VLLMDecoder:
     def __init__(self, backend: VLLMBackend, params: SamplingParams, seed: int) -> None:
         self.backend, self.params, self.seed = backend, params, seed
         self.stats = DecoderStats()
-        self._index: dict[int, int] = {}  # id(sequence) -> order first seen (for request seeds)
         self._active = 0
         self._busy_since = 0.0
         self._error: BaseException | None = None  # a failed request ends the rollout, loudly
@@ -237,10 +237,9 @@ class VLLMDecoder:
         room = min(p.max_policy_tokens - seq.policy_tokens, p.max_total_tokens - len(seq.context_ids))
         if room <= 0:
             return "budget"
-        index = self._index.setdefault(id(seq), len(self._index))
         sampling = VLLMSamplingParams(
             n=1, temperature=p.temperature, top_p=p.top_p, max_tokens=room, stop=list(stops),
-            include_stop_str_in_output=True, logprobs=0, seed=_request_seed(self.seed, index, len(seq.response_ids)),
+            include_stop_str_in_output=True, logprobs=0, seed=_request_seed(self.seed, seq, len(seq.response_ids)),
             output_kind=RequestOutputKind.FINAL_ONLY, skip_special_tokens=False,
         )
         context = seq.context_ids
@@ -267,8 +266,10 @@ def _segment_reason(completion: Any, room: int) -> str:
     raise RuntimeError(f"vLLM finished a segment for an unexpected reason: {completion.finish_reason!r}")
 
 
-def _request_seed(rollout_seed: int, sequence_index: int, position: int) -> int:
-    return (rollout_seed * 1_000_003 + sequence_index * 65_537 + position) % (2**31 - 1)
+def _request_seed(rollout_seed: int, seq: Sequence, position: int) -> int:
+    """Fixed by the rollout, the sequence (its generator's seed, set by the engine per index) and
+    the position, so samples do not depend on how tool latencies order the requests."""
+    return (rollout_seed * 1_000_003 + seq.rng.initial_seed() * 65_537 + position) % (2**31 - 1)
 
 
 __all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "WeightSync", "model_dir", "vllm"]

@@ -61,6 +61,7 @@ def sequences(tok, questions: list[str]) -> list[Sequence]:
         prompt = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         ids = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
         out.append(Sequence(Problem(f"p{i}", q, ("42",), "calculator", "calculator", "train"), ("code",), ids))
+        out[-1].rng.manual_seed(i)  # as the engine does: one generator seed per sequence index
     return out
 
 
@@ -103,6 +104,8 @@ def test_seeded_sampling_is_reproducible(backend, tok) -> None:
     c, _, _ = generate(backend, tok, QUESTIONS[:2], seed=8)
     assert [s.response_ids for s in a] == [s.response_ids for s in b]
     assert [s.response_ids for s in a] != [s.response_ids for s in c]
+    twins, _, _ = generate(backend, tok, QUESTIONS[:1] * 2, seed=7)  # same prompt, two sequences
+    assert twins[0].response_ids != twins[1].response_ids
 
 
 def mid_token_stop(tok, ids: list[int]) -> tuple[str, int]:

@@ -149,6 +149,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     for _ in range(tr.cfg.train.ppo_epochs):
         metrics = policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
     tr.scheduler.step()
+    tr.engine.backend.update_weights(tr.model.named_parameters())  # weight sync (a no-op for hf)
     return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
 
 

@@ -11,7 +11,7 @@ from pipeline.config.base import StageConfig
 
 class RolloutConfig(StageConfig):
     protocol: Literal["tapo", "torl", "search-r1"] = Field("tapo", description="Tag protocol: how tool calls, tool outputs and answers are written.")
-    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: transformers (CPU/GPU) or vLLM (GPU).")
+    backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: transformers, or vLLM (its own environment: scripts/setup_vllm.sh).")
     schedule: Literal["continuous", "turn-synchronous"] = Field(
         "continuous",
         description="continuous: a sequence resumes as soon as its tool answers; turn-synchronous: everyone waits "
@@ -25,7 +25,7 @@ class RolloutConfig(StageConfig):
     max_tool_calls: int = Field(2, ge=0, description="C: tool calls answered per trajectory; later calls get 'tool budget exhausted' (ToRL).")
     max_turns: int = Field(4, ge=1, description="Generation segments per trajectory.")
     max_tool_output_chars: int = Field(1024, ge=32, description="Tool output longer than this is cut to head ... tail.")
-    max_batch_sequences: int = Field(16, ge=1, description="Sequences generated together (hf backend).")
+    max_batch_sequences: int = Field(16, ge=1, description="Sequences generated together (vLLM: max_num_seqs).")
     tool_concurrency: int = Field(8, ge=1, description="Concurrent requests per tool service.")
 
     @model_validator(mode="after")

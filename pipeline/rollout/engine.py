@@ -64,6 +64,9 @@ class HFBackend:
         # `seed` is unused here: each sequence carries its own generator (seeded by the engine).
         return HFDecoder(self.model, self.tokenizer, params, max_batch=self.max_batch)
 
+    def update_weights(self, named_tensors) -> None:
+        """Nothing to push: the decoder samples from the trained module itself."""
+
     def close(self) -> None:  # the model belongs to the caller
         pass
 
@@ -101,6 +104,7 @@ class RolloutEngine:
         for tool in self.tools.values():
             self._runner.run(tool.aclose())
         self._runner.close()
+        self.backend.close()
 
     def __enter__(self) -> RolloutEngine:
         return self

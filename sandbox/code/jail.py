@@ -78,6 +78,26 @@ def wipe_tmp(size_mib: int) -> None:
     """Replace the jail's /tmp with an empty tmpfs (faster and surer than deleting files)."""
     _check(_libc.umount2(JAIL_TMP.encode(), MNT_DETACH), f"umount {JAIL_TMP}")
     mount_tmpfs(JAIL_TMP, size_mib)
+    _restore_python_under_tmp(Path("/"))
+
+
+# A Python installation that lives under /tmp (say a checkout cloned there) would be hidden
+# by the snippet's private /tmp: it is also bound read-only under _HIDDEN, outside /tmp, and
+# bound back on top of every fresh /tmp from there (the host's copy is gone after pivot_root).
+_HIDDEN = ".python-under-tmp"
+_python_under_tmp: tuple[str, ...] = ()
+
+
+def python_tmp_entries() -> frozenset[str]:
+    """Top-level names in /tmp that belong to the Python installation, not to a snippet."""
+    return frozenset(Path(p).relative_to(JAIL_TMP).parts[0] for p in _python_under_tmp)
+
+
+def _restore_python_under_tmp(root: Path) -> None:
+    for path in _python_under_tmp:
+        target = root / path.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        _bind_read_only(str(root / _HIDDEN / path.lstrip("/")), str(target))
 
 
 def _bind_read_only(source: str, target: str) -> None:
@@ -164,12 +184,17 @@ def enter_worker_jail(layout: JailLayout) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount propagates to the host
     _mount("tmpfs", _STAGING, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     root = Path(_STAGING)
+    global _python_under_tmp
+    _python_under_tmp = tuple(p for p in layout.python_paths if p.startswith(JAIL_TMP + "/"))
     for path in (*_SYSTEM_DIRS, *layout.python_paths):
         _mirror_path(root, path)
+    for path in _python_under_tmp:
+        _mirror_path(root / _HIDDEN, path)
     _populate_dev(root)
     (root / "etc").mkdir(exist_ok=True)
     (root / "tmp").mkdir(exist_ok=True)
     mount_tmpfs(str(root / "tmp"), layout.tmp_size_mib)
+    _restore_python_under_tmp(root)
     _mount(None, _STAGING, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     _pivot_root(_STAGING)
 

@@ -166,8 +166,9 @@ class Worker:
             os.chmod(self.workdir, 0o700)  # degraded: the snippet may own the directory and have changed it
         # An empty /tmp is already clean: the snippet's uid cannot change the root-owned,
         # sticky directory itself, and it has exited. Remounting costs more than the check.
+        ours = jail.python_tmp_entries() if self.settings.isolated else frozenset()
         with os.scandir(self.workdir) as entries:
-            if next(entries, None) is None:
+            if all(entry.name in ours for entry in entries):
                 return
         if self.settings.isolated:
             jail.wipe_tmp(self.settings.tmp_size_mib)

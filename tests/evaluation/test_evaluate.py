@@ -150,7 +150,8 @@ def test_table_and_plots_compare_runs(tok, tmp_path) -> None:
 
 
 def test_missing_compare_dir_fails_before_any_rollout(tmp_path, tiny_model_dir) -> None:
-    cfg = make_cfg(tmp_path / "out", compare_dirs=(str(tmp_path / "nowhere"),), mode="no_tools")
+    cfg = make_cfg(tmp_path / "out", compare_dirs=(str(tmp_path / "nowhere"),), mode="no_tools",
+                   split_file=str(_split_file(tmp_path)))
     with pytest.raises(FileNotFoundError, match="nowhere"):
         run(cfg, {}, model_path=str(tiny_model_dir))
     assert not (tmp_path / "out" / "eval_samples.jsonl").exists()

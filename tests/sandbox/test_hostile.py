@@ -14,9 +14,11 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+from sandbox.code.pool import jail_python_paths
 from tests.sandbox.support import WORKERS, Sandbox, sandbox_processes
 
 SITE = site.getsitepackages()[0]
@@ -75,7 +77,9 @@ CASES = [
     Case("read_server_source", "print(open('@REPO@/sandbox/code/app.py').read())", ("error",), error_has="FileNotFoundError"),
     Case("read_params", "print(open('@REPO@/params.yaml').read())", ("error",)),
     Case("list_home_dirs", OS + "print(os.listdir('/root'), os.path.exists('/home'))\nprint(open('/root/.bashrc').read())", ("error",)),
-    Case("list_host_tmp", OS + "print(os.listdir('/tmp'))", ("ok",), stdout_has="[]"),
+    # The private /tmp shows nothing of the host's, except a Python installation that lives there
+    # (e.g. a checkout cloned under /tmp), read-only.
+    Case("list_host_tmp", OS + "print(sorted(os.listdir('/tmp')))", ("ok",), stdout_has="@TMP_LISTING@"),
     # --- writes and persistence
     Case("write_etc", "open('/etc/x-@MARK@', 'w').write('owned')", ("error",)),
     Case("write_sitecustomize", "open('@SITE@/x-@MARK@.py', 'w').write('import os')", ("error",)),
@@ -137,9 +141,13 @@ HOST_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/etc", SITE, "/usr/bin")
 
 def _fill(code: str, marker: str, sandbox: Sandbox, redis_port: int, repo_root: str) -> str:
     for key, value in (("@MARK@", marker), ("@REDIS@", str(redis_port)), ("@SERVER@", str(sandbox.port)),
-                       ("@REPO@", repo_root), ("@SITE@", SITE)):
+                       ("@REPO@", repo_root), ("@SITE@", SITE), ("@TMP_LISTING@", str(_python_tmp_listing()))):
         code = code.replace(key, value)
     return code
+
+
+def _python_tmp_listing() -> list[str]:
+    return sorted({Path(p).relative_to("/tmp").parts[0] for p in jail_python_paths() if p.startswith("/tmp/")})
 
 
 def _host_files_with(marker: str) -> list[str]:
@@ -173,7 +181,7 @@ def test_hostile_snippet(case: Case, sandbox: Sandbox, redis_server, repo_root) 
     assert sandbox.secret not in seen
     assert "root:x:0:0" not in seen
     if case.stdout_has is not None:
-        assert case.stdout_has in result["stdout"], result
+        assert _fill(case.stdout_has, marker, sandbox, redis_server.port, str(repo_root)) in result["stdout"], result
     if case.error_has is not None:
         assert case.error_has in (result["error"] or ""), result
     assert (benign_result["status"], benign_result["stdout"]) == ("ok", BENIGN[1]), benign_result

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import bz2
 import importlib.util
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from pipeline.jsonl import iter_json_lines
 from pipeline.search.results import Passage
 
 CorpusFormat = Literal["jsonl", "kilt", "wiki18", "wikidump"]
@@ -63,20 +63,6 @@ def split_passages(text: str, passage_words: int) -> list[str]:
     return passages
 
 
-def _json_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object")
-            yield line_no, row
-
-
 def _require(row: dict, key: str, kind: type, where: str) -> object:
     if key not in row:
         raise ValueError(f"{where}: missing key {key!r}")
@@ -86,7 +72,7 @@ def _require(row: dict, key: str, kind: type, where: str) -> object:
 
 
 def load_jsonl(path: Path, passage_words: int) -> Iterator[Passage]:
-    for line_no, row in _json_rows(path):
+    for line_no, row in iter_json_lines(path):
         where = f"{path}:{line_no}"
         title = str(_require(row, "title", str, where))
         text = str(_require(row, "text", str, where))
@@ -96,7 +82,7 @@ def load_jsonl(path: Path, passage_words: int) -> Iterator[Passage]:
 
 
 def load_kilt(path: Path, passage_words: int) -> Iterator[Passage]:
-    for line_no, row in _json_rows(path):
+    for line_no, row in iter_json_lines(path):
         where = f"{path}:{line_no}"
         title = str(_require(row, "wikipedia_title", str, where))
         paragraphs = _require(row, "text", list, where)
@@ -111,7 +97,7 @@ def load_kilt(path: Path, passage_words: int) -> Iterator[Passage]:
 
 
 def load_wiki18(path: Path, passage_words: int) -> Iterator[Passage]:
-    for line_no, row in _json_rows(path):
+    for line_no, row in iter_json_lines(path):
         where = f"{path}:{line_no}"
         contents = str(_require(row, "contents", str, where))
         first, _, text = contents.partition("\n")

@@ -42,7 +42,7 @@ def test_wiki18_loader(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ("not json", "bad.jsonl:2: not JSON"),
+    ("not json", "bad.jsonl:2: not valid JSON"),
     ('{"title": "T"}', "bad.jsonl:2: missing key 'text'"),
     ('{"title": "T", "text": 5}', "bad.jsonl:2: 'text' must be str"),
 ])

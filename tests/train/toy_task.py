@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import yaml
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from pipeline.config import RunConfig, load_config
@@ -28,7 +27,7 @@ from pipeline.rollout.protocol import TapoProtocol
 from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.types import Problem
-from tests.helpers.tiny import CHAT_TEMPLATE, tiny_llama
+from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 QUESTION = "What is 6 * 7? Give the exact integer."
 RIGHT, WRONG = "print(6 * 7)", "print(6 + 7)"
@@ -42,16 +41,7 @@ def toy_tokenizer() -> PreTrainedTokenizerFast:
     corpus = [m["content"] for m in messages] + [DIRECT.format("42"), DIRECT.format("13")] + [
         protocol.render_call("code", p, "Use Python.") + protocol.wrap_output(o) + protocol.render_answer(o)
         for p, o in ((RIGHT, "42"), (WRONG, "13"))]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=1200, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus * 5, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token="<|im_start|>")
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
+    return tiny_tokenizer(corpus, vocab_size=1200)
 
 
 def toy_problems(n: int = 4) -> list[Problem]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from pipeline.advantage import is_informative, token_advantages
 from pipeline.batching import make_train_batch
@@ -164,7 +165,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id) \
         if place.is_main() else contextlib.nullcontext(None)
     with run_ctx as active:
-        for step in range(tr.state.step, cfg.train.steps):
+        # a progress bar with ETA on a terminal, silent otherwise (disable=None)
+        for step in tqdm(range(tr.state.step, cfg.train.steps), desc="train", unit="step", disable=None):
             kept, rollout_metrics = collect_batch(tr)            # sample with tools, reward, dynamic sampling
             update_metrics = place.train_step(tr, kept)          # advantages, loss, optimiser step
             last = rollout_metrics | update_metrics

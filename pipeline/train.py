@@ -38,6 +38,7 @@ from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy
 from pipeline.problem_stream import ProblemStream
+from pipeline.registry import log_and_register
 from pipeline.reward import score_trajectory
 from pipeline.reward.score import apply_tepo
 from pipeline.reward.tepo import delta_segment_entropies
@@ -179,7 +180,6 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     if place.is_main():
         history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
         write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-        from pipeline.registry import log_and_register  # imported here: only the main process registers
         log_and_register(cfg.run, active.info.run_id, Path(cfg.train.output_dir))  # new version of tapo-policy
     return last
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.tiny import tiny_llama, tiny_tokenizer
+from tests.helpers.workspace import make_workspace
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +29,6 @@ TINY = {
               "algorithm": {"kind": "dapo", "dynamic_sampling": False}},
     "evaluate": {"limit": 4},
 }
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    for key, value in extra.items():
-        base[key] = _merge(base.get(key, {}), value) if isinstance(value, dict) else value
-    return base
 
 
 def _dvc(workspace: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -51,18 +44,7 @@ def _dvc(workspace: Path, *args: str, timeout: int = 900) -> subprocess.Complete
 def workspace(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, prefect_server: str) -> Path:
     # One Prefect server for all stages instead of a temporary one per stage process.
     os.environ["TAPO_TEST_PREFECT_API_URL"] = prefect_server
-    ws = tmp_path_factory.mktemp("ws")
-    # A snapshot of the code (python -m in the workspace imports these copies), so edits to
-    # the checkout while the test runs cannot change the stages' dependency hashes.
-    for name in ("pipeline", "flows", "sandbox"):
-        shutil.copytree(repo_root / name, ws / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("dvc.yaml", "prefect.toml", ".dvcignore"):
-        shutil.copy(repo_root / name, ws / name)
-    params = _merge(yaml.safe_load((repo_root / "params.yaml").read_text()), TINY)
-    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    tok = tiny_tokenizer()
-    tiny_llama(len(tok), seed=0).save_pretrained(ws / "tiny-model")
-    tok.save_pretrained(ws / "tiny-model")
+    ws = make_workspace(tmp_path_factory.mktemp("ws"), repo_root, TINY)
     _dvc(ws, "init", "--no-scm", "-q", "--force")
     return ws
 

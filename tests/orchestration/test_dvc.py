@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.pipeline import DVC_TAG_PREFIX, LockFileError, dvc_input_hashes, pipeline_flow
-from tests.orchestration.workspace import TINY_EVAL, make_workspace, merge
+from tests.helpers.workspace import TINY_EVAL, make_workspace, merge
 
 pytestmark = pytest.mark.slow
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+from tqdm import tqdm
 
 from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
@@ -117,18 +118,28 @@ def chunks(problems: tuple[Problem, ...], size: int) -> list[tuple[Problem, ...]
 async def _evaluate_chunks(plan: _Plan) -> None:
     ec = plan.cfg.evaluate
     position = 0
-    for bench in plan.benchmarks:
-        for chunk in chunks(bench.problems, ec.chunk_problems):
-            position += 1
-            todo = [p for p in chunk if not plan.store.done(bench.name, p.id, ec.samples)]
-            if not todo:
-                continue
-            # Seed by chunk position (not by how many rollouts this process ran) so resuming
-            # reproduces exactly what an uninterrupted run would have sampled.
-            plan.engine.calls = position - 1
-            result = await plan.engine.arollout(list(chunk), ec.samples, temperature=ec.temperature)
-            records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
-            plan.store.append(await judge_records(records, ec.judge))
+    # A bar with ETA over samples on a terminal, silent otherwise (disable=None, as in training);
+    # samples resumed from the store count as done at once, so the ETA covers only what is left.
+    total = sum(len(b.problems) for b in plan.benchmarks) * ec.samples
+    with tqdm(total=total, desc="evaluate", unit="sample", disable=None) as bar:
+        for bench in plan.benchmarks:
+            for chunk in chunks(bench.problems, ec.chunk_problems):
+                position += 1
+                await _evaluate_chunk(plan, bench, chunk, position)
+                bar.update(len(chunk) * ec.samples)
+
+
+async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, ...], position: int) -> None:
+    ec = plan.cfg.evaluate
+    todo = [p for p in chunk if not plan.store.done(bench.name, p.id, ec.samples)]
+    if not todo:
+        return
+    # Seed by chunk position (not by how many rollouts this process ran) so resuming
+    # reproduces exactly what an uninterrupted run would have sampled.
+    plan.engine.calls = position - 1
+    result = await plan.engine.arollout(list(chunk), ec.samples, temperature=ec.temperature)
+    records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
+    plan.store.append(await judge_records(records, ec.judge))
 
 
 async def _evaluate(plan: _Plan) -> None:

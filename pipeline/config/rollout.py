@@ -26,6 +26,11 @@ class RolloutConfig(StageConfig):
     max_turns: int = Field(4, ge=1, description="Generation segments per trajectory.")
     max_tool_output_chars: int = Field(1024, ge=32, description="Tool output longer than this is cut to head ... tail.")
     max_batch_sequences: int = Field(16, ge=1, description="Sequences generated together (vLLM: max_num_seqs).")
+    max_parked_kv_tokens: int = Field(
+        65536, ge=0,
+        description="hf backend: context tokens whose KV cache parked sequences keep while waiting on a tool, so "
+        "re-admission prefills only the tool output (0 = always re-prefill the whole context).",
+    )
     tool_concurrency: int = Field(8, ge=1, description="Concurrent requests per tool service.")
 
     @model_validator(mode="after")

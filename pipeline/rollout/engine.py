@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig
@@ -58,11 +59,12 @@ class HFBackend:
     """The `hf` backend: a fresh continuous-batching decoder per rollout over the shared model."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig) -> None:
-        self.model, self.tokenizer, self.max_batch = model, tokenizer, cfg.max_batch_sequences
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
 
     def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
         # `seed` is unused here: each sequence carries its own generator (seeded by the engine).
-        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.max_batch)
+        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
+                         max_parked_kv_tokens=self.cfg.max_parked_kv_tokens)
 
     def update_weights(self, named_tensors) -> None:
         """Nothing to push: the decoder samples from the trained module itself."""
@@ -127,8 +129,10 @@ class RolloutEngine:
             seq.rng.manual_seed(rollout_seed * 100_003 + index)
         run = SCHEDULES[self.cfg.schedule](self, seqs, asyncio.get_running_loop())
         t0 = time.perf_counter()
-        decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
-        await run.drain()
+        # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
+        with tqdm(total=len(seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
+            decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
+            await run.drain()
         trajectories = [s.to_trajectory(self.tokenizer.decode(s.response_ids, skip_special_tokens=True)) for s in seqs]
         groups = [Group(p, tuple(trajectories[i * n:(i + 1) * n])) for i, p in enumerate(problems)]
         stats = RolloutStats.collect(groups, decoder_stats, run.tool_results, time.perf_counter() - t0)
@@ -153,6 +157,7 @@ class _Run:
         self.tasks: set[asyncio.Task] = set()
         self.tool_results: list[tuple[ToolName, ToolResult]] = []
         self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
+        self.bar: tqdm | None = None  # set by the engine for the length of the rollout
 
     # --- called from the decoder thread -------------------------------------------------
     def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
@@ -229,10 +234,15 @@ class _Run:
             self.cond.notify()
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
+        self._mark_finished(seq, reason)
         with self.cond:
             self.open -= 1
             self.cond.notify()
+
+    def _mark_finished(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if self.bar is not None:
+            self.bar.update()
 
 
 class _TurnSynchronousRun(_Run):
@@ -257,7 +267,7 @@ class _TurnSynchronousRun(_Run):
             self._leave_turn()
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
+        self._mark_finished(seq, reason)
         with self.cond:
             self.open -= 1
             self._leave_turn()

@@ -24,6 +24,8 @@ class RolloutStats:
     tool_latency_p95_s: dict[str, float] = field(default_factory=dict)
     turns_histogram: dict[int, int] = field(default_factory=dict)
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    prefill_tokens: int = 0  # context tokens fed at admission (prompts, tool outputs)
+    reused_tokens: int = 0  # context tokens a re-admitted sequence took from its parked KV cache
 
     @property
     def idle_fraction(self) -> float:
@@ -48,6 +50,8 @@ class RolloutStats:
             tool_latency_p95_s={n: float(np.percentile(v, 95)) for n, v in latencies.items() if v},
             turns_histogram=dict(sorted(Counter(t.turns for t in trajs).items())),
             finish_reasons=dict(sorted(Counter(t.finish_reason for t in trajs).items())),
+            prefill_tokens=decoder.prefill_tokens,
+            reused_tokens=decoder.reused_tokens,
         )
 
     @classmethod
@@ -77,6 +81,8 @@ class RolloutStats:
             tool_latency_p95_s=weighted("tool_latency_p95_s"),
             turns_histogram=added("turns_histogram"),
             finish_reasons=added("finish_reasons"),
+            prefill_tokens=sum(p.prefill_tokens for p in parts),
+            reused_tokens=sum(p.reused_tokens for p in parts),
         )
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -87,6 +93,8 @@ class RolloutStats:
             "generator_idle_fraction": self.idle_fraction,
             "policy_tokens_per_s": self.policy_tokens / self.wall_s if self.wall_s > 0 else 0.0,
             "mean_policy_tokens": self.policy_tokens / max(self.trajectories, 1),
+            "prefill_tokens": self.prefill_tokens,
+            "reused_kv_tokens": self.reused_tokens,
         }
         out |= {f"calls_per_traj/{k}": v for k, v in self.calls_per_trajectory.items()}
         out |= {f"tool_errors/{k}": v for k, v in self.tool_errors.items()}

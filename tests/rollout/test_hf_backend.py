@@ -56,3 +56,71 @@ def test_merged_batch_matches_single_sequence_greedy() -> None:
             logits = model(torch.tensor([prompt + ref])).logits[0].log_softmax(-1)
         expected = [logits[len(prompt) - 1 + i, t].item() for i, t in enumerate(ref)]
         assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+class ToolRoundsScheduler:
+    """Every segment end is treated as a tool call: `rounds` times, tool-output tokens are
+    appended (mask 0) and the sequence is re-admitted; then it finishes."""
+
+    def __init__(self, seqs: list[Sequence], rounds: int, outputs: list[list[int]]) -> None:
+        self.ready, self.rounds, self.outputs = list(seqs), rounds, outputs
+        self.total, self.done = len(seqs), 0
+
+    def take_ready(self, max_n):
+        taken, self.ready = self.ready[:max_n], self.ready[max_n:]
+        return [(s, ()) for s in taken]
+
+    def wait_ready(self, timeout_s):
+        pass
+
+    def unfinished(self):
+        return self.total - self.done
+
+    def segment_ended(self, seq, reason):
+        seq.turns += 1
+        if seq.turns > self.rounds:
+            seq.finish_reason = "max_turns"
+            self.done += 1
+            return
+        seq.append_inserted(self.outputs[(seq.turns + len(seq.prompt_ids)) % len(self.outputs)])
+        self.ready.append(seq)
+
+
+def _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens: int) -> tuple[list[Sequence], int, int]:
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_policy_tokens=6, max_total_tokens=512)
+    outputs = [tok(t)["input_ids"] for t in ("<output>42</output>", "<output>error: x</output> more", "ok")]
+    seqs = [_seq(p) for p in prompts]
+    decoder = HFDecoder(model, tok, params, max_batch=2, max_parked_kv_tokens=max_parked_kv_tokens)
+    stats = decoder.run(ToolRoundsScheduler(seqs, rounds=3, outputs=outputs))
+    return seqs, stats.reused_tokens, stats.prefill_tokens
+
+
+def test_parked_caches_give_the_same_tokens_and_logprobs_as_full_prefill() -> None:
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), seed=5)
+    model.generation_config.eos_token_id = None
+    prompts = [tok(t)["input_ids"] for t in ("What is 6 * 7?", "The quick brown fox jumps over", "0123", "a b")]
+    reused, reused_tokens, reused_prefill = _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens=10_000)
+    fresh, fresh_reused, fresh_prefill = _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens=0)
+    assert fresh_reused == 0 and reused_tokens > 0
+    assert reused_prefill + reused_tokens == fresh_prefill  # every context token is fed once or served from cache
+    for a, b in zip(reused, fresh):
+        assert a.response_ids == b.response_ids and a.loss_mask == b.loss_mask
+        assert sum(a.loss_mask) == 6 + 3  # a 6-token segment, then one token after each of 3 tool outputs
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+        with torch.no_grad():  # and both are the log-probs of one full forward pass
+            logits = model(torch.tensor([a.context_ids])).logits[0].log_softmax(-1)
+        n = len(a.prompt_ids)
+        expected = [logits[n - 1 + i, t].item() if m else 0.0 for i, (t, m) in enumerate(zip(a.response_ids, a.loss_mask))]
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+def test_parked_cache_bound_falls_back_to_full_prefill() -> None:
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), seed=5)
+    model.generation_config.eos_token_id = None
+    prompts = [tok(t)["input_ids"] for t in ("What is 6 * 7?", "0123")]
+    small, reused_tokens, _ = _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens=len(prompts[1]) + 8)
+    full, _, _ = _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens=0)
+    assert 0 < reused_tokens  # the short sequence fits at first, the long one never does
+    assert [s.response_ids for s in small] == [s.response_ids for s in full]

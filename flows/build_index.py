@@ -7,7 +7,7 @@ import dataclasses
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage
+from flows.common import reported_stage, run_stage
 from pipeline.config.search import SearchConfig
 from pipeline.search.build_index import build_index
 
@@ -19,10 +19,7 @@ def build_index_task(cfg: SearchConfig) -> dict:
 
 @flow(name="build-index", log_prints=True)
 def build_index_flow(params: str = "params.yaml") -> dict:
-    cfg = load_or_exit(params)
-    report = build_index_task(cfg.search)
-    print(f"index: {report}")
-    return report
+    return reported_stage(params, "build-index", "search", build_index_task)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Shared command-line handling for the stage flows."""
+"""Shared by the stage flows: command-line handling, params validation, the shape of a reported stage."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from flows.tracking import log_report, stage_run
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
+
+T = TypeVar("T")
 
 
 def stage_args(description: str, *, resume: bool = False) -> argparse.Namespace:
@@ -41,3 +47,15 @@ def run_stage(flow_fn: Callable[..., object], description: str, *, resume: bool 
     args = stage_args(description, resume=resume)
     load_or_exit(args.params)
     flow_fn(args.params, **({"resume": args.resume} if resume else {}))
+
+
+def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:
+    """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
+    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report."""
+    cfg = load_or_exit(params)
+    part: BaseModel = getattr(cfg, section)
+    with stage_run(cfg, stage) as run_id:
+        report = work(part)
+        log_report(cfg.run, run_id, {section: part.model_dump()}, report)
+    print(f"{stage}: {report}")
+    return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage
+from flows.common import reported_stage, run_stage
 from pipeline.config.curate import CurateConfig
 from pipeline.data.curate import run as curate
 
@@ -17,10 +17,7 @@ def curate_task(cfg: CurateConfig) -> dict:
 
 @flow(name="curate", log_prints=True)
 def curate_flow(params: str = "params.yaml") -> dict:
-    cfg = load_or_exit(params)
-    report = curate_task(cfg.curate)
-    print(f"curated: {report}")
-    return report
+    return reported_stage(params, "curate", "curate", curate_task)
 
 
 if __name__ == "__main__":

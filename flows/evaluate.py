@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import load_or_exit
 from flows.services import running_services
+from flows.tracking import stage_run
 from pipeline.config import DEFAULT_PARAMS, RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
@@ -47,10 +48,11 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
     benchmarks = load_benchmarks(cfg.evaluate)
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
     tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
-    with running_services(cfg, tools, params) as urls:
-        metrics = evaluate_task(cfg, urls, model)
-    print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
-    decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"])
+    with stage_run(cfg, "evaluate") as run_id:
+        with running_services(cfg, tools, params) as urls:
+            metrics = evaluate_task(cfg, urls, model)
+        print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
+        decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], eval_run_id=run_id)
     print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
     return metrics
 

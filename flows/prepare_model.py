@@ -5,21 +5,19 @@ from __future__ import annotations
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage
+from flows.common import reported_stage, run_stage
+from pipeline.config.model import ModelConfig
 from pipeline.model import prepare_base_model
 
 
 @task(cache_policy=NO_CACHE)
-def convert(path: str, out_dir: str) -> str:
-    return str(prepare_base_model(path, out_dir))
+def convert(cfg: ModelConfig) -> str:
+    return str(prepare_base_model(cfg.path, cfg.base_dir))
 
 
 @flow(name="prepare-model", log_prints=True)
 def prepare_model_flow(params: str = "params.yaml") -> str:
-    cfg = load_or_exit(params)
-    out = convert(cfg.model.path, cfg.model.base_dir)
-    print(f"base model ready at {out}")
-    return out
+    return reported_stage(params, "prepare-model", "model", convert)
 
 
 if __name__ == "__main__":

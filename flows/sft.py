@@ -7,6 +7,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import load_or_exit, run_stage
 from flows.services import running_services
+from flows.tracking import stage_run
 from pipeline.config import RunConfig
 from pipeline.sft import run as sft
 
@@ -19,7 +20,7 @@ def sft_task(cfg: RunConfig, urls: dict) -> dict:
 @flow(name="sft", log_prints=True)
 def sft_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
-    with running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+    with stage_run(cfg, "sft"), running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
         metrics = sft_task(cfg, urls)
     print(f"sft: {metrics}")
     return metrics

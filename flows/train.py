@@ -1,13 +1,28 @@
-"""Stage train: RL with tools (DAPO by default) from the base or SFT model."""
+"""Stage train: RL with tools (DAPO by default) from the base or SFT model.
+
+The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint
+names). Afterwards the checkpoints this run saved are logged into it too: every checkpoint's
+metadata and the last one whole (weights, optimiser, RNG), so training can resume elsewhere.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import load_or_exit, run_stage, tools_needed
 from flows.services import running_services
+from flows.tracking import stage_run
+from pipeline.checkpoint import latest_checkpoint
 from pipeline.config import RunConfig
+from pipeline.registry import quiet_progress_unless_tty
+from pipeline.tracking import log_checkpoints
 from pipeline.train import run as train
 
 
@@ -16,11 +31,36 @@ def train_task(cfg: RunConfig, urls: dict, resume: bool) -> dict:
     return train(cfg, urls, resume=resume)
 
 
+def resumed_run_id(cfg: RunConfig) -> str | None:
+    """The MLflow run the latest checkpoint was saved by, if it still exists at the tracking URI."""
+    latest = latest_checkpoint(Path(cfg.train.checkpoint_dir))
+    state = latest / "state.json" if latest else None
+    if state is None or not state.is_file():
+        return None
+    run_id = json.loads(state.read_text()).get("mlflow_run_id")
+    try:
+        return MlflowClient(cfg.run.tracking_uri).get_run(run_id).info.run_id if run_id else None
+    except MlflowException:
+        return None
+
+
+def saved_since(cfg: RunConfig, started: float) -> list[Path]:
+    """Checkpoint directories written since `started` (not those of an earlier training)."""
+    root = Path(cfg.train.checkpoint_dir) / "checkpoints"
+    return sorted(p for p in root.glob("step-??????") if p.is_dir() and p.stat().st_mtime >= started)
+
+
 @flow(name="train", log_prints=True)
 def train_flow(params: str = "params.yaml", resume: bool = False) -> dict:
     cfg = load_or_exit(params)
-    with running_services(cfg, tools_needed(cfg.train.train_file), params) as urls:
-        metrics = train_task(cfg, urls, resume)
+    started = time.time() - 1.0  # file times may be rounded down
+    with stage_run(cfg, "train", run_id=resumed_run_id(cfg) if resume else None) as run_id:
+        with running_services(cfg, tools_needed(cfg.train.train_file), params) as urls:
+            metrics = train_task(cfg, urls, resume)
+        if run_id is not None:
+            quiet_progress_unless_tty()
+            logged = log_checkpoints(cfg.run, run_id, saved_since(cfg, started))
+            print(f"checkpoints logged to MLflow run {run_id}: {logged}")
     print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}")
     return metrics
 

@@ -1,7 +1,10 @@
 """MLflow as the system of record: runs, flattened params, per-step metrics, artifacts, tags.
 
 A stage run nests under the pipeline's parent run when `TAPO_MLFLOW_PARENT_RUN` names one
-(the orchestration flow sets it). The git commit is recorded as a tag on every run.
+(the orchestration flow sets it). When `TAPO_MLFLOW_STAGE_RUN` names a run, the stage flow has
+already opened the stage's run (nested, tagged with its DVC input hashes) and `tracked_run`
+logs into that one instead of opening another: one run per stage, whoever opens it. The git
+commit is recorded as a tag on every run.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pipeline.config.run import RunSection
 from pipeline.paths import REPO_ROOT
 
 PARENT_ENV = "TAPO_MLFLOW_PARENT_RUN"
+STAGE_RUN_ENV = "TAPO_MLFLOW_STAGE_RUN"
 MAX_PARAM_LEN = 500
 
 
@@ -45,15 +49,18 @@ def git_commit() -> str:
 @contextmanager
 def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, run_id: str | None = None,
                 tags: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
-    """Start (or resume, given `run_id`) an MLflow run for one stage."""
+    """Start (or resume, given `run_id`) an MLflow run for one stage; adopt the flow's stage run if any."""
     mlflow.set_tracking_uri(run_cfg.tracking_uri)
     mlflow.set_experiment(run_cfg.experiment)
+    resumed = run_id is not None
+    adopted = None if resumed else os.environ.get(STAGE_RUN_ENV)
     parent = os.environ.get(PARENT_ENV)
     all_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
-    if parent and run_id is None:
+    if parent and not resumed and not adopted:
         all_tags["mlflow.parentRunId"] = parent
+    run_id = run_id or adopted
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else stage, tags=all_tags) as active:
-        if run_id is None:
+        if not resumed:
             mlflow.log_params(flatten(params))
         yield active
 
@@ -65,3 +72,21 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
 
 def log_dir(path: Path, artifact_path: str) -> None:
     mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+
+
+def log_checkpoints(run_cfg: RunSection, run_id: str, checkpoints: list[Path], artifact_path: str = "checkpoints",
+                    *, full: int = 1) -> list[str]:
+    """Log checkpoint directories into run `run_id` (which may have ended): the metadata of every one
+    (its top-level JSON files: trainer state, model config), and the whole directory (weights,
+    optimiser, RNG) of the last `full` ones, so training can resume from the tracking server
+    without storing every step's weights twice. Returns the artifact folders written."""
+    client = mlflow.MlflowClient(run_cfg.tracking_uri)
+    ordered = sorted(checkpoints)
+    for i, ckpt in enumerate(ordered):
+        dest = f"{artifact_path}/{ckpt.name}"
+        if i >= len(ordered) - full:
+            client.log_artifacts(run_id, str(ckpt), dest)
+        else:
+            for meta in sorted(ckpt.glob("*.json")):
+                client.log_artifact(run_id, str(meta), dest)
+    return [f"{artifact_path}/{c.name}" for c in ordered]

@@ -1,8 +1,10 @@
 """DVC in a scratch workspace: the pipeline flow's dvc mode under an MLflow parent run, and a local remote.
 
 The first stages of the real dvc.yaml (prepare-model on a tiny model, curate on a few
-calculator problems) run through `pipeline_flow(use_dvc=True)`; their outputs are then pushed
-to a directory remote, deleted with the cache, and pulled back byte for byte.
+calculator problems) run through `pipeline_flow(use_dvc=True)`: each stage process opens one
+run nested under the flow's parent, tagged with its inputs' hashes as dvc.lock records them.
+Their outputs are then pushed to a directory remote, deleted with the cache, and pulled back
+byte for byte.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import yaml
 from mlflow import MlflowClient
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.pipeline import DVC_TAG_PREFIX, LockFileError, dvc_input_hashes, pipeline_flow
+from flows.pipeline import pipeline_flow
+from flows.tracking import DVC_TAG_PREFIX, LockFileError, dvc_input_hashes
 from tests.helpers.workspace import TINY_EVAL, make_workspace, merge
 
 pytestmark = pytest.mark.slow
@@ -61,7 +64,7 @@ def repro_workspace(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, p
     return ws
 
 
-def test_dvc_mode_parent_run_is_tagged_with_commit_and_input_hashes(repro_workspace: Path) -> None:
+def test_dvc_mode_parent_and_stage_runs_are_tagged_with_commit_and_input_hashes(repro_workspace: Path) -> None:
     ws = repro_workspace
     hashes = dvc_input_hashes(ws / "dvc.lock")
     assert {"pipeline/model.py", "flows/curate.py", "pipeline/data"} <= hashes.keys()
@@ -73,6 +76,13 @@ def test_dvc_mode_parent_run_is_tagged_with_commit_and_input_hashes(repro_worksp
     recorded = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in parent.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
     assert recorded == hashes
     assert parent.data.params["model.path"] == "tiny-model"
+    lock = yaml.safe_load((ws / "dvc.lock").read_text())["stages"]
+    children = client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(r.data.tags["stage"] for r in children) == sorted(RAN)  # one run per stage
+    for run in children:
+        tagged = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
+        assert tagged == {d["path"]: d["md5"] for d in lock[run.data.tags["stage"]]["deps"]}
+        assert run.info.status == "FINISHED"
 
 
 def test_local_remote_push_delete_pull_restores_outputs(repro_workspace: Path, tmp_path: Path) -> None:

@@ -1,48 +1,148 @@
-"""The pipeline's MLflow parent run: stage runs nest under it, a failure marks it FAILED."""
+"""The pipeline's MLflow runs: one parent, one nested run per stage whoever opens it, the parent of a
+plain `dvc repro` found by its invocation, failures marked FAILED, checkpoints logged."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from flows.pipeline import nested_stage_run, parent_run
+import flows.tracking
+from flows.tracking import INVOCATION_TAG, dvc_invocation, log_report, parent_run, stage_run
+from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking import PARENT_ENV, tracked_run
+from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, log_checkpoints, tracked_run
 
 
 @pytest.fixture()
-def run_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunSection:
+def cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunConfig:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv(PARENT_ENV, raising=False)
-    return RunSection(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="parent-test")
+    monkeypatch.delenv(STAGE_RUN_ENV, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    return RunConfig(run=RunSection(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="parent-test"))
 
 
-def test_stage_runs_nest_under_the_parent(run_cfg: RunSection) -> None:
-    with parent_run(run_cfg, "pipeline", {"train": {"lr": 1e-6}}, {"git_commit": "c0ffee"}) as parent_id:
+def _runs(cfg: RunConfig, query: str = "") -> list:
+    client = MlflowClient(cfg.run.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.run.experiment)
+    return client.search_runs([experiment.experiment_id], query)
+
+
+def _children(cfg: RunConfig, parent_id: str) -> dict[str, object]:
+    runs = _runs(cfg, f"tags.mlflow.parentRunId = '{parent_id}'")
+    assert len(runs) == len({r.data.tags["stage"] for r in runs}), "more than one run for a stage"
+    return {r.data.tags["stage"]: r for r in runs}
+
+
+def _two_stages(cfg: RunConfig) -> None:
+    """curate (the flow logs its report) and train (the library's tracked_run logs into the stage run)."""
+    with stage_run(cfg, "curate") as run_id:
+        log_report(cfg.run, run_id, {"curate": {"seed": 3}}, {"n_train": 6, "output_dir": "data/curated"})
+    with stage_run(cfg, "train") as run_id, tracked_run(cfg.run, "train", {"train": {"lr": 1e-6}}) as active:
+        assert active.info.run_id == run_id  # adopted, not a second run
+        mlflow.log_metric("reward/mean", 0.5)
+
+
+def test_each_stage_has_one_run_nested_under_the_parent(cfg: RunConfig) -> None:
+    with parent_run(cfg.run, "pipeline", {"train": {"lr": 1e-6}}, {"git_commit": "c0ffee"}) as parent_id:
         assert os.environ[PARENT_ENV] == parent_id
-        with tracked_run(run_cfg, "train", {}) as child:
-            mlflow.log_metric("reward/mean", 0.5)
-        nested_stage_run(run_cfg, parent_id, "curate", {"n_train": 6, "output_dir": "data/curated"})
-    assert PARENT_ENV not in os.environ
-    client = MlflowClient(run_cfg.tracking_uri)
-    parent = client.get_run(parent_id)
+        _two_stages(cfg)
+    assert PARENT_ENV not in os.environ and STAGE_RUN_ENV not in os.environ
+    parent = MlflowClient(cfg.run.tracking_uri).get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["git_commit"] == "c0ffee"
     assert parent.data.params["train.lr"] == "1e-06"
-    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
-    assert {r.data.tags["stage"] for r in children} == {"train", "curate"}
-    curate = next(r for r in children if r.data.tags["stage"] == "curate")
-    assert curate.data.metrics["n_train"] == 6 and curate.data.params["output_dir"] == "data/curated"
-    assert client.get_run(child.info.run_id).data.tags["mlflow.parentRunId"] == parent_id
+    stages = _children(cfg, parent_id)
+    assert stages.keys() == {"curate", "train"}
+    assert stages["curate"].data.metrics["n_train"] == 6 and stages["curate"].data.params["curate.seed"] == "3"
+    assert stages["train"].data.metrics["reward/mean"] == 0.5 and stages["train"].data.params["train.lr"] == "1e-06"
+    assert all(r.info.status == "FINISHED" and len(r.data.tags["git_commit"]) == 40 for r in stages.values())
+    assert len(_runs(cfg)) == 3
 
 
-def test_failure_marks_the_parent_failed_and_restores_the_env(run_cfg: RunSection,
+def test_plain_dvc_repro_stages_share_the_parent_of_their_invocation(cfg: RunConfig,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4242:777")
+    _two_stages(cfg)
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4243:900")  # the next `dvc repro`
+    with pytest.raises(RuntimeError, match="stage broke"), stage_run(cfg, "evaluate"):
+        raise RuntimeError("stage broke")
+    parents = {r.data.tags[INVOCATION_TAG]: r for r in _runs(cfg, "tags.stage = 'pipeline'")}
+    assert parents.keys() == {"host:4242:777", "host:4243:900"}
+    first, second = parents["host:4242:777"], parents["host:4243:900"]
+    assert first.info.status == "FINISHED" and first.data.tags["mode"] == "dvc"
+    assert first.data.params["run.experiment"] == "parent-test"
+    assert _children(cfg, first.info.run_id).keys() == {"curate", "train"}
+    assert second.info.status == "FAILED"
+    (evaluate,) = _children(cfg, second.info.run_id).values()
+    assert evaluate.info.status == "FAILED"
+
+
+def test_a_stage_outside_any_pipeline_is_a_top_level_run(cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: None)
+    with stage_run(cfg, "curate"):
+        pass
+    (run,) = _runs(cfg)
+    assert run.data.tags["stage"] == "curate" and "mlflow.parentRunId" not in run.data.tags
+
+
+def test_resumed_stage_reopens_its_run(cfg: RunConfig) -> None:
+    with stage_run(cfg, "train") as first:
+        pass
+    with stage_run(cfg, "train", run_id=first) as again, tracked_run(cfg.run, "train", {}, run_id=first):
+        mlflow.log_metric("reward/mean", 1.0)
+    assert again == first
+    (run,) = _runs(cfg)
+    assert run.info.status == "FINISHED" and run.data.metrics["reward/mean"] == 1.0
+
+
+def test_other_ranks_record_nothing(cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    with stage_run(cfg, "train") as run_id:
+        assert run_id is None and STAGE_RUN_ENV not in os.environ
+    assert MlflowClient(cfg.run.tracking_uri).get_experiment_by_name(cfg.run.experiment) is None
+
+
+def test_failure_marks_the_parent_failed_and_restores_the_env(cfg: RunConfig,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PARENT_ENV, "outer")
-    with pytest.raises(RuntimeError, match="stage broke"), parent_run(run_cfg, "pipeline", {}, {}) as parent_id:
+    with pytest.raises(RuntimeError, match="stage broke"), parent_run(cfg.run, "pipeline", {}, {}) as parent_id:
         raise RuntimeError("stage broke")
     assert os.environ[PARENT_ENV] == "outer"
-    assert MlflowClient(run_cfg.tracking_uri).get_run(parent_id).info.status == "FAILED"
+    assert MlflowClient(cfg.run.tracking_uri).get_run(parent_id).info.status == "FAILED"
+
+
+def test_invocation_is_the_dvc_process_above(tmp_path: Path) -> None:
+    assert dvc_invocation() is None  # pytest does not run under dvc
+    fake = tmp_path / "dvc"  # a `dvc` that starts a stage through a shell, as dvc does
+    probe = f"{sys.executable} -c 'from flows.tracking import dvc_invocation; print(dvc_invocation())'"
+    fake.write_text(f"#!/bin/sh\n/bin/sh -c \"{probe}\"\necho pid=$$\n")
+    fake.chmod(0o755)
+    out = subprocess.run([str(fake)], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2],
+                         check=True).stdout.split()
+    host, pid, start = out[0].split(":")
+    assert out[1] == f"pid={pid}" and start.isdigit() and host
+
+
+def test_checkpoints_logged_metadata_each_whole_the_last(cfg: RunConfig, tmp_path: Path) -> None:
+    checkpoints = []
+    for step in (1, 2):
+        ckpt = tmp_path / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "state.json").write_text(json.dumps({"step": step}))
+        (ckpt / "model.safetensors").write_bytes(b"w" * step)
+        checkpoints.append(ckpt)
+    with stage_run(cfg, "train") as run_id:
+        pass
+    assert log_checkpoints(cfg.run, run_id, checkpoints[::-1]) == ["checkpoints/step-000001", "checkpoints/step-000002"]
+    client = MlflowClient(cfg.run.tracking_uri)
+    listed = {d: sorted(Path(f.path).name for f in client.list_artifacts(run_id, d)) for d in
+              ("checkpoints/step-000001", "checkpoints/step-000002")}
+    assert listed == {"checkpoints/step-000001": ["state.json"],
+                      "checkpoints/step-000002": ["model.safetensors", "state.json"]}

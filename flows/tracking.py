@@ -1,0 +1,211 @@
+"""MLflow runs of the pipeline and its stages: one parent run per pipeline run, one nested run per stage.
+
+Where the parent comes from:
+* `python -m flows.pipeline` (in-process or `--dvc`) opens it and names it in
+  `TAPO_MLFLOW_PARENT_RUN`, which reaches the stage processes `dvc repro` starts;
+* a plain `dvc repro` / `dvc exp run` has no such variable: the first stage it runs creates a
+  parent tagged with the invocation (`dvc_invocation`: host, pid and start time of the `dvc`
+  process above the stage), and its later stages find it by that tag;
+* a stage run alone (`python -m flows.curate`) has no parent.
+
+`stage_run` opens the stage's run under that parent, tagged with the git commit and the DVC
+hash of each of the stage's file/directory inputs (`dvc.dep.<path>`, computed by DVC the way
+`dvc.lock` records them, from DVC's hash cache, so it is cheap), and names it in
+`TAPO_MLFLOW_STAGE_RUN`, where the library's `tracked_run` adopts it. A data-parallel rank
+other than 0 records nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import yaml
+from mlflow import MlflowClient
+from mlflow.entities import Param, RunStatus, RunTag
+
+from pipeline.config import RunConfig
+from pipeline.config.run import RunSection
+from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, flatten, git_commit
+
+DVC_TAG_PREFIX = "dvc.dep."
+INVOCATION_TAG = "dvc_invocation"
+RUNNING, FINISHED, FAILED = (RunStatus.to_string(s) for s in (RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED))
+
+
+class LockFileError(ValueError):
+    """A dvc.lock that is not the YAML DVC writes."""
+
+
+def dvc_input_hashes(lock_path: Path) -> dict[str, str]:
+    """{dep path: md5} over every stage's deps in dvc.lock; {} when there is no lock file yet."""
+    if not lock_path.is_file():
+        return {}
+    try:
+        lock = yaml.safe_load(lock_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise LockFileError(f"{lock_path}: not valid YAML: {err}") from None
+    stages = lock.get("stages") if isinstance(lock, dict) else None
+    if not isinstance(stages, dict):
+        raise LockFileError(f"{lock_path}: no 'stages' mapping (is it a DVC 2+ lock file?)")
+    hashes: dict[str, str] = {}
+    for name, stage in stages.items():
+        for dep in (stage or {}).get("deps", []):
+            if "path" not in dep or "md5" not in dep:
+                raise LockFileError(f"{lock_path}: stage {name!r} has a dep without 'path' and 'md5': {dep}")
+            hashes[dep["path"]] = dep["md5"]
+    return hashes
+
+
+def lineage_tags(lock_path: Path) -> dict[str, str]:
+    tags = {"git_commit": git_commit()}
+    tags |= {f"{DVC_TAG_PREFIX}{path}": md5 for path, md5 in dvc_input_hashes(lock_path).items()}
+    return tags
+
+
+def stage_input_hashes(stage: str, root: Path | None = None) -> dict[str, str]:
+    """{dep path: DVC md5} of the stage's file and directory deps in `root`'s dvc.yaml, as `dvc.lock`
+    would record them for this run (the lock itself is written only after the stage). {} outside a
+    DVC repository or for a stage dvc.yaml does not define; a missing dep is skipped."""
+    root = Path(root or os.environ.get("DVC_ROOT") or ".")
+    if not (root / ".dvc").is_dir() or not (root / "dvc.yaml").is_file():
+        return {}
+    from dvc.dependency.param import ParamsDependency
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            (found,) = repo.stage.collect(stage)
+            return {str(dep.def_path): dep.get_hash().value for dep in found.deps
+                    if not isinstance(dep, ParamsDependency) and dep.exists}
+    except DvcException as err:  # e.g. no such stage: the run is still recorded, without hashes
+        print(f"tracking: no DVC input hashes for stage {stage!r}: {err}")
+        return {}
+
+
+def dvc_invocation() -> str | None:
+    """'<host>:<pid>:<start>' of the `dvc` process this process runs under (None if there is none,
+    or no /proc to look in). The start time (clock ticks since boot) tells apart a reused pid."""
+    pid = os.getppid()
+    for _ in range(6):  # stage -> shell -> dvc; a launcher (ranks) adds one
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        names = [Path(a.decode(errors="replace")).name for a in argv[:3]]
+        if names[:1] == ["dvc"] or names[1:2] == ["dvc"] or names[1:3] == ["-m", "dvc"]:
+            return f"{socket.gethostname()}:{pid}:{fields[19]}"
+        pid = int(fields[1])
+        if pid <= 1:
+            return None
+    return None
+
+
+@contextmanager
+def parent_run(run_cfg: RunSection, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> Iterator[str]:
+    """An MLflow run whose id the stages see in TAPO_MLFLOW_PARENT_RUN; FAILED if the body raises.
+
+    Created with the MLflow client (not `mlflow.start_run`), so the stage runs the library opens
+    with the fluent API are not blocked by an active run."""
+    client = _client(run_cfg)
+    run_id = client.create_run(_experiment_id(run_cfg), run_name=name, tags={"stage": "pipeline", **tags}).info.run_id
+    client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params).items()])
+    with _env(PARENT_ENV, run_id), _terminated(client, run_id):
+        yield run_id
+
+
+def dvc_parent(cfg: RunConfig, invocation: str) -> str:
+    """The parent run of this `dvc repro`/`dvc exp run` invocation: found by tag, else created."""
+    client = _client(cfg.run)
+    experiment_id = _experiment_id(cfg.run)
+    found = client.search_runs([experiment_id], f"tags.{INVOCATION_TAG} = '{invocation}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    tags = {"stage": "pipeline", "mode": "dvc", "git_commit": git_commit(), INVOCATION_TAG: invocation}
+    tags |= {f"dvc.{k.lower()}": v for k in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV") if (v := os.environ.get(k))}
+    run_id = client.create_run(experiment_id, run_name="dvc repro", tags=tags).info.run_id
+    client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(cfg.model_dump()).items()])
+    return run_id
+
+
+@contextmanager
+def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Iterator[str | None]:
+    """The stage's MLflow run (a new one, or `run_id` reopened on resume), nested under the pipeline
+    parent if there is one; yields its id (None on data-parallel ranks other than 0)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield None
+        return
+    client = _client(cfg.run)
+    parent = os.environ.get(PARENT_ENV)
+    invocation = None if parent else dvc_invocation()
+    if invocation:  # a plain `dvc repro`: this invocation's parent, open again while this stage runs
+        parent = dvc_parent(cfg, invocation)
+        client.update_run(parent, status=RUNNING)
+    hashes = {f"{DVC_TAG_PREFIX}{path}": md5 for path, md5 in stage_input_hashes(stage).items()}
+    tags = {"stage": stage, "git_commit": git_commit(), **hashes} | ({"mlflow.parentRunId": parent} if parent else {})
+    if run_id is None:
+        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage, tags=tags).info.run_id
+    else:
+        client.update_run(run_id, status=RUNNING)
+        for key, value in hashes.items():
+            client.set_tag(run_id, key, value)
+    with _terminated(client, parent if invocation else None), _terminated(client, run_id), \
+            _env(STAGE_RUN_ENV, run_id):
+        if invocation:  # the parent gathers the inputs of every stage this invocation ran
+            client.log_batch(parent, tags=[RunTag(k, v) for k, v in hashes.items()])
+        yield run_id
+
+
+def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any], report: Any) -> None:
+    """For a stage whose library opens no run: its config as params, its report as params, the
+    report's numbers also as metrics."""
+    if run_id is None:
+        return
+    client = _client(run_cfg)
+    values = report if isinstance(report, Mapping) else {"output": report}
+    client.log_batch(run_id, params=[Param(k, v) for k, v in (flatten(params) | flatten(values)).items()])
+    for key, value in values.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            client.log_metric(run_id, key, float(value))
+
+
+def _client(run_cfg: RunSection) -> MlflowClient:
+    mlflow.set_tracking_uri(run_cfg.tracking_uri)
+    return MlflowClient(run_cfg.tracking_uri)
+
+
+def _experiment_id(run_cfg: RunSection) -> str:
+    mlflow.set_tracking_uri(run_cfg.tracking_uri)
+    return mlflow.set_experiment(run_cfg.experiment).experiment_id
+
+
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+@contextmanager
+def _terminated(client: MlflowClient, run_id: str | None) -> Iterator[None]:
+    """Mark `run_id` FINISHED when the body returns, FAILED when it raises (nothing for None)."""
+    status = FAILED
+    try:
+        yield
+        status = FINISHED
+    finally:
+        if run_id is not None:
+            client.set_terminated(run_id, status)

@@ -7,7 +7,7 @@ once at set-up; the loop calls its functions and never asks which one it has.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +15,10 @@ import torch
 
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
+from pipeline.finetune import FullWeights, PolicyWeights
 from pipeline.problem_stream import ProblemStream
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.shaping import NoShaping, RewardShaping
 from pipeline.types import ScoredGroup
 
 
@@ -41,3 +43,7 @@ class Trainer:
     stream: ProblemStream
     state: TrainerState
     placement: Placement
+    # Chosen from the config by `set_up`, which always sets both (the defaults serve the
+    # data-parallel builder's positional call; `set_up` replaces them on its result).
+    weights: PolicyWeights = field(default_factory=FullWeights)  # all weights, or a LoRA adapter
+    shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing

@@ -12,7 +12,8 @@ Departures from the papers, and why:
 3. Dynamic sampling gives up after `max_gen_rounds` and trains on what it kept (TAPO pads
    with unfiltered groups "for testing", which adds zero-advantage rows); a step with no
    informative group makes no update.
-4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free.
+4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free
+   (with a LoRA adapter too: the backend samples from the adapted model).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from pipeline.advantage import is_informative, token_advantages
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
+from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
+from pipeline.finetune import policy_weights
 from pipeline.history import MetricHistory
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
@@ -40,13 +43,13 @@ from pipeline.model import load_policy
 from pipeline.problem_stream import ProblemStream
 from pipeline.registry import log_and_register
 from pipeline.reward import score_trajectory
-from pipeline.reward.score import apply_tepo
-from pipeline.reward.tepo import delta_segment_entropies
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.session import Placement, Trainer
+from pipeline.shaping import RewardShaping, reward_shaping
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
+from pipeline.train_tracking import data_hash_tags, log_samples
 from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
 from pipeline.update import UpdateSettings, micro_batches, policy_gradient_step, token_logprobs_and_entropy
 
@@ -64,41 +67,63 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     seed_everything(cfg.run.seed)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype)
-    if cfg.train.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
     tc = cfg.train
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
+    if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
+        raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
+    weights, shaping = policy_weights(tc.finetune), reward_shaping(cfg.reward)  # the variants, chosen once
+    model, tokenizer = load_policy(tc.init_model, cfg.model.dtype)
+    if tc.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model = weights.prepare(model)
+    optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay,
+                                  betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (tc.warmup_steps + 1)))
     problems = read_problems(tc.train_file)
     if tc.max_train_problems:
         problems = problems[: tc.max_train_problems]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
-        return data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
-                                                  make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
+        tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
+                                                make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
+        return dataclasses.replace(tr, weights=weights, shaping=shaping)
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
     engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
+    if checkpoint is not None:  # an engine with its own copy (vLLM) loaded the initial weights
+        engine.backend.update_weights(weights.rollout_tensors(model))
     engine.calls = state.rollout_calls
     stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
-    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS)
+    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
+                   weights, shaping)
 
 
-def score_group(group: Group, cfg: RunConfig) -> ScoredGroup:
-    """Rule-based rewards, plus TEPO's sparse term when configured (a no-op otherwise)."""
-    min_tokens = getattr(cfg.reward.tepo, "min_segment_tokens", 1)
+def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:
+    """Rule-based rewards, then the configured shaping (TEPO sparse, or none)."""
     rewards = tuple(
-        apply_tepo(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
-                                    max_policy_tokens=cfg.rollout.max_policy_tokens),
-                   delta_segment_entropies(t.entropies, t.output_spans, min_tokens), cfg.reward)
+        shaping.shape(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
+                                       max_policy_tokens=cfg.rollout.max_policy_tokens), t)
         for t in group.trajectories
     )
     return ScoredGroup(group, rewards)
 
 
+@dataclasses.dataclass(frozen=True)
+class Collected:
+    """One step's rollout: the groups to train on, every group scored, and the rollout metrics."""
+
+    kept: list[ScoredGroup]
+    seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
+    metrics: dict[str, float]
+
+
 def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
+    """The groups to train on and the rollout metrics (`collect_groups` without the dropped groups)."""
+    collected = collect_groups(tr)
+    return collected.kept, collected.metrics
+
+
+def collect_groups(tr: Trainer) -> Collected:
     """Sample, score and (DAPO) keep informative groups until the batch is full or rounds run out."""
     tc, algo = tr.cfg.train, tr.cfg.train.algorithm
     kept: list[ScoredGroup] = []
@@ -106,14 +131,14 @@ def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
     rounds: list[RolloutStats] = []
     for _ in range(tc.max_gen_rounds):
         result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
-        scored = [score_group(g, tr.cfg) for g in result.groups]
+        scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
         seen += scored
         kept += [g for g in scored if is_informative(g)] if algo.dynamic_sampling else scored
         rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
-    return kept, (RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
-                  | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
+    return Collected(kept, seen, RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
+                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
@@ -151,7 +176,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     for _ in range(tr.cfg.train.ppo_epochs):
         metrics = policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
     tr.scheduler.step()
-    tr.engine.backend.update_weights(tr.model.named_parameters())  # weight sync (a no-op for hf)
+    tr.engine.backend.update_weights(tr.weights.rollout_tensors(tr.model))  # weight sync (a no-op for hf)
     return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
 
 
@@ -163,15 +188,19 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0,
                             enabled=place.is_main())
     last: dict[str, float] = {}
-    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id) \
+    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id,
+                          tags=data_hash_tags([cfg.train.train_file])) \
         if place.is_main() else contextlib.nullcontext(None)
+    every = cfg.train.log_samples_every
     with run_ctx as active:
         # a progress bar with ETA on a terminal, silent otherwise (disable=None)
         for step in tqdm(range(tr.state.step, cfg.train.steps), desc="train", unit="step", disable=None):
-            kept, rollout_metrics = collect_batch(tr)            # sample with tools, reward, dynamic sampling
-            update_metrics = place.train_step(tr, kept)          # advantages, loss, optimiser step
-            last = rollout_metrics | update_metrics
+            collected = collect_groups(tr)                        # sample with tools, reward, dynamic sampling
+            update_metrics = place.train_step(tr, collected.kept)  # advantages, loss, optimiser step
+            last = collected.metrics | update_metrics
             history.log(step, last)
+            if active is not None and every and step % every == 0:
+                log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
             tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
             if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
                 place.save_checkpoint(tr)
@@ -185,8 +214,10 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
 
 
 def save_final_model(tr: Trainer, path: Path) -> None:
-    """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM."""
-    tr.model.save_pretrained(path, safe_serialization=True)
+    """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM.
+
+    A LoRA adapter is merged into the base weights first (in place: the last use of the model)."""
+    tr.weights.export(tr.model).save_pretrained(path, safe_serialization=True)
     tr.tokenizer.save_pretrained(path)
 
 

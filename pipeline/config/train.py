@@ -31,8 +31,32 @@ class GRPOLoss(StageConfig):
 LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
 
 
+class FullFinetune(StageConfig):
+    """Train every weight of the policy."""
+
+    kind: Literal["full"] = "full"
+
+
+class LoraFinetune(StageConfig):
+    """Train a LoRA adapter (peft) and freeze the base: optimiser state for a few percent of the
+    weights, for machines too small for full AdamW. The final model is saved merged."""
+
+    kind: Literal["lora"] = "lora"
+    r: int = Field(16, ge=1, le=1024, description="Rank of the low-rank update.")
+    alpha: float = Field(32.0, gt=0.0, description="LoRA scale numerator: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input while training (0 keeps the importance ratio exact).")
+    target_modules: tuple[str, ...] = Field(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), min_length=1,
+        description="Names of the linear layers that get an adapter (Llama/Qwen/SmolLM naming).",
+    )
+
+
+FinetuneConfig = Annotated[FullFinetune | LoraFinetune, Field(discriminator="kind")]
+
+
 class TrainConfig(StageConfig):
     algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
+    finetune: FinetuneConfig = Field(default_factory=FullFinetune, description="Which weights train: all, or a LoRA adapter (a typed choice, resolved once).")
     init_model: str = Field("models/sft", min_length=1, description="Model directory RL starts from (the base or SFT model).")
     train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
     steps: int = Field(4, ge=1, description="Optimiser steps (one rollout batch each).")
@@ -52,3 +76,5 @@ class TrainConfig(StageConfig):
         "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
     )
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
+    log_samples_every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
+    log_samples: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")

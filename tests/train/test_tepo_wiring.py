@@ -8,6 +8,7 @@ from pipeline.advantage import token_advantages
 from pipeline.config import RunConfig
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import DAPOLoss
+from pipeline.shaping import reward_shaping
 from pipeline.train import score_group
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
@@ -32,13 +33,24 @@ def cfg_with(tepo) -> RunConfig:
     return base.model_copy(update={"reward": base.reward.model_copy(update={"tepo": tepo})})
 
 
+def scored_totals(group: Group, tepo) -> tuple[float, ...]:
+    cfg = cfg_with(tepo)
+    return score_group(group, cfg, reward_shaping(cfg.reward)).totals  # the shaping set_up resolves
+
+
 def test_sparse_tepo_keeps_reward_only_for_entropy_reducing_calls() -> None:
     group = Group(PROBLEM, (trajectory(LOW_AFTER, "42"), trajectory(HIGH_AFTER, "42")))
-    off = score_group(group, cfg_with(TepoOff())).totals
-    sparse = score_group(group, cfg_with(TepoSparse())).totals
+    off = scored_totals(group, TepoOff())
+    sparse = scored_totals(group, TepoSparse())
     assert off[0] == off[1]
     assert sparse[0] == off[0]  # m/n = 1
     assert sparse[1] < off[1]  # m/n = 0: the outcome bonus is removed
+
+
+def test_dense_tepo_leaves_the_reward_alone() -> None:
+    """Dense TEPO shapes advantages only: scored rewards equal those with TEPO off."""
+    group = Group(PROBLEM, (trajectory(LOW_AFTER, "42"), trajectory(HIGH_AFTER, "42"), trajectory(LOW_AFTER, "7")))
+    assert scored_totals(group, TepoDense(alpha=0.5)) == scored_totals(group, TepoOff())
 
 
 def test_dense_tepo_gives_the_call_segment_its_own_advantage() -> None:

@@ -97,6 +97,20 @@ def build_toy_model(out_dir: Path, sandbox_url: str, sft_steps: int = 80, seed: 
     return out_dir
 
 
+def build_direct_model(out_dir: Path, sft_steps: int = 60, seed: int = 0) -> Path:
+    """Cold-start a tiny Llama on the tool-free coin flip only (no sandbox needed) and save it."""
+    torch.set_num_threads(1)
+    tokenizer = toy_tokenizer()
+    model = tiny_llama(len(tokenizer), seed=seed)
+    batch = to_batch(direct_traces(tokenizer), tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(sft_steps):
+        sft_step(model, optimizer, batch, micro_size=4)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
 def toy_config(root: Path, model_dir: Path, group_size: int = 8, **train: Any) -> RunConfig:
     """The project's params with the toy model, problems and small, fast settings under `root`."""
     train_file = root / "train.jsonl"

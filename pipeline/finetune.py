@@ -1,0 +1,106 @@
+"""Which weights RL trains: all of them, or a LoRA adapter (peft) for small machines.
+
+Chosen once at set-up from `train.finetune`; the trainer then asks the chosen object, never
+which kind it has:
+
+* `prepare(model)`: the module the optimiser, the loss and the `hf` rollout backend share
+  (the `hf` backend samples from the adapted model itself, so its weight sync stays free);
+* `trainable(model)`: the parameters the optimiser holds (LoRA: the adapter only, so AdamW
+  keeps two moments for a few percent of the weights instead of all of them);
+* `rollout_tensors(model)`: what an out-of-process rollout engine (vLLM) must load to sample
+  from the current policy, under the plain model's parameter names. A lazy iterator: a
+  backend that needs nothing (`hf`) never consumes it, so nothing is computed;
+* `export(model)`: a plain transformers model for `save_pretrained`; LoRA is merged in
+  (`merge_and_unload`), so transformers and vLLM load the result without peft.
+
+Checkpoints hold the whole module's state (base and adapter), so `--resume` restores it
+exactly whichever kind trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+
+from pipeline.config.train import FinetuneConfig, LoraFinetune
+
+PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the wrapped model's parameter names
+
+
+class PolicyWeights(Protocol):
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]: ...
+    def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def export(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+
+@dataclass(frozen=True)
+class FullWeights:
+    """Every weight trains; the model is used and saved as loaded."""
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+    def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        return model.named_parameters()
+
+    def export(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model
+
+
+@dataclass(frozen=True)
+class LoraWeights:
+    """A LoRA adapter on `cfg.target_modules`; the base model is frozen.
+
+    Works with gradient checkpointing: transformers' checkpointing is non-reentrant and makes
+    the (frozen) embeddings' output require grad, so gradients reach the adapters.
+    """
+
+    cfg: LoraFinetune
+
+    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+        lora = LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.alpha, lora_dropout=self.cfg.dropout,
+                          target_modules=list(self.cfg.target_modules), bias="none", task_type="CAUSAL_LM")
+        adapted = get_peft_model(model, lora)
+        if not any(isinstance(m, LoraLayer) for m in adapted.modules()):
+            raise ValueError(f"train.finetune.target_modules {list(self.cfg.target_modules)} match no layer of the model")
+        return adapted
+
+    def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+        """The plain model's parameters, adapted layers merged (W + (alpha / r) B A), one at a time.
+
+        The whole model, as for full fine-tuning: a backend may take one load as the whole model."""
+        adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                continue
+            plain = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+            layer, _, kind = name.rpartition(".base_layer.")
+            if kind != "weight":  # a frozen parameter outside the adapters (or a base layer's bias)
+                yield plain, param
+                continue
+            module = adapted[layer]
+            with torch.no_grad():
+                yield plain, param + module.get_delta_weight(module.active_adapters[0]).to(param.dtype)
+
+    def export(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The base model with the adapter merged in. Done in place: call it once, at the end of training."""
+        if not isinstance(model, PeftModel):
+            raise TypeError(f"expected the peft-wrapped policy, got {type(model).__name__}")
+        return model.merge_and_unload()
+
+
+def policy_weights(cfg: FinetuneConfig) -> PolicyWeights:
+    """The strategy for `train.finetune` (the one place that looks at which kind is configured)."""
+    return LoraWeights(cfg) if isinstance(cfg, LoraFinetune) else FullWeights()

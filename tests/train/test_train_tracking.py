@@ -1,0 +1,65 @@
+"""What a train run records in MLflow besides metrics: the md5 of its training data (the hash
+DVC records for the file) as a tag, and tables of sample trajectories every N steps, read back
+from the run's store."""
+
+from __future__ import annotations
+
+import hashlib
+import typing
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from dvc_data.hashfile.hash import file_md5 as dvc_file_md5
+
+from pipeline.train import run
+from pipeline.train_tracking import data_hash_tags
+from pipeline.types import FinishReason
+from tests.train.toy_task import QUESTION, build_direct_model, toy_config
+
+
+def test_data_hash_is_the_md5_dvc_records(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    data.write_bytes(b'{"id": "a"}\r\n{"id": "b"}\n' * 1000)  # CRLF too: DVC 3 hashes the raw bytes
+    (tag, value), = data_hash_tags([str(data)]).items()
+    assert tag == f"dvc.dep.{data}"
+    assert value == dvc_file_md5(str(data)) == hashlib.md5(data.read_bytes()).hexdigest()
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        data_hash_tags([str(tmp_path / "nope.jsonl")])
+
+
+def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
+    model_dir = build_direct_model(tmp_path / "model")
+    cfg = toy_config(tmp_path, model_dir, steps=3, checkpoint_every=3, log_samples_every=2, log_samples=3)
+    run(cfg, {}, metrics_dir=tmp_path / "metrics")
+
+    run_id = json.loads((tmp_path / "ckpt" / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
+    mlflow.set_tracking_uri(cfg.run.tracking_uri)
+    logged = mlflow.MlflowClient().get_run(run_id)
+    train_file = cfg.train.train_file
+    assert logged.data.tags[f"dvc.dep.{train_file}"] == dvc_file_md5(train_file)
+
+    tables = sorted(a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "samples"))
+    assert tables == ["samples/step-000000.json", "samples/step-000002.json"]  # every 2nd step
+    well_formed = 0
+    for step, path in zip((0, 2), tables, strict=True):
+        table = mlflow.load_table(path, run_ids=[run_id])
+        assert len(table) == 3
+        assert set(table["step"]) == {step}
+        assert set(table["question"]) == {QUESTION}
+        assert set(table["finish_reason"]) <= set(typing.get_args(FinishReason))
+        for row in table.to_dict("records"):
+            assert row["response"]
+            assert json.loads(row["tool_calls"]) == [] and row["n_tool_calls"] == 0  # tool-free run
+            if row["format_ok"]:  # the reward terms belong to the logged response
+                well_formed += 1
+                predicted = str(row["predicted"])  # pandas reads "42" back as a number
+                assert f"<answer>{predicted}</answer>" in row["response"]
+                assert row["accuracy"] == float(predicted == "42")
+                assert row["total"] == pytest.approx(row["accuracy"] + row["length"])
+            else:
+                assert row["total"] == pytest.approx(row["format"] + row["length"])
+    assert well_formed > 0  # the cold-started model mostly answers in format

@@ -31,27 +31,40 @@ class UpdateSettings:
 
 def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temperature: float,
                                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(token_j | tokens_<j) and the entropy at j, both [B, T] aligned with input_ids (j=0 is 0)."""
-    logits_BTV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False).logits
-    if temperature > 0:
-        logits_BTV = logits_BTV / temperature
+    """log pi(token_j | tokens_<j) and the entropy at j, both [B, T] aligned with input_ids.
+
+    Only positions from the first loss-masked token on are scored (0 before it): the output
+    head and the softmax over the vocabulary are never run on the shared prompt, which is most
+    of a TAPO sequence (the system prompt alone is ~300 tokens) and, with a 49k-150k vocabulary,
+    a large share of the step."""
     B, T = batch.input_ids_BT.shape
+    first = _first_scored_position(batch.loss_mask_BT)
+    # logits at position j predict token j+1: keep positions first-1 .. T-1
+    logits_BKV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
+                       logits_to_keep=T - first + 1).logits
+    if temperature > 0:
+        logits_BKV = logits_BKV / temperature
     # At least float32 even for a bf16 model: bf16 log-probs (3 significant digits) would put
     # noise of ~1% into every importance ratio.
-    out_dtype = torch.promote_types(logits_BTV.dtype, torch.float32)
-    logprobs_BT = logits_BTV.new_zeros((B, T), dtype=out_dtype)
-    entropy_BT = logits_BTV.new_zeros((B, T), dtype=out_dtype)
-    targets_BT = batch.input_ids_BT[:, 1:]
-    for start in range(0, T - 1, ENTROPY_CHUNK):
-        end = min(start + ENTROPY_CHUNK, T - 1)
-        chunk = logits_BTV[:, start:end]
+    out_dtype = torch.promote_types(logits_BKV.dtype, torch.float32)
+    logprobs_BT = logits_BKV.new_zeros((B, T), dtype=out_dtype)
+    entropy_BT = logits_BKV.new_zeros((B, T), dtype=out_dtype)
+    targets_BK = batch.input_ids_BT[:, first:]
+    for start in range(0, T - first, ENTROPY_CHUNK):
+        end = min(start + ENTROPY_CHUNK, T - first)
+        chunk = logits_BKV[:, start:end]
         logp_BCV = F.log_softmax(chunk if chunk.dtype == torch.float64 else chunk.float(), dim=-1)
-        # logits at position j predict token j+1
-        logprobs_BT[:, start + 1 : end + 1] = logp_BCV.gather(-1, targets_BT[:, start:end, None])[..., 0]
+        logprobs_BT[:, first + start:first + end] = logp_BCV.gather(-1, targets_BK[:, start:end, None])[..., 0]
         if with_entropy:
             with torch.no_grad():
-                entropy_BT[:, start + 1 : end + 1] = -(logp_BCV.exp() * logp_BCV).sum(-1)
+                entropy_BT[:, first + start:first + end] = -(logp_BCV.exp() * logp_BCV).sum(-1)
     return logprobs_BT, entropy_BT
+
+
+def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:
+    """The earliest position any row trains on (at least 1: position 0 has no prediction)."""
+    scored_T = loss_mask_BT.bool().any(0)
+    return max(int(scored_T.int().argmax()), 1) if bool(scored_T.any()) else loss_mask_BT.shape[1] - 1
 
 
 def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:

@@ -9,6 +9,50 @@ from pydantic import Field, model_validator
 from pipeline.config.base import StageConfig
 
 
+class VLLMConfig(StageConfig):
+    """Where the `vllm` backend's engine runs and how it shares memory (ignored by the `hf` backend).
+
+    colocated: each training rank starts its own engine on its own GPU, which vLLM shares with the
+    trainer (memory fraction, and optionally sleep mode: vLLM frees its KV cache and offloads its
+    weights to host memory between rollouts). separate: the engines run on GPUs the trainer does
+    not use, with tensor parallelism as an option. Weights are pushed after every optimiser step
+    either way (gathered from ZeRO-3 shards when the trainer is sharded). See docs/scale-out.md."""
+
+    placement: Literal["colocated", "separate"] = Field(
+        "colocated", description="colocated: the engine shares the training rank's GPU; separate: it runs on `devices`.")
+    devices: tuple[int, ...] = Field(
+        (), description="placement separate: CUDA device indices (of the launcher's visible set) for the engines; "
+        "local rank r takes devices[r*tp:(r+1)*tp]. Unused on CPU.")
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs each engine spans (tensor parallelism; needs placement separate).")
+    gpu_memory_utilization: float = Field(
+        0.4, gt=0.0, le=1.0,
+        description="Fraction of each engine GPU's memory vLLM takes (weights + KV cache). Colocated: what the trainer "
+        "does not need (e.g. 0.3-0.5); separate: up to 0.9. The CPU build sizes its cache from VLLM_CPU_KVCACHE_SPACE.")
+    enable_sleep_mode: bool = Field(
+        False, description="Colocated only: the engine sleeps (KV cache freed, weights offloaded to host) between "
+        "rollouts and wakes for the next one. GPU platforms only; an error on CPU.")
+    push_chunk_mib: int = Field(
+        512, ge=1, description="Weights travel to the engine (and are gathered from ZeRO-3 shards) in chunks of about "
+        "this many MiB, so the extra memory of a push stays bounded.")
+
+    @model_validator(mode="after")
+    def _placement_consistent(self) -> VLLMConfig:
+        if self.placement == "colocated":
+            if self.tensor_parallel_size > 1:
+                raise ValueError("rollout.vllm.tensor_parallel_size > 1 needs placement: separate (a colocated engine "
+                                 "lives on its training rank's one GPU)")
+            if self.devices:
+                raise ValueError("rollout.vllm.devices is for placement: separate (colocated engines use their rank's GPU)")
+        else:
+            if self.enable_sleep_mode:
+                raise ValueError("rollout.vllm.enable_sleep_mode is for placement: colocated (separate GPUs have "
+                                 "no trainer to free memory for)")
+            if len(self.devices) % self.tensor_parallel_size:
+                raise ValueError(f"rollout.vllm.devices ({len(self.devices)}) must be a multiple of "
+                                 f"tensor_parallel_size ({self.tensor_parallel_size})")
+        return self
+
+
 class RolloutConfig(StageConfig):
     protocol: Literal["tapo", "torl", "search-r1"] = Field("tapo", description="Tag protocol: how tool calls, tool outputs and answers are written.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: transformers, or vLLM (its own environment: scripts/setup_vllm.sh).")
@@ -32,6 +76,7 @@ class RolloutConfig(StageConfig):
         "re-admission prefills only the tool output (0 = always re-prefill the whole context).",
     )
     tool_concurrency: int = Field(8, ge=1, description="Concurrent requests per tool service.")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
 
     @model_validator(mode="after")
     def _budgets_consistent(self) -> RolloutConfig:

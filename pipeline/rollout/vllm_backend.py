@@ -25,10 +25,19 @@ Departures from the hf backend, and why:
   requests, but not the same draws as the hf backend for the same seed.
 
 Weights: `update_weights(named_tensors)` loads new tensors into the running model through
-a worker extension (`collective_rpc` -> the model runner's in-place `reload_weights`) and resets the prefix cache
-(cached KV from the old weights must not be reused). Tensors travel through vLLM's RPC
-channel: fine for one CPU/GPU box and small models; large GPU models would use vLLM's
-NCCL weight transfer instead.
+a worker extension (`collective_rpc` -> the model runner's in-place `reload_weights`; with
+tensor parallelism every worker takes its shard of each full tensor) and resets the prefix cache
+(cached KV from the old weights must not be reused). The iterator is plain `(HF name, tensor)`:
+from the model itself in one process, from `pipeline.distributed.weight_sync` under DeepSpeed
+(gathered from ZeRO-3 shards). It is sent in chunks of about `push_chunk_mib`, cut only between
+decoder layers: vLLM fuses a layer's projections (q/k/v, gate/up) and processes a layer once all
+of it has loaded, so a layer split over two reloads would be processed half-loaded. Tensors
+travel through vLLM's RPC channel: fine for one box; large GPU models would use vLLM's NCCL
+weight transfer instead.
+
+Placement (`rollout.vllm`): colocated engines take the training rank's GPU (`device_ids`) and a
+memory fraction, and with sleep mode sleep between rollouts (woken for the next rollout or a
+weight push); separate engines take their own GPUs, `tensor_parallel_size` of them each.
 
 vLLM is imported only when this module is (the engine imports it only for
 `backend: vllm`); a missing install raises `VLLMUnavailable` naming the fix.
@@ -39,15 +48,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
+import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pipeline.config.rollout import VLLMConfig
 from pipeline.rollout.hf_backend import DecoderStats, SamplingParams, Scheduler
 from pipeline.rollout.sequence import Sequence
 
@@ -63,6 +75,7 @@ try:
     from vllm import SamplingParams as VLLMSamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 except ImportError as err:  # pragma: no cover - exercised by the main suite's missing-vllm test
@@ -72,14 +85,33 @@ except ImportError as err:  # pragma: no cover - exercised by the main suite's m
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 
+# What vLLM logs, per layer, for the layers a partial reload leaves alone: expected with chunked pushes.
+_PARTIAL_RELOAD_NOISE = re.compile(r"Failed to load weights|were not loaded from checkpoint")
+
+
+class _DropPartialReloadNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _PARTIAL_RELOAD_NOISE.search(str(record.msg))
+
+
 class WeightSync:
     """Worker extension: methods vLLM mixes into each worker, called via `collective_rpc`."""
 
-    def tapo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]]) -> int:
+    def tapo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]], partial: bool = False) -> int:
         # reload_weights, not model.load_weights: after loading, vLLM post-processes the layers
-        # (e.g. CPU weight repacking) and plain load_weights no longer applies to them.
+        # (e.g. CPU weight repacking) and plain load_weights no longer applies to them. Layers
+        # absent from a partial chunk keep their current (processed) weights.
         runner = self.model_runner  # type: ignore[attr-defined]  # set by the vLLM worker
-        runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))
+        loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}") for m in ("layerwise", "inplace")]
+        noise = _DropPartialReloadNoise()
+        if partial:
+            for log in loggers:
+                log.addFilter(noise)
+        try:
+            runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))
+        finally:
+            for log in loggers:
+                log.removeFilter(noise)
         return len(packed)
 
 
@@ -93,6 +125,64 @@ def unpack_tensor(packed: tuple[str, str, list[int], bytes]) -> tuple[str, torch
     name, dtype, shape, data = packed
     flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype))
     return name, flat.reshape(shape)
+
+
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def layer_key(name: str) -> str:
+    """The decoder layer a HF parameter belongs to (`model.layers.3`), else the name itself."""
+    m = _LAYER.match(name)
+    return m.group(1) if m else name
+
+
+def layer_aligned_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int,
+                         pack=None) -> Iterator[list[Any]]:
+    """Consecutive tensors (packed by `pack`, default as is) in chunks of at least `chunk_bytes` or
+    the end, cut only where the decoder layer changes. Each tensor is packed as it arrives (the
+    iterator may free it on the next step, as `pipeline.distributed.weight_sync` does)."""
+    chunk: list[Any] = []
+    size, last = 0, None
+    for name, tensor in named_tensors:
+        key = layer_key(name)
+        if chunk and size >= chunk_bytes and key != last:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(pack(name, tensor) if pack else (name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        last = key
+    if chunk:
+        yield chunk
+
+
+def engine_device_ids(options: VLLMConfig, local_rank: int, current_device: int) -> list[int]:
+    """CUDA device indices (of the visible set) for this rank's engine: its own GPU when colocated,
+    its slice of `devices` when separate (never the trainer's GPU)."""
+    if options.placement == "colocated":
+        return [current_device]
+    tp = options.tensor_parallel_size
+    ids = list(options.devices[local_rank * tp:(local_rank + 1) * tp])
+    if len(ids) < tp:
+        raise ValueError(f"rollout.vllm.devices {list(options.devices)} has no {tp} GPU(s) for local rank {local_rank} "
+                         f"(placement separate needs tensor_parallel_size = {tp} devices per rank)")
+    if current_device in ids:
+        raise ValueError(f"rollout.vllm.devices gives local rank {local_rank} GPU {current_device}, the one it trains on; "
+                         "use placement: colocated to share it")
+    return ids
+
+
+def placement_args(options: VLLMConfig, cuda: bool, local_rank: int = 0, current_device: int = 0) -> dict[str, Any]:
+    """AsyncEngineArgs for `rollout.vllm`. Sleep mode is checked here, before any process starts,
+    so a platform without it (CPU) fails with the key to change rather than deep in vLLM."""
+    if options.enable_sleep_mode and not current_platform.is_sleep_mode_available():
+        raise ValueError(f"rollout.vllm.enable_sleep_mode is true but vLLM has no sleep mode on this platform "
+                         f"({current_platform.device_type or 'cpu'}; CUDA, ROCm and XPU have it): set it to false")
+    args: dict[str, Any] = {"tensor_parallel_size": options.tensor_parallel_size,
+                            "enable_sleep_mode": options.enable_sleep_mode}
+    if cuda:
+        args["gpu_memory_utilization"] = options.gpu_memory_utilization
+        args["device_ids"] = engine_device_ids(options, local_rank, current_device)
+    return args
 
 
 def model_dir(model: Any) -> str:
@@ -121,15 +211,20 @@ class VLLMBackend:
     """
 
     def __init__(self, model: Any, *, max_batch: int, max_model_len: int, seed: int = 0,
-                 **engine_overrides: Any) -> None:
+                 options: VLLMConfig | None = None, **engine_overrides: Any) -> None:
         self.path = model_dir(model)
-        # CUDA graphs only where there is CUDA; the CPU build runs eagerly.
-        eager = not torch.cuda.is_available()
-        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=eager, dtype=saved_dtype(self.path),
+        options = options or VLLMConfig()
+        cuda = torch.cuda.is_available()  # CUDA graphs only where there is CUDA; the CPU build runs eagerly
+        args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=not cuda, dtype=saved_dtype(self.path),
                     enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
                     logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightSync",
                     disable_log_stats=True)
+        args.update(placement_args(options, cuda, int(os.environ.get("LOCAL_RANK", "0")),
+                                   torch.cuda.current_device() if cuda else 0))
         args.update(engine_overrides)
+        self.sleeps = bool(args["enable_sleep_mode"])  # sleep between rollouts (colocated with training)
+        self._asleep = False
+        self.chunk_bytes = options.push_chunk_mib * 2**20
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-loop", daemon=True)
         self._thread.start()
@@ -146,14 +241,35 @@ class VLLMBackend:
         return VLLMDecoder(self, params, seed)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load `named_tensors` (HF parameter names) into the engine; later samples use them."""
-        packed = [pack_tensor(name, t) for name, t in named_tensors]
-        return self._call(self._update(packed))
+        """Load `named_tensors` (HF parameter names, full tensors) into the engine; later samples use them.
 
-    async def _update(self, tensors: list[tuple[str, str, list[int], bytes]]) -> int:
-        counts = await self.engine.collective_rpc("tapo_load_weights", args=(tensors,))
-        await self.engine.reset_prefix_cache()  # KV computed with the old weights is stale
+        Iterated here, on the caller's thread (under ZeRO-3 it runs collectives), and sent in
+        layer-aligned chunks of about `push_chunk_mib`; one chunk is looked ahead to know whether
+        a load is the whole model. Returns the number of tensors loaded."""
+        self._call(self._wake())
+        chunks = layer_aligned_chunks(named_tensors, self.chunk_bytes, pack=pack_tensor)
+        current, first, loaded = next(chunks, None), True, 0
+        while current is not None:
+            following = next(chunks, None)
+            loaded += self._call(self._load(current, partial=not (first and following is None)))
+            current, first = following, False
+        self._call(self.engine.reset_prefix_cache())  # KV computed with the old weights is stale
+        return loaded
+
+    async def _load(self, tensors: list[tuple[str, str, list[int], bytes]], partial: bool) -> int:
+        counts = await self.engine.collective_rpc("tapo_load_weights", args=(tensors, partial))
         return int(counts[0])
+
+    async def _wake(self) -> None:
+        if self._asleep:
+            await self.engine.wake_up()
+            self._asleep = False
+
+    async def _sleep(self) -> None:
+        """Level 1: the KV cache is dropped and the weights move to host memory until `_wake`."""
+        if self.sleeps and not self._asleep:
+            await self.engine.sleep(level=1)
+            self._asleep = True
 
     def close(self) -> None:
         """Stop the engine's processes and the private loop (idempotent)."""
@@ -194,6 +310,13 @@ class VLLMDecoder:
         return self.backend._call(self._arun(scheduler))
 
     async def _arun(self, scheduler: Scheduler) -> DecoderStats:
+        await self.backend._wake()
+        try:
+            return await self._generate_all(scheduler)
+        finally:
+            await self.backend._sleep()  # colocated sleep mode: the trainer gets the memory back
+
+    async def _generate_all(self, scheduler: Scheduler) -> DecoderStats:
         tasks: set[asyncio.Task] = set()
         while scheduler.unfinished() > 0:
             if self._error is not None:
@@ -272,4 +395,5 @@ def _request_seed(rollout_seed: int, seq: Sequence, position: int) -> int:
     return (rollout_seed * 1_000_003 + seq.rng.initial_seed() * 65_537 + position) % (2**31 - 1)
 
 
-__all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "WeightSync", "model_dir", "vllm"]
+__all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "WeightSync", "engine_device_ids", "layer_aligned_chunks",
+           "model_dir", "placement_args", "vllm"]

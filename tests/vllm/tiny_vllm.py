@@ -11,23 +11,24 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 from tests.helpers.tiny import tiny_tokenizer
 
 
-def tiny_config(vocab_size: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
-                       tie_word_embeddings=False)
+def tiny_config(vocab_size: int, hidden: int = 128, layers: int = 2) -> LlamaConfig:
+    heads = hidden // 64
+    return LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), head_dim=64,
+                       max_position_embeddings=1024, tie_word_embeddings=False)
 
 
-def tiny_model(vocab_size: int, seed: int) -> LlamaForCausalLM:
+def tiny_model(vocab_size: int, seed: int, hidden: int = 128, layers: int = 2) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(vocab_size)).float()
+    model = LlamaForCausalLM(tiny_config(vocab_size, hidden, layers)).float()
     with torch.no_grad():  # larger logits than the default init, so sampling is not near-uniform
         model.lm_head.weight.mul_(20.0)
     return model.eval()
 
 
-def save_tiny(path: Path, seed: int) -> Path:
+def save_tiny(path: Path, seed: int, hidden: int = 128, layers: int = 2) -> Path:
     tok = tiny_tokenizer()
-    model = tiny_model(len(tok), seed)
+    model = tiny_model(len(tok), seed, hidden, layers)
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.save_pretrained(path)
     tok.save_pretrained(path)

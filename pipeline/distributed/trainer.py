@@ -10,6 +10,11 @@ collective per decoded token in lock-step across ranks (ranks decode different l
 so the `hf` rollout backend samples from a full copy that is refreshed (gathered one
 parameter at a time) after every optimiser step. Under ZeRO-0/2 the parameters are whole
 on every rank and the rollout engine samples from them directly.
+
+With the `vllm` backend each rank's engine holds its own copy of the weights (no extra copy
+here): after every optimiser step, and after a resume, the trained weights are pushed into it
+(`weight_sync.push_weights`: gathered from ZeRO-3 shards chunk by chunk, or the whole
+parameters under ZeRO-0/2).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pipeline.advantage import token_advantages
 from pipeline.batching import make_train_batch
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
-from pipeline.distributed import checkpointing
+from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
 from pipeline.loss import make_policy_loss
@@ -38,16 +43,19 @@ def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, opti
                          scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool,
                          placement: Placement) -> Trainer:
     """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine."""
-    rollout_model = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 else model
+    vllm = cfg.rollout.backend == "vllm"  # the engine keeps its own weights: no copy needed here
+    rollout_model = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and not vllm else model
     backend = make_deepspeed_backend(model, optimizer, cfg.distributed, cfg.train.micro_batch_size,
                                      cfg.train.grad_clip, cfg.model.dtype)
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
-    if resume:
-        state = checkpointing.load(backend, Path(cfg.train.checkpoint_dir), scheduler) or state
+    loaded = checkpointing.load(backend, Path(cfg.train.checkpoint_dir), scheduler) if resume else None
+    state = loaded or state
     if rollout_model is not backend.module:
         checkpointing.copy_weights_into(backend, rollout_model)
     seed = cfg.run.seed + backend.rank * cfg.distributed.rollout_seed_stride
     engine = ShardedRolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
+    if vllm and loaded is not None:  # vLLM loaded the initial weights from disk, not the checkpoint's
+        push_rollout_weights(cfg, backend, engine)
     engine.calls = state.rollout_calls
     stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
     return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement)
@@ -87,9 +95,16 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, 
     for _ in range(tc.ppo_epochs):
         metrics = apply_policy_gradient(backend, batch, loss, settings, weight)
     tr.scheduler.step()
-    if tr.engine.model is not backend.module:  # ZeRO-3: refresh the rollout copy
+    if tr.cfg.rollout.backend == "vllm":  # every rank's engine gets the new weights
+        push_rollout_weights(tr.cfg, backend, tr.engine)
+    elif tr.engine.model is not backend.module:  # hf under ZeRO-3: refresh the rollout copy
         checkpointing.copy_weights_into(backend, tr.engine.model)
     return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+
+
+def push_rollout_weights(cfg: RunConfig, backend: DeepSpeedBackend, engine) -> None:
+    """Collective under ZeRO-3: the trained weights, full, into this rank's vLLM engine."""
+    weight_sync.push_weights(backend.module, engine.backend, chunk_bytes=cfg.rollout.vllm.push_chunk_mib * 2**20)
 
 
 def save_checkpoint(tr: Trainer) -> Path:

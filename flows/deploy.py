@@ -34,6 +34,7 @@ from prefect.schedules import Cron
 from flows.common import load_or_exit
 from flows.evaluate import evaluate_flow
 from flows.pipeline import pipeline_flow
+from pipeline.config import read_params
 from pipeline.registry import MODEL_NAME, RegistryError, latest_version
 
 NIGHTLY_CRON = "0 2 * * *"
@@ -43,7 +44,7 @@ LATEST_OUTPUT_ROOT = "runs/evaluate-latest"
 
 def params_for_output(params: str, output_dir: Path) -> Path:
     """A copy of `params` whose evaluate.output_dir is `output_dir` (written beside the outputs)."""
-    data = yaml.safe_load(Path(params).read_text())
+    data = read_params(Path(params).read_text())
     data["evaluate"]["output_dir"] = str(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     derived = output_dir / "params.yaml"

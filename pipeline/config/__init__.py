@@ -8,6 +8,7 @@ Command line: `python -m pipeline.config check [PATH]` prints `ok` or the errors
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,25 @@ DEFAULT_PARAMS = Path("params.yaml")
 
 class ConfigError(ValueError):
     """A params file that cannot be used; the message lists every problem, one per line."""
+
+
+class ParamsLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans (only true/false), as DVC reads and writes params files.
+
+    `dvc exp run -S key=value` rewrites params.yaml with a YAML 1.2 dumper, which leaves
+    `kind: off` unquoted; a YAML 1.1 reader would turn that into False and reject the file."""
+
+
+ParamsLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                   list("tTfF"))
+
+
+def read_params(text: str) -> Any:
+    """Parse a params file's text the way DVC does (see `ParamsLoader`)."""
+    return yaml.load(text, Loader=ParamsLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class RunConfig(StageConfig):
@@ -79,7 +99,7 @@ def load_config(path: str | Path = DEFAULT_PARAMS, overrides: dict[str, Any] | N
     if not path.is_file():
         raise ConfigError(f"{path}: no such params file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_params(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     for dotted, value in (overrides or {}).items():
@@ -97,6 +117,8 @@ def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 __all__ = [
     "ConfigError",
+    "ParamsLoader",
+    "read_params",
     "RunConfig",
     "StageConfig",
     "config_from_dict",

@@ -1,8 +1,10 @@
 """The whole pipeline through `dvc repro`, on a tiny model, in a scratch workspace.
 
 Checks the acceptance points of the pipeline: every stage runs through its Prefect flow and
-writes its metrics; a second `dvc repro` runs nothing; changing one param re-runs only the
-stages that read it.
+writes its metrics; the `dvc repro` gets one MLflow parent run with one nested run per stage,
+tagged with the inputs dvc.lock records, and the train run holds its checkpoints; a second
+`dvc repro` runs nothing; changing one param re-runs only the stages that read it, and so does
+`dvc exp run -S` (the workspace is a git repository, as experiments need).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlflow import MlflowClient
 
+from flows.tracking import DVC_TAG_PREFIX, INVOCATION_TAG
 from tests.helpers.workspace import make_workspace
 
 pytestmark = pytest.mark.slow
@@ -45,8 +49,27 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, prefect
     # One Prefect server for all stages instead of a temporary one per stage process.
     os.environ["TAPO_TEST_PREFECT_API_URL"] = prefect_server
     ws = make_workspace(tmp_path_factory.mktemp("ws"), repo_root, TINY)
-    _dvc(ws, "init", "--no-scm", "-q", "--force")
+    git = ["git", "-c", "user.name=tapo-test", "-c", "user.email=tapo-test@example.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=ws, check=True)
+    _dvc(ws, "init", "-q")
+    (ws / ".gitignore").write_text("tiny-model/\nmlruns.db\nmlartifacts/\nmlruns/\nlogs/\n__pycache__/\n")
+    subprocess.run([*git, "add", "-A"], cwd=ws, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tiny workspace"], cwd=ws, check=True)
     return ws
+
+
+def _pipeline_runs(ws: Path) -> tuple[MlflowClient, list]:
+    client = MlflowClient(f"sqlite:///{ws / 'mlruns.db'}")
+    experiment = client.get_experiment_by_name(yaml.safe_load((ws / "params.yaml").read_text())["run"]["experiment"])
+    parents = client.search_runs([experiment.experiment_id], "tags.stage = 'pipeline'", order_by=["start_time ASC"])
+    return client, parents
+
+
+def _stage_runs(client: MlflowClient, parent) -> dict:
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    stages = {r.data.tags["stage"]: r for r in runs}
+    assert len(stages) == len(runs), "more than one run for a stage"
+    return stages
 
 
 def test_repro_runs_every_stage(workspace: Path) -> None:
@@ -58,12 +81,29 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     assert (workspace / "models/policy/config.json").is_file()
     curve = (workspace / "metrics/train_curve.csv").read_text().splitlines()
     assert len(curve) == 1 + TINY["train"]["steps"]
-    assert (workspace / "mlruns.db").is_file()
+    client, (parent,) = _pipeline_runs(workspace)
+    assert parent.info.status == "FINISHED" and INVOCATION_TAG in parent.data.tags
+    stages = _stage_runs(client, parent)
+    assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate"}
+    lock = yaml.safe_load((workspace / "dvc.lock").read_text())["stages"]
+    for name, run in stages.items():
+        tagged = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
+        assert tagged == {d["path"]: d["md5"] for d in lock[name]["deps"]}, name
+        assert run.info.status == "FINISHED" and run.data.tags["git_commit"] == parent.data.tags["git_commit"]
+    assert stages["evaluate"].data.metrics["eval/n_problems"] == 4
+    train = stages["train"].info.run_id
+    saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
+    assert saved == ["step-000001", "step-000002"]  # checkpoint_every 1, the trainer keeps the last 2
+    assert [Path(f.path).name for f in client.list_artifacts(train, "checkpoints/step-000001")] == ["state.json"]
+    assert {"model.safetensors", "trainer.pt", "state.json"} <= {
+        Path(f.path).name for f in client.list_artifacts(train, "checkpoints/step-000002")}
+    assert client.list_artifacts(train, "policy"), "final model not logged"
 
 
 def test_second_repro_runs_nothing(workspace: Path) -> None:
     out = _dvc(workspace, "repro").stdout
     assert "Running stage" not in out, out
+    assert len(_pipeline_runs(workspace)[1]) == 1, "a dvc repro that ran no stage opened a parent run"
 
 
 def test_changing_one_param_reruns_only_its_stages(workspace: Path) -> None:
@@ -74,3 +114,16 @@ def test_changing_one_param_reruns_only_its_stages(workspace: Path) -> None:
     assert "Running stage 'evaluate'" in out
     assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
     assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 3
+
+
+def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> None:
+    out = _dvc(workspace, "exp", "run", "-S", "evaluate.limit=2").stdout
+    assert "Running stage 'evaluate'" in out
+    assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 2
+    assert yaml.safe_load((workspace / "params.yaml").read_text())["evaluate"]["limit"] == 2
+    listed = _dvc(workspace, "exp", "ls", "--name-only").stdout.split()
+    assert len(listed) == 1, f"expected one experiment, got {listed}"
+    client, parents = _pipeline_runs(workspace)
+    assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
+    assert _stage_runs(client, parents[-1]).keys() == {"evaluate"}

@@ -80,7 +80,8 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
     if cfg.backend == "vllm":
         from pipeline.rollout.vllm_backend import VLLMBackend
 
-        return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed)
+        return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
+                           options=cfg.vllm)
     return HFBackend(model, tokenizer, cfg)
 
 

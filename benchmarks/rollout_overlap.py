@@ -5,17 +5,24 @@ Same model, prompts, tools and scripts on both sides; only `rollout.schedule` di
   slowest tool of each turn;
 - continuous (ours): a sequence resumes as soon as its own tool answers.
 
-The model is the real SmolLM2 policy (`models/sft`, else `models/base`) doing real forward
-passes with its KV cache; only the *choice* of each next token is forced to a script, so
-every trajectory makes exactly `turns` tool calls (alternating a real search call and a real
-code-sandbox call) whatever the weights. Search calls get an injected latency drawn from
-[min, max] ms (a remote search API), on top of the real local service. Generation cost, tool
-cost and scheduling are therefore all real; the script only fixes the number of turns.
+Two models, both doing real forward passes with their KV caches; only the *choice* of each
+next token is forced to a script, so every trajectory makes exactly `turns` tool calls
+(alternating a real search call and a real code-sandbox call) whatever the weights:
+- `policy`: the real SmolLM2-135M policy (`models/sft`, else `models/base`). On 2 CPU cores
+  its prefill and decoding cost ~10x the tool latency per turn, so the generator is busy
+  almost all the time on either schedule: this regime shows what CPU users get.
+- `scaled`: SmolLM2's tokenizer and architecture, randomly initialised with fewer, narrower
+  layers (`--scaled-layers`, `--scaled-hidden`), so that one turn of generation costs about
+  what a tool call costs: the balance of a GPU serving a 1-7B policy, where TAPO's appendix
+  measured the generator idling on tools. This is the regime the scheduling is for.
+Search calls get an injected latency drawn from [min, max] ms (a remote search API), on top
+of the real local service. Generation cost, tool cost and scheduling are all real; the
+script only fixes the number of turns.
 
 Prints per configuration: trajectories/s of both schedules, their ratio, generator idle
-fraction. Last line: one JSON object.
+fraction. Last line: one JSON object; `ratio` is the scaled model's at the most turns.
 
-    nice -n 10 .venv/bin/python -m benchmarks.rollout_overlap [--trajectories 16] [--filler 12]
+    nice -n 10 .venv/bin/python -m benchmarks.rollout_overlap [--models policy scaled] [--trajectories 16]
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from pipeline.config import RunConfig
@@ -57,6 +65,9 @@ class ForcedScript(torch.nn.Module):
         self.model, self.tok = model, tokenizer
         self.scripts = {q: [tokenizer(s, add_special_tokens=False)["input_ids"] for s in segs]
                         for q, segs in scripts.items()}
+        # decoded prefix of each segment -> how many of its tokens were emitted (one lookup a step)
+        self.prefixes = {q: [{tokenizer.decode(seg[:j]): j for j in range(len(seg) + 1)} for seg in segs]
+                         for q, segs in self.scripts.items()}
         self.generation_config = model.generation_config
         self.header = "<|im_start|>assistant\n"
 
@@ -88,10 +99,9 @@ class ForcedScript(torch.nn.Module):
         if k >= len(segments):
             return self.tok.eos_token_id
         seg = segments[k]
-        for j in range(len(seg) + 1):
-            if self.tok.decode(seg[:j]) == emitted:
-                return seg[j] if j < len(seg) else self.tok.eos_token_id
-        raise AssertionError(f"diverged from the script: {emitted!r}")
+        j = self.prefixes[question][k].get(emitted)
+        assert j is not None, f"diverged from the script: {emitted!r}"
+        return seg[j] if j < len(seg) else self.tok.eos_token_id
 
 
 class DelayedSearch:
@@ -110,12 +120,17 @@ class DelayedSearch:
         await self.client.aclose()
 
 
-def scripts_for(problems: list[Problem], turns: int, filler: int) -> dict[str, list[str]]:
-    words = " ".join(["step"] * filler)
+def scripts_for(problems: list[Problem], turns: int, filler: tuple[int, int]) -> dict[str, list[str]]:
+    """Per trajectory and turn, a thought of a length drawn from `filler` (fixed seed: the same
+    scripts on both schedules), then a call; last, the answer."""
+    rng = random.Random(1)
     out = {}
     for i, p in enumerate(problems):
         segments = []
-        for t in range(turns):
+        for t in range(turns + 1):
+            words = " ".join(["step"] * rng.randint(*filler))
+            if t == turns:
+                break
             call = (f"<search>{QUERIES[(i + t) % len(QUERIES)]}</search>" if t % 2 == 0
                     else f"<code>print({i} * {t} + 1)</code>")
             segments.append(f"<think>{words}</think>\n{call}")
@@ -124,9 +139,9 @@ def scripts_for(problems: list[Problem], turns: int, filler: int) -> dict[str, l
     return out
 
 
-def measure(model, tok, tools, problems, turns: int, filler: int, schedule: str, max_batch: int) -> dict:
+def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], schedule: str, max_batch: int) -> dict:
     cfg = RolloutConfig(schedule=schedule, max_batch_sequences=max_batch, max_tool_calls=turns, max_turns=turns + 1,
-                        max_policy_tokens=60 * (turns + 1) + filler * (turns + 1), max_total_tokens=4096,
+                        max_policy_tokens=(60 + filler[1]) * (turns + 1), max_total_tokens=4096,
                         temperature=1.0)
     forced = ForcedScript(model, tok, scripts_for(problems, turns, filler))
     engine = RolloutEngine(forced, tok, tools(), cfg, seed=0)
@@ -142,22 +157,31 @@ def measure(model, tok, tools, problems, turns: int, filler: int, schedule: str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", choices=["policy", "scaled"], default=["policy", "scaled"])
     ap.add_argument("--trajectories", type=int, default=16)
-    ap.add_argument("--filler", type=int, default=12, help="filler tokens the model writes before each call")
+    ap.add_argument("--filler", type=int, nargs=2, default=[4, 40],
+                    help="range of thought tokens the model writes before each call or answer")
     ap.add_argument("--turns", type=int, nargs="+", default=[1, 3])
     ap.add_argument("--latency-ms", type=float, nargs=2, default=[100.0, 500.0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--scaled-layers", type=int, default=4)
+    ap.add_argument("--scaled-hidden", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(2)
     model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
                      None)
     if model_dir is None:
         raise SystemExit("no model: run `python -m flows.prepare_model` first (writes models/base)")
-    model, tok = load_policy(str(model_dir))
+    policy, tok = load_policy(str(model_dir))
+    models = {"policy": lambda: policy,
+              "scaled": lambda: scaled_model(model_dir, args.scaled_layers, args.scaled_hidden)}
     problems = [Problem(f"b{i}", f"Question {i}: combine the facts.", ("0",), "complex", "bench", "test")
                 for i in range(args.trajectories)]
     cfg = RunConfig()
+    figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
+                     "max_batch": args.max_batch, "policy_dir": model_dir.name,
+                     "scaled": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         search_cfg = cfg.search.model_copy(update={"index_dir": str(tmp / "index")})
@@ -171,12 +195,27 @@ def main() -> None:
             def tools():
                 return {"code": CodeSandboxClient(sandbox.url),
                         "search": DelayedSearch(SearchClient(search.url), *args.latency_ms, seed=0)}
-            figures = run_all(model, tok, tools, problems, args)
+            for name in args.models:
+                print(f"model {name}:", flush=True)
+                figures[name] = run_all(models[name](), tok, tools, problems, args)
+    headline = figures.get("scaled", figures.get("policy"))
+    last = headline[f"turns_{args.turns[-1]}"]
+    figures["ratio"], figures["idle_fraction"] = last["ratio"], last["ours_idle_fraction"]
     print(json.dumps(figures))
 
 
+def scaled_model(model_dir: Path, layers: int, hidden: int) -> torch.nn.Module:
+    """SmolLM2's architecture and vocabulary at a smaller size, randomly initialised (seed 0)."""
+    config = AutoConfig.from_pretrained(model_dir)
+    heads = max(hidden // 64, 1)
+    config.update({"num_hidden_layers": layers, "hidden_size": hidden, "intermediate_size": 3 * hidden,
+                   "num_attention_heads": heads, "num_key_value_heads": heads, "head_dim": hidden // heads})
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
 def run_all(model, tok, tools, problems, args) -> dict:
-    figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms}
+    figures: dict = {}
     for turns in args.turns:
         runs = {"turn-synchronous": [], "continuous": []}
         for r in range(args.repeats):  # alternate the order: the machine's load drifts
@@ -190,9 +229,6 @@ def run_all(model, tok, tools, problems, args) -> dict:
                "ours_idle_fraction": statistics.median(m["idle_fraction"] for m in runs["continuous"])}
         print(f"turns={turns}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
         figures[f"turns_{turns}"] = row
-    last = figures[f"turns_{args.turns[-1]}"]
-    figures["ratio"] = last["ratio"]
-    figures["idle_fraction"] = last["ours_idle_fraction"]
     return figures
 
 

@@ -15,8 +15,9 @@ leaves the batch), so on re-admission only the new tokens are prefilled: the las
 token and the tool output. Without it, every tool turn re-prefills the whole context, which
 on CPU cost ~70% of rollout time (measured with the rollout-overlap benchmark). The parked
 caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefills instead.
-Unlike vLLM's prefix cache, nothing is shared between sequences (same prompt, G copies):
-a cross-sequence cache would need a block allocator, which vLLM already is.
+Fresh sequences admitted together with the same prompt (a group's G samples) are prefilled
+once and share that cache. Beyond that, unlike vLLM's prefix cache, nothing is shared between
+sequences: a general cross-sequence cache would need a block allocator, which vLLM already is.
 """
 
 from __future__ import annotations
@@ -130,13 +131,19 @@ class HFDecoder:
             attn[i, past_len - cached:past_len] = 1
             attn[i, past_len + width - len(suffix):] = 1
             positions[i, width - len(suffix):] = torch.arange(cached, cached + len(suffix))
-        cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts, past_len)) if past_len else None
-        out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                         position_ids=positions.to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
-        stats.prefill_tokens += sum(len(s) for s in suffixes)
+        # A group's G fresh copies of one prompt are prefilled once and their cache shared.
+        unique, expand = _unique_rows([tuple(s) if p is None else i for i, (s, p) in enumerate(zip(suffixes, pasts))])
+        pasts_u = [pasts[i] for i in unique]
+        cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts_u, past_len)) if past_len else None
+        out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),
+                         position_ids=positions[unique].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+        expand_B = torch.tensor(expand, device=self.device)
+        stats.prefill_tokens += sum(len(suffixes[i]) for i in unique)
         stats.reused_tokens += sum(_kv_len(p) for p in pasts if p is not None)
-        next_ids = self._sample(out.logits[:, -1, :], seqs)
-        new_kv, new_attn = _kv(out.cache), attn.to(self.device)
+        stats.reused_tokens += sum(len(s) for s in suffixes) - sum(len(suffixes[i]) for i in unique)
+        next_ids = self._sample(out.logits[:, -1, :].index_select(0, expand_B), seqs)
+        new_kv = [(k.index_select(0, expand_B), v.index_select(0, expand_B)) for k, v in _kv(out.cache)]
+        new_attn = attn.to(self.device)
         new_positions = torch.tensor([len(seq.context_ids) - 1 for seq in seqs], device=self.device)
         if batch.rows:
             kv, batch_attn = _merge(_kv(batch.cache), batch.attn_BT, new_kv, new_attn)
@@ -247,6 +254,16 @@ def _top_p(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _kv(cache: DynamicCache) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _unique_rows(keys: list) -> tuple[list[int], list[int]]:
+    """Indices of the first row of each distinct key, and for every row its position among them."""
+    first: dict = {}
+    expand = [first.setdefault(key, len(first)) for key in keys]
+    unique = [0] * len(first)
+    for row, position in reversed(list(enumerate(expand))):
+        unique[position] = row
+    return unique, expand
 
 
 def _kv_len(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

@@ -124,3 +124,24 @@ def test_parked_cache_bound_falls_back_to_full_prefill() -> None:
     full, _, _ = _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens=0)
     assert 0 < reused_tokens  # the short sequence fits at first, the long one never does
     assert [s.response_ids for s in small] == [s.response_ids for s in full]
+
+
+def test_group_copies_of_a_prompt_are_prefilled_once_and_sample_independently() -> None:
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), seed=7)
+    model.generation_config.eos_token_id = None
+    prompt, other = tok("What is 6 * 7?")["input_ids"], tok("0123")["input_ids"]
+    seqs = [_seq(prompt) for _ in range(3)] + [_seq(other)]
+    for i, seq in enumerate(seqs):
+        seq.rng.manual_seed(100 + i)
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_policy_tokens=10, max_total_tokens=512)
+    stats = HFDecoder(model, tok, params, max_batch=4).run(ToolRoundsScheduler(seqs, rounds=0, outputs=[[]]))
+    assert stats.prefill_tokens == len(prompt) + len(other)
+    assert stats.reused_tokens == 2 * len(prompt)
+    assert len({tuple(s.response_ids) for s in seqs[:3]}) > 1  # shared prompt cache, independent samples
+    for seq in seqs:
+        with torch.no_grad():
+            logits = model(torch.tensor([seq.context_ids])).logits[0].log_softmax(-1)
+        n = len(seq.prompt_ids)
+        expected = [logits[n - 1 + i, t].item() for i, t in enumerate(seq.response_ids)]
+        assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(expected), atol=1e-4)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-collect_ignore = [] if HAVE_VLLM else ["test_vllm_backend.py", "test_vllm_engine.py"]
+collect_ignore = [] if HAVE_VLLM else ["test_vllm_backend.py", "test_vllm_engine.py", "test_placement.py"]
 
 # Small KV cache for the CPU build; set before vLLM starts its engine process.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")

@@ -158,7 +158,8 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
     tr.model.eval()
     with torch.no_grad():
-        parts = [token_logprobs_and_entropy(tr.model, m, tr.cfg.rollout.temperature, with_entropy=False)[0]
+        parts = [token_logprobs_and_entropy(tr.model, m, tr.cfg.rollout.temperature, with_entropy=False,
+                                            share_prompts=True)[0]
                  for m in micro_batches(batch, tr.cfg.train.micro_batch_size)]
     return dataclasses.replace(batch, old_logprobs_BT=torch.cat(parts) * batch.loss_mask_BT)
 
@@ -170,7 +171,8 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id)
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)
-    settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature)
+    settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature,
+                              share_prompts=not tr.cfg.train.gradient_checkpointing)
     loss = make_policy_loss(tr.cfg.train.algorithm)
     metrics: dict[str, float] = {}
     for _ in range(tr.cfg.train.ppo_epochs):

@@ -16,10 +16,13 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from transformers.cache_utils import DynamicCache
+
 from pipeline.loss import PolicyLoss
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 256  # positions per vocabulary chunk
+MIN_SHARED_PREFIX = 16  # shorter shared prompts are not worth a second forward call
 
 
 @dataclass(frozen=True)
@@ -27,10 +30,14 @@ class UpdateSettings:
     micro_batch_size: int
     grad_clip: float
     temperature: float  # the rollout temperature: log-probs must come from the same distribution
+    # Run each distinct prompt once and share its KV (with gradient) among the rows of its group.
+    # Off under gradient checkpointing: transformers re-runs layers there, which a shared cache can't take.
+    share_prompts: bool = False
 
 
 def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                               with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                               with_entropy: bool = True, share_prompts: bool = False
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(token_j | tokens_<j) and the entropy at j, both [B, T] aligned with input_ids.
 
     Only positions from the first loss-masked token on are scored (0 before it): the output
@@ -40,8 +47,11 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     B, T = batch.input_ids_BT.shape
     first = _first_scored_position(batch.loss_mask_BT)
     # logits at position j predict token j+1: keep positions first-1 .. T-1
-    logits_BKV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
-                       logits_to_keep=T - first + 1).logits
+    if share_prompts and first > MIN_SHARED_PREFIX:
+        logits_BKV = _logits_with_shared_prefix(model, batch, prefix_len=first - 1)
+    else:
+        logits_BKV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
+                           logits_to_keep=T - first + 1).logits
     if temperature > 0:
         logits_BKV = logits_BKV / temperature
     # At least float32 even for a bf16 model: bf16 log-probs (3 significant digits) would put
@@ -59,6 +69,31 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
             with torch.no_grad():
                 entropy_BT[:, first + start:first + end] = -(logp_BCV.exp() * logp_BCV).sum(-1)
     return logprobs_BT, entropy_BT
+
+
+def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int) -> torch.Tensor:
+    """Logits at positions prefix_len .. T-1, running each distinct prefix once.
+
+    Every row's first `prefix_len` tokens are real prompt tokens (the prefix ends before the
+    earliest trained position), and the G rows of a group share them. The distinct prefixes
+    go through the model once; their KV cache, still attached to the graph, is repeated for
+    each row (so gradients from all G rows flow back into one prefix pass) and the rows'
+    continuations run on top of it. Same logits as one full pass, ~G x less prompt work."""
+    prefix_BL = batch.input_ids_BT[:, :prefix_len]
+    keys = [tuple(row) for row in prefix_BL.tolist()]
+    first_row: dict[tuple, int] = {}
+    for row, key in enumerate(keys):
+        first_row.setdefault(key, row)
+    unique_rows = list(first_row.values())  # the first row holding each distinct prefix
+    slot = {key: j for j, key in enumerate(first_row)}
+    expand_B = torch.tensor([slot[key] for key in keys], device=prefix_BL.device)
+    prefix_out = model(input_ids=prefix_BL[unique_rows], use_cache=True, logits_to_keep=1)
+    shared = [(layer.keys.index_select(0, expand_B), layer.values.index_select(0, expand_B))
+              for layer in prefix_out.cache.layers]
+    T = batch.input_ids_BT.shape[1]
+    out = model(input_ids=batch.input_ids_BT[:, prefix_len:], attention_mask=batch.attention_mask_BT,
+                cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len)
+    return out.logits
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:
@@ -137,7 +172,8 @@ def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: Pol
     sums = {"loss": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0}
     for i in range(n_passes):
         micro, w = (parts[i], weight) if i < len(parts) else (parts[0], 0.0)
-        logprobs_BT, entropy_BT = token_logprobs_and_entropy(backend.model, micro, settings.temperature)
+        logprobs_BT, entropy_BT = token_logprobs_and_entropy(backend.model, micro, settings.temperature,
+                                                             share_prompts=settings.share_prompts)
         out = loss.fn(logprobs_BT, micro)
         scaled = out.loss_sum / denominator
         backend.backward(scaled if w == 1.0 else scaled * w)

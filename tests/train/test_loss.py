@@ -117,3 +117,39 @@ def test_logprobs_match_a_plain_forward() -> None:
     assert first > 1  # the prompt is skipped, so the test covers the narrowed output head
     assert torch.allclose(logprobs[:, first:], expected[:, first - 1:], atol=1e-10)
     assert (entropy[:, first:] >= 0).all() and torch.all(logprobs[:, :first] == 0)
+
+
+def _grouped_batch(vocab: int, prompt_len: int = 20, groups: int = 2, group_size: int = 4) -> TrainBatch:
+    """Right-padded rows whose G copies share a prompt (different prompts, equal lengths per group)."""
+    g = torch.Generator().manual_seed(3)
+    B, T = groups * group_size, prompt_len + 10
+    ids = torch.randint(0, vocab, (B, T), generator=g)
+    lengths = torch.randint(prompt_len + 2, T + 1, (B,), generator=g)
+    plen = [prompt_len - 2 * (i // group_size) for i in range(B)]  # the second group's prompt is shorter
+    for i in range(B):
+        ids[i, :plen[i]] = ids[(i // group_size) * group_size, :plen[i]]
+    attn = (torch.arange(T)[None, :] < lengths[:, None]).long()
+    mask = attn.clone().double()
+    for i in range(B):
+        mask[i, :plen[i]] = 0
+    mask[::2, plen[0] + 3:plen[0] + 5] = 0  # tool output inside some responses
+    adv = torch.randn(B, 1, generator=g, dtype=torch.float64).expand(B, T) * mask
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 * mask
+    return TrainBatch(ids, attn, mask, old, adv, n_policy_tokens=int(mask.sum()))
+
+
+def test_shared_prompt_forward_gives_the_same_logprobs_and_gradient() -> None:
+    """Running each group's prompt once (KV shared, with gradient) equals one full pass per row."""
+    batch = _grouped_batch(64)
+    results = []
+    for share in (False, True):
+        model = tiny_llama(64, seed=4, dtype=torch.float64)
+        logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prompts=share)
+        make_policy_loss(DAPOLoss()).fn(logprobs, batch).loss_sum.backward()
+        results.append((logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (lp0, h0, g0), (lp1, h1, g1) = results
+    scored = batch.loss_mask_BT.bool()
+    assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10) and torch.allclose(h0[scored], h1[scored], atol=1e-10)
+    # measured max difference 6e-9 on entries up to 0.3 (the tiny model's rotary tables stay float32);
+    # the same 1e-6 bound as the micro-batching invariance above
+    assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0

@@ -6,6 +6,11 @@ backend in `pipeline.distributed` for data parallelism, so both use this same co
 Log-probs and entropies come from the same forward pass, computed over the vocabulary in
 chunks of positions so a 150k-token vocabulary never materialises a full [B, T, V]
 float32 softmax twice.
+
+Departure from TRL/verl, for speed only: the G rows of a group share their prompt, so the
+prompt runs through the model once per group and its KV cache (in the autograd graph) is
+shared by the group's rows; the output head runs only from the first trained position.
+Log-probs and gradients are those of one full pass per row (tested).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ denominator of the loss (TAPO's code zeroes their advantage but still counts the
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 import torch
 
@@ -31,3 +33,14 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
         old_lp[i, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         adv[i, p : p + r] = torch.as_tensor(a_R, dtype=torch.float32) * loss_mask[i, p : p + r]
     return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()))
+
+
+def unique_rows(keys: list[Hashable]) -> tuple[list[int], list[int]]:
+    """Rows with equal keys need one computation: the first row of each distinct key (in order
+    of first appearance), and for every row the position of its key among them, to index_select
+    the shared results back to all rows."""
+    first: dict[Hashable, int] = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    slot = {key: j for j, key in enumerate(first)}
+    return list(first.values()), [slot[key] for key in keys]

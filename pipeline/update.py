@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from transformers.cache_utils import DynamicCache
 
+from pipeline.batching import unique_rows
 from pipeline.loss import PolicyLoss
 from pipeline.types import TrainBatch
 
@@ -85,14 +86,9 @@ def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix
     each row (so gradients from all G rows flow back into one prefix pass) and the rows'
     continuations run on top of it. Same logits as one full pass, ~G x less prompt work."""
     prefix_BL = batch.input_ids_BT[:, :prefix_len]
-    keys = [tuple(row) for row in prefix_BL.tolist()]
-    first_row: dict[tuple, int] = {}
-    for row, key in enumerate(keys):
-        first_row.setdefault(key, row)
-    unique_rows = list(first_row.values())  # the first row holding each distinct prefix
-    slot = {key: j for j, key in enumerate(first_row)}
-    expand_B = torch.tensor([slot[key] for key in keys], device=prefix_BL.device)
-    prefix_out = model(input_ids=prefix_BL[unique_rows], use_cache=True, logits_to_keep=1)
+    unique, expand = unique_rows([tuple(row) for row in prefix_BL.tolist()])
+    expand_B = torch.tensor(expand, device=prefix_BL.device)
+    prefix_out = model(input_ids=prefix_BL[unique], use_cache=True, logits_to_keep=1)
     shared = [(layer.keys.index_select(0, expand_B), layer.values.index_select(0, expand_B))
               for layer in prefix_out.cache.layers]
     T = batch.input_ids_BT.shape[1]

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
+from pipeline.batching import unique_rows
 from pipeline.rollout.sequence import Sequence
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H, T, D]
@@ -132,15 +133,15 @@ class HFDecoder:
             attn[i, past_len + width - len(suffix):] = 1
             positions[i, width - len(suffix):] = torch.arange(cached, cached + len(suffix))
         # A group's G fresh copies of one prompt are prefilled once and their cache shared.
-        unique, expand = _unique_rows([tuple(s) if p is None else i for i, (s, p) in enumerate(zip(suffixes, pasts))])
+        unique, expand = unique_rows([tuple(s) if p is None else i for i, (s, p) in enumerate(zip(suffixes, pasts))])
         pasts_u = [pasts[i] for i in unique]
         cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts_u, past_len)) if past_len else None
         out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),
                          position_ids=positions[unique].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
         expand_B = torch.tensor(expand, device=self.device)
-        stats.prefill_tokens += sum(len(suffixes[i]) for i in unique)
-        stats.reused_tokens += sum(_kv_len(p) for p in pasts if p is not None)
-        stats.reused_tokens += sum(len(s) for s in suffixes) - sum(len(suffixes[i]) for i in unique)
+        prefilled = sum(len(suffixes[i]) for i in unique)
+        stats.prefill_tokens += prefilled
+        stats.reused_tokens += sum(_kv_len(p) for p in pasts if p is not None) + sum(map(len, suffixes)) - prefilled
         next_ids = self._sample(out.logits[:, -1, :].index_select(0, expand_B), seqs)
         new_kv = [(k.index_select(0, expand_B), v.index_select(0, expand_B)) for k, v in _kv(out.cache)]
         new_attn = attn.to(self.device)
@@ -254,16 +255,6 @@ def _top_p(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def _kv(cache: DynamicCache) -> KV:
     return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _unique_rows(keys: list) -> tuple[list[int], list[int]]:
-    """Indices of the first row of each distinct key, and for every row its position among them."""
-    first: dict = {}
-    expand = [first.setdefault(key, len(first)) for key in keys]
-    unique = [0] * len(first)
-    for row, position in reversed(list(enumerate(expand))):
-        unique[position] = row
-    return unique, expand
 
 
 def _kv_len(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:

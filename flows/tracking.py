@@ -31,9 +31,8 @@ from mlflow.entities import Param, RunStatus, RunTag
 
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, flatten, git_commit
+from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit
 
-DVC_TAG_PREFIX = "dvc.dep."
 INVOCATION_TAG = "dvc_invocation"
 RUNNING, FINISHED, FAILED = (RunStatus.to_string(s) for s in (RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED))
 
@@ -64,7 +63,7 @@ def dvc_input_hashes(lock_path: Path) -> dict[str, str]:
 
 def lineage_tags(lock_path: Path) -> dict[str, str]:
     tags = {"git_commit": git_commit()}
-    tags |= {f"{DVC_TAG_PREFIX}{path}": md5 for path, md5 in dvc_input_hashes(lock_path).items()}
+    tags |= dvc_dep_tags(dvc_input_hashes(lock_path))
     return tags
 
 
@@ -148,7 +147,7 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
     if invocation:  # a plain `dvc repro`: this invocation's parent, open again while this stage runs
         parent = dvc_parent(cfg, invocation)
         client.update_run(parent, status=RUNNING)
-    hashes = {f"{DVC_TAG_PREFIX}{path}": md5 for path, md5 in stage_input_hashes(stage).items()}
+    hashes = dvc_dep_tags(stage_input_hashes(stage))
     tags = {"stage": stage, "git_commit": git_commit(), **hashes} | ({"mlflow.parentRunId": parent} if parent else {})
     if run_id is None:
         run_id = client.create_run(_experiment_id(cfg.run), run_name=stage, tags=tags).info.run_id

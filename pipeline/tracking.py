@@ -24,6 +24,7 @@ from pipeline.paths import REPO_ROOT
 PARENT_ENV = "TAPO_MLFLOW_PARENT_RUN"
 STAGE_RUN_ENV = "TAPO_MLFLOW_STAGE_RUN"
 MAX_PARAM_LEN = 500
+DVC_TAG_PREFIX = "dvc.dep."  # one tag per DVC input of a run: dvc.dep.<path> = its md5
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -36,6 +37,11 @@ def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = str(value)[:MAX_PARAM_LEN]
     return flat
+
+
+def dvc_dep_tags(hashes: Mapping[str, str]) -> dict[str, str]:
+    """{path: md5} -> the run tags naming each DVC input ({"dvc.dep.<path>": md5})."""
+    return {f"{DVC_TAG_PREFIX}{path}": md5 for path, md5 in hashes.items()}
 
 
 def git_commit() -> str:

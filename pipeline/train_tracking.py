@@ -19,9 +19,9 @@ from typing import Any
 
 import mlflow
 
+from pipeline.tracking import dvc_dep_tags
 from pipeline.types import ScoredGroup
 
-DATA_TAG_PREFIX = "dvc.dep."  # the stage flows tag each DVC input the same way
 SAMPLES_DIR = "samples"
 
 
@@ -39,7 +39,7 @@ def data_hash_tags(paths: Sequence[str]) -> dict[str, str]:
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise FileNotFoundError(f"training data not found: {missing}")
-    return {f"{DATA_TAG_PREFIX}{p}": file_md5(Path(p)) for p in paths}
+    return dvc_dep_tags({p: file_md5(Path(p)) for p in paths})
 
 
 def pick_samples(groups: Sequence[ScoredGroup], n: int) -> list[tuple[ScoredGroup, int]]:

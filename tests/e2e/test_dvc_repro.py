@@ -19,7 +19,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flows.tracking import DVC_TAG_PREFIX, INVOCATION_TAG
+from flows.tracking import INVOCATION_TAG
+from pipeline.tracking import DVC_TAG_PREFIX
 from tests.helpers.workspace import make_workspace
 
 pytestmark = pytest.mark.slow

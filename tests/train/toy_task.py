@@ -85,24 +85,21 @@ def direct_traces(tokenizer) -> list[Trace]:
 
 def build_toy_model(out_dir: Path, sandbox_url: str, sft_steps: int = 80, seed: int = 0) -> Path:
     """Cold-start a tiny Llama on the toy traces and save it (model + tokenizer) to `out_dir`."""
-    torch.set_num_threads(1)  # a tiny model: threads only add contention
     tokenizer = toy_tokenizer()
-    model = tiny_llama(len(tokenizer), seed=seed)
-    batch = to_batch(cold_start_traces(tokenizer, sandbox_url), tokenizer.pad_token_id)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    for _ in range(sft_steps):
-        sft_step(model, optimizer, batch, micro_size=4)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    return _cold_start(out_dir, tokenizer, cold_start_traces(tokenizer, sandbox_url), sft_steps, seed)
 
 
 def build_direct_model(out_dir: Path, sft_steps: int = 60, seed: int = 0) -> Path:
     """Cold-start a tiny Llama on the tool-free coin flip only (no sandbox needed) and save it."""
-    torch.set_num_threads(1)
     tokenizer = toy_tokenizer()
+    return _cold_start(out_dir, tokenizer, direct_traces(tokenizer), sft_steps, seed)
+
+
+def _cold_start(out_dir: Path, tokenizer, traces: list, sft_steps: int, seed: int) -> Path:
+    """SFT a fresh tiny Llama on `traces` for `sft_steps` full-batch steps; save model and tokenizer."""
+    torch.set_num_threads(1)  # a tiny model: threads only add contention
     model = tiny_llama(len(tokenizer), seed=seed)
-    batch = to_batch(direct_traces(tokenizer), tokenizer.pad_token_id)
+    batch = to_batch(traces, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     for _ in range(sft_steps):
         sft_step(model, optimizer, batch, micro_size=4)

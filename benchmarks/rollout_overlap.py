@@ -124,17 +124,18 @@ def scripts_for(problems: list[Problem], turns: int, filler: tuple[int, int]) ->
     """Per trajectory and turn, a thought of a length drawn from `filler` (fixed seed: the same
     scripts on both schedules), then a call; last, the answer."""
     rng = random.Random(1)
+
+    def thought() -> str:
+        return " ".join(["step"] * rng.randint(*filler))
+
     out = {}
     for i, p in enumerate(problems):
         segments = []
-        for t in range(turns + 1):
-            words = " ".join(["step"] * rng.randint(*filler))
-            if t == turns:
-                break
+        for t in range(turns):
             call = (f"<search>{QUERIES[(i + t) % len(QUERIES)]}</search>" if t % 2 == 0
                     else f"<code>print({i} * {t} + 1)</code>")
-            segments.append(f"<think>{words}</think>\n{call}")
-        segments.append(f"<think>{words}</think>\n<answer>{i}</answer>")
+            segments.append(f"<think>{thought()}</think>\n{call}")
+        segments.append(f"<think>{thought()}</think>\n<answer>{i}</answer>")
         out[p.question] = segments
     return out
 

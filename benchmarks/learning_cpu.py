@@ -1,22 +1,28 @@
 """Does RL add to SFT? SmolLM2-135M-Instruct on CPU: prompted base vs SFT vs SFT + DAPO on a task mix.
 
-The mix (every problem offers *both* tools; the verifier is chosen by source):
-- calculator: generated arithmetic (the Calculator generator); the program is known, so the
-  scripted SFT teacher solves it with a real `<code>` call. SFT alone reaches ~100% here.
-- fact: NQ-open questions kept only when the gold answer appears in the top results of the
-  *real* search service over the local Wikipedia index (so they are answerable offline); the
-  scripted teacher searches the question and answers with the gold alias found in the output.
-- gsm8k: short GSM8K word problems. There is no scripted teacher for them (no program is
-  known), so SFT only transfers the calling habit from calculator traces: this is where SFT
-  leaves a gap and RL must prove itself.
+The mix (every problem offers *both* tools, type `complex`; the verifier is chosen by source):
+- calculator: the Calculator generator (all templates and levels). The program is known, so
+  the scripted teacher solves it with one real `<code>` call.
+- fact: NQ-open questions kept only when a gold alias appears in the top results of the *real*
+  search service over the local Wikipedia index (answerable offline); the scripted teacher
+  searches the question and answers with the alias found in the output.
 
-Stages: (1) evaluate the prompted base; (2) SFT on calculator + fact traces (tool output
-masked, `pipeline.sft`); (3) evaluate SFT; (4) DAPO from SFT on the mix (`pipeline.train.run`,
-real sandbox and search services); (5) evaluate SFT + DAPO. Reported per type: accuracy,
-tool-use rate, right-tool rate (search for fact, code otherwise, judged on the first call);
-learning curves as PNG. Goal (issue): DAPO >= SFT + 10 points on the mix, right tool >= 90%.
+Why this mix and this cold start (measured, see benchmarks/RESULTS.md): SFT on 400 calculator
+traces solves the calculator outright (100%), leaving RL nothing to show; so the cold start is
+light, as in ARPO/TEPO and the `sft` stage's default (48 traces: 24 calculator + 24 fact, one
+epoch), which leaves the SFT model inside the 20-80% band on the mix (~40% calculator, failing
+on copied digits, thousands separators and formulas; <10% fact, failing to pick the answer out
+of the passages). Short GSM8K problems were tried and dropped: the SFT model solved 0 of 20
+greedy and RL gets no reward signal from a 135M model there within this budget.
 
-    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu]
+Stages: (1) evaluate the prompted base; (2) SFT on the traces (tool output masked,
+`pipeline.sft`); (3) evaluate SFT; (4) DAPO from SFT on the training mix (`pipeline.train.run`,
+real sandbox and search services); (5) evaluate SFT + DAPO. Evaluation is greedy pass@1 on the
+held-out problems. Reported per type: accuracy, tool-use rate, right-tool rate (search for
+fact, code for calculator, judged on the first call); learning curves as PNG. Goal (issue):
+DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
+
+    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import time
@@ -34,7 +41,7 @@ import torch
 
 from flows.services import running_services
 from pipeline.config import RunConfig, load_config
-from pipeline.data.adapters import gsm8k as gsm8k_row, nq_open as nq_row
+from pipeline.data.adapters import nq_open as nq_row
 from pipeline.data.calculator import generate
 from pipeline.evaluation import evaluate
 from pipeline.jsonl import iter_json_lines, write_problems
@@ -48,12 +55,31 @@ from pipeline.tools.search import SearchClient
 from pipeline.train import run as train_run
 from pipeline.types import Problem
 
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Problem counts per type (train, held out), SFT traces per type, and the RL run."""
+
+    calc: tuple[int, int]
+    fact: tuple[int, int]
+    nq_scan: int  # NQ-open questions searched to find answerable ones
+    sft_traces: int  # per type (calculator, fact): the light cold start
+    sft_epochs: int
+    rl_steps: int
+    group: int
+    prompts: int  # problems per RL step (each sampled `group` times)
+    lr: float
+    eval_tokens: int  # max policy tokens, in evaluation and in RL rollouts
+
+
+FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3000, sft_traces=32, sft_epochs=1, rl_steps=30, group=8,
+             prompts=2, lr=1e-5, eval_tokens=192)
+QUICK = Sizes(calc=(8, 4), fact=(8, 4), nq_scan=150, sft_traces=4, sft_epochs=1, rl_steps=2, group=4, prompts=2,
+              lr=2e-5, eval_tokens=96)
+
+
 BOTH_TOOLS = ("search", "code")
-RIGHT_TOOL = {"calculator": "code", "gsm8k": "code", "nq_open": "search"}
-FULL = dict(calc=(300, 40), fact=(200, 40), gsm=(200, 40), nq_scan=3000, sft_epochs=2, rl_steps=40, group=8,
-            prompts=4, eval_tokens=192)
-QUICK = dict(calc=(8, 4), fact=(8, 4), gsm=(8, 4), nq_scan=150, sft_epochs=1, rl_steps=2, group=4, prompts=2,
-             eval_tokens=96)
+RIGHT_TOOL = {"calculator": "code", "nq_open": "search"}
 
 
 def as_mix(problem: Problem, source: str, split: str, index: int) -> Problem:
@@ -64,12 +90,6 @@ def as_mix(problem: Problem, source: str, split: str, index: int) -> Problem:
 
 def calculator_problems(n: int, seed: int) -> list[Problem]:
     return [as_mix(p, "calculator", p.split, i) for i, p in enumerate(generate(n, seed=seed))]
-
-
-def gsm8k_problems(n: int) -> list[Problem]:
-    rows = [gsm8k_row(row) for _, row in iter_json_lines(shared_data_dir() / "gsm8k" / "test.jsonl")]
-    easy = [(q, a) for q, a, _ in rows if len(q) < 220 and a[0].isdigit() and int(float(a[0])) < 1000]
-    return [Problem(f"gsm8k-{i}", q, tuple(a), "complex", "gsm8k", "train") for i, (q, a) in enumerate(easy[:n])]
 
 
 async def answerable_facts(search_url: str, scan: int, need: int) -> list[tuple[Problem, str, str]]:
@@ -111,7 +131,6 @@ def trace(tokenizer, problem: Problem, tool: str, call: str, output: str, answer
 
 def sft(cfg: RunConfig, traces: list[Trace], out_dir: Path, epochs: int) -> dict[str, float]:
     model, tokenizer = load_policy(cfg.model.base_dir, cfg.model.dtype)
-    model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.0)
     order, t0, losses = random.Random(0), time.perf_counter(), []
     for _ in range(epochs):
@@ -148,79 +167,121 @@ def evaluate_model(cfg: RunConfig, urls: dict, model: str, test_file: Path, out_
     return per_type(out_dir)
 
 
-def plot_curves(history: Path, png: Path) -> None:
+def plot_curves(history: Path, results: dict, png: Path) -> None:
+    """Left: RL training curves (reward, accuracy per type, tool calls); right: held-out accuracy per model."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = [r for _, r in iter_json_lines(history)]
     keys = [k for k in ("reward/mean", "reward/accuracy/calculator", "reward/accuracy/nq_open",
-                        "reward/accuracy/gsm8k", "rollout/calls_per_traj/code", "rollout/calls_per_traj/search")
+                        "rollout/calls_per_traj/code", "rollout/calls_per_traj/search")
             if any(k in r for r in rows)]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for k in keys:
-        ax.plot([r["step"] for r in rows if k in r], [r[k] for r in rows if k in r], label=k, marker=".")
-    ax.set_xlabel("RL step")
-    ax.legend(fontsize=7)
+    fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    for k in keys:  # each step sees only a few problems: faint raw points, a 5-step running mean on top
+        steps, values = [r["step"] for r in rows if k in r], [r[k] for r in rows if k in r]
+        line, = curves.plot(steps, values, marker=".", alpha=0.25, linewidth=0.8)
+        mean = [sum(values[max(0, i - 4):i + 1]) / len(values[max(0, i - 4):i + 1]) for i in range(len(values))]
+        curves.plot(steps, mean, color=line.get_color(), label=f"{k} (5-step mean)")
+    curves.set_xlabel("RL step")
+    curves.set_title("DAPO training rollouts (T = 1)")
+    curves.legend(fontsize=7)
+    types = [t for t in results["base"] if t != "mix"] + ["mix"]
+    width = 0.8 / len(results)
+    for i, (model, per) in enumerate(results.items()):
+        bars.bar([j + i * width for j in range(len(types))], [per[t]["accuracy"] for t in types], width, label=model)
+    bars.set_xticks([j + width * (len(results) - 1) / 2 for j in range(len(types))], types)
+    bars.set_ylim(0, 1)
+    bars.set_title("held-out accuracy (greedy)")
+    bars.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
 
 
-def build_mix(sizes: dict, urls: dict, tokenizer, max_chars: int) -> tuple[list, list, list]:
-    """Train problems, held-out problems and SFT traces (calculator + fact; none for GSM8K)."""
-    n_calc, t_calc = sizes["calc"]
-    n_fact, t_fact = sizes["fact"]
-    n_gsm, t_gsm = sizes["gsm"]
+def build_mix(sizes: Sizes, urls: dict, tokenizer, max_chars: int) -> tuple[list, list, list]:
+    """Train problems, held-out problems and the cold-start SFT traces (the first train problems of each type)."""
+    (n_calc, t_calc), (n_fact, t_fact) = sizes.calc, sizes.fact
     calc = calculator_problems(n_calc + t_calc, seed=7)
-    facts = asyncio.run(answerable_facts(urls["search"], sizes["nq_scan"], n_fact + t_fact))
-    gsm = gsm8k_problems(n_gsm + t_gsm)
+    facts = asyncio.run(answerable_facts(urls["search"], sizes.nq_scan, n_fact + t_fact))
     fact_problems = [f[0] for f in facts]
-    n_fact_train = max(len(facts) - t_fact, len(facts) // 2)
-    train = calc[:n_calc] + fact_problems[:n_fact_train] + gsm[:n_gsm]
-    test = calc[n_calc:] + fact_problems[n_fact_train:] + gsm[n_gsm:]
-    outputs = asyncio.run(program_outputs(urls["code"], [p.meta["code"] for p in calc[:n_calc]]))
+    n_fact_train = max(len(facts) - t_fact, len(facts) // 2)  # held-out first when answerable facts are few
+    train = calc[:n_calc] + fact_problems[:n_fact_train]
+    test = calc[n_calc:] + fact_problems[n_fact_train:]
+    taught = calc[:sizes.sft_traces]
+    outputs = asyncio.run(program_outputs(urls["code"], [p.meta["code"] for p in taught]))
     traces = [trace(tokenizer, p, "code", p.meta["code"], r.output.strip(), r.output.strip(), max_chars)
-              for p, r in zip(calc[:n_calc], outputs, strict=True) if r.ok]
+              for p, r in zip(taught, outputs, strict=True) if r.ok]
     traces += [trace(tokenizer, p, "search", p.question, out, alias, max_chars)
-               for p, out, alias in facts[:n_fact_train]]
+               for p, out, alias in facts[:min(sizes.sft_traces, n_fact_train)]]
     return train, test, traces
+
+
+def rl_config(sizes: Sizes, out: Path) -> RunConfig:
+    """DAPO (params.yaml's algorithm) from the SFT model; no gradient checkpointing so group prompts share a pass."""
+    return load_config(REPO_ROOT / "params.yaml", overrides={
+        "run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}", "train.init_model": str(out / "sft"),
+        "train.train_file": str(out / "train.jsonl"), "train.steps": sizes.rl_steps,
+        "train.prompts_per_step": sizes.prompts, "train.lr": sizes.lr, "train.warmup_steps": 1,
+        "train.max_gen_rounds": 2, "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
+        "train.checkpoint_every": 10, "train.log_samples_every": 5,
+        "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
+        "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens})
+
+
+class StageLog:
+    """Each finished stage's result and seconds in `path`, so a re-run after a crash resumes at the first
+    unfinished stage (delete the output directory to start over)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.done: dict = json.loads(path.read_text()) if path.is_file() else {}
+
+    def run(self, stage: str, fn):
+        if stage in self.done:
+            print(f"{stage}: kept from an earlier run ({self.done[stage]['seconds']:.1f} s)", flush=True)
+            return self.done[stage]["result"]
+        t = time.perf_counter()
+        result = fn()
+        self.done[stage] = {"seconds": time.perf_counter() - t, "result": result}
+        self.path.write_text(json.dumps(self.done, indent=1, default=str))
+        print(f"{stage}: {self.done[stage]['seconds']:.1f} s", flush=True)
+        return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the wiring only")
     parser.add_argument("--out", default="runs/learning_cpu")
+    parser.add_argument("--rl-steps", type=int, help="override the RL steps")
+    parser.add_argument("--lr", type=float, help="override the RL learning rate")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
+    sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()
+    stages = StageLog(out / "stages.json")
     with running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=out / "logs") as urls:
         _, tokenizer = load_policy(cfg.model.base_dir, cfg.model.dtype)
         train, test, traces = build_mix(sizes, urls, tokenizer, cfg.rollout.max_tool_output_chars)
         write_problems(out / "train.jsonl", train)
         write_problems(out / "test.jsonl", test)
         print(f"mix: {len(train)} train, {len(test)} held out, {len(traces)} SFT traces", flush=True)
-        results = {"base": evaluate_model(cfg, urls, cfg.model.base_dir, out / "test.jsonl", out / "eval_base",
-                                          sizes["eval_tokens"])}
-        sft_info = sft(cfg, traces, out / "sft", sizes["sft_epochs"])
-        results["sft"] = evaluate_model(cfg, urls, str(out / "sft"), out / "test.jsonl", out / "eval_sft",
-                                        sizes["eval_tokens"])
-        train_cfg = load_config(REPO_ROOT / "params.yaml", overrides={
-            "run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}", "train.init_model": str(out / "sft"),
-            "train.train_file": str(out / "train.jsonl"), "train.steps": sizes["rl_steps"],
-            "train.prompts_per_step": sizes["prompts"], "train.lr": 2e-6, "train.checkpoint_every": 10,
-            "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
-            "rollout.group_size": sizes["group"], "rollout.max_policy_tokens": sizes["eval_tokens"]})
-        t_rl = time.perf_counter()
-        train_run(train_cfg, urls, metrics_dir=out / "rl_metrics")
-        rl_seconds = time.perf_counter() - t_rl
-        results["dapo"] = evaluate_model(cfg, urls, str(out / "dapo"), out / "test.jsonl", out / "eval_dapo",
-                                         sizes["eval_tokens"])
-    plot_curves(out / "rl_metrics" / "train_history.jsonl", out / "learning_curves.png")
-    summary = {"quick": args.quick, "n_train": len(train), "n_test": len(test), "sft_traces": len(traces),
-               **{k: round(v, 3) for k, v in sft_info.items()}, "rl_steps": sizes["rl_steps"],
-               "rl_seconds": round(rl_seconds, 1), "total_seconds": round(time.perf_counter() - t0, 1),
+
+        def held_out(model: str, name: str) -> dict:
+            return evaluate_model(cfg, urls, model, out / "test.jsonl", out / name, sizes.eval_tokens)
+
+        results = {"base": stages.run("eval_base", lambda: held_out(cfg.model.base_dir, "eval_base"))}
+        sft_info = stages.run("sft", lambda: sft(cfg, traces, out / "sft", sizes.sft_epochs))
+        results["sft"] = stages.run("eval_sft", lambda: held_out(str(out / "sft"), "eval_sft"))
+        stages.run("rl", lambda: train_run(rl_config(sizes, out), urls, metrics_dir=out / "rl_metrics"))
+        results["dapo"] = stages.run("eval_dapo", lambda: held_out(str(out / "dapo"), "eval_dapo"))
+    seconds = {k: round(v["seconds"], 1) for k, v in stages.done.items()}
+    plot_curves(out / "rl_metrics" / "train_history.jsonl", results, out / "learning_curves.png")
+    summary = {"quick": args.quick, "sizes": dataclasses.asdict(sizes), "n_train": len(train), "n_test": len(test),
+               "sft_traces": len(traces), "sft_final_loss": round(sft_info["sft_final_loss"], 4),
+               "stage_seconds": seconds, "stages_total_seconds": round(sum(seconds.values()), 1),
+               "this_invocation_seconds": round(time.perf_counter() - t0, 1),
                "results": {m: {t: {k: round(v, 3) for k, v in f.items()} for t, f in r.items()}
                            for m, r in results.items()},
                "dapo_minus_sft": round(results["dapo"]["mix"]["accuracy"] - results["sft"]["mix"]["accuracy"], 3),

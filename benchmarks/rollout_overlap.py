@@ -168,8 +168,10 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--scaled-layers", type=int, default=4)
     ap.add_argument("--scaled-hidden", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="torch threads of the generator (the tool services share the same cores)")
     args = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
                      None)
     if model_dir is None:
@@ -181,7 +183,7 @@ def main() -> None:
                 for i in range(args.trajectories)]
     cfg = RunConfig()
     figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
-                     "max_batch": args.max_batch, "policy_dir": model_dir.name,
+                     "max_batch": args.max_batch, "threads": args.threads, "policy_dir": model_dir.name,
                      "scaled": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -232,9 +232,13 @@ class StageLog:
     """Each finished stage's result and seconds in `path`, so a re-run after a crash resumes at the first
     unfinished stage (delete the output directory to start over)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.done: dict = json.loads(path.read_text()) if path.is_file() else {}
+    def __init__(self, path: Path, sizes: Sizes) -> None:
+        self.path, self.sizes = path, json.loads(json.dumps(dataclasses.asdict(sizes)))  # as JSON reads it back
+        saved = json.loads(path.read_text()) if path.is_file() else {"sizes": self.sizes, "stages": {}}
+        if self.sizes != saved["sizes"]:
+            raise SystemExit(f"{path}: its stages were run with other sizes {saved['sizes']}; "
+                             "delete the output directory or use another --out")
+        self.done: dict = saved["stages"]
 
     def run(self, stage: str, fn):
         if stage in self.done:
@@ -243,7 +247,7 @@ class StageLog:
         t = time.perf_counter()
         result = fn()
         self.done[stage] = {"seconds": time.perf_counter() - t, "result": result}
-        self.path.write_text(json.dumps(self.done, indent=1, default=str))
+        self.path.write_text(json.dumps({"sizes": self.sizes, "stages": self.done}, indent=1, default=str))
         print(f"{stage}: {self.done[stage]['seconds']:.1f} s", flush=True)
         return result
 
@@ -260,7 +264,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()
-    stages = StageLog(out / "stages.json")
+    stages = StageLog(out / "stages.json", sizes)
     with running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=out / "logs") as urls:
         _, tokenizer = load_policy(cfg.model.base_dir, cfg.model.dtype)
         train, test, traces = build_mix(sizes, urls, tokenizer, cfg.rollout.max_tool_output_chars)

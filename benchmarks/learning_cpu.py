@@ -9,8 +9,8 @@ The mix (every problem offers *both* tools, type `complex`; the verifier is chos
 
 Why this mix and this cold start (measured, see benchmarks/RESULTS.md): SFT on 400 calculator
 traces solves the calculator outright (100%), leaving RL nothing to show; so the cold start is
-light, as in ARPO/TEPO and the `sft` stage's default (48 traces: 24 calculator + 24 fact, one
-epoch), which leaves the SFT model inside the 20-80% band on the mix (~40% calculator, failing
+light, as in ARPO/TEPO and near the `sft` stage's default of 48 traces (here 32 calculator + 32
+fact, one epoch), which leaves the SFT model inside the 20-80% band on the mix (~40% calculator, failing
 on copied digits, thousands separators and formulas; <10% fact, failing to pick the answer out
 of the passages). Short GSM8K problems were tried and dropped: the SFT model solved 0 of 20
 greedy and RL gets no reward signal from a 135M model there within this budget.
@@ -18,7 +18,8 @@ greedy and RL gets no reward signal from a 135M model there within this budget.
 Stages: (1) evaluate the prompted base; (2) SFT on the traces (tool output masked,
 `pipeline.sft`); (3) evaluate SFT; (4) DAPO from SFT on the training mix (`pipeline.train.run`,
 real sandbox and search services); (5) evaluate SFT + DAPO. Evaluation is greedy pass@1 on the
-held-out problems. Reported per type: accuracy, tool-use rate, right-tool rate (search for
+held-out problems; with --sampled K (default 4) SFT and SFT + DAPO are also sampled K times at
+T = 1 (avg@K and pass@K), which tells sharpening (avg@K up, pass@K flat) from a new skill. Reported per type: accuracy, tool-use rate, right-tool rate (search for
 fact, code for calculator, judged on the first call); learning curves as PNG. Goal (issue):
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
@@ -132,7 +133,7 @@ def trace(tokenizer, problem: Problem, tool: str, call: str, output: str, answer
 def sft(cfg: RunConfig, traces: list[Trace], out_dir: Path, epochs: int) -> dict[str, float]:
     model, tokenizer = load_policy(cfg.model.base_dir, cfg.model.dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.sft.lr, weight_decay=0.0)
-    order, t0, losses = random.Random(0), time.perf_counter(), []
+    order, losses = random.Random(0), []
     for _ in range(epochs):
         shuffled = order.sample(traces, len(traces))
         for i in range(0, len(shuffled), cfg.sft.batch_size):
@@ -140,7 +141,7 @@ def sft(cfg: RunConfig, traces: list[Trace], out_dir: Path, epochs: int) -> dict
                                                               tokenizer.pad_token_id), micro_size=4))
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    return {"sft_steps": len(losses), "sft_final_loss": losses[-1], "sft_seconds": time.perf_counter() - t0}
+    return {"sft_steps": len(losses), "sft_final_loss": losses[-1]}
 
 
 def per_type(eval_dir: Path) -> dict[str, dict[str, float]]:
@@ -158,9 +159,22 @@ def per_type(eval_dir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def evaluate_model(cfg: RunConfig, urls: dict, model: str, test_file: Path, out_dir: Path, tokens: int):
+def solved_rate(eval_dir: Path) -> dict[str, float]:
+    """Per source and for the mix: the share of problems at least one sample solved (pass@k for k samples)."""
+    solved: dict[str, dict[str, bool]] = {}
+    for _, r in iter_json_lines(eval_dir / "eval_samples.jsonl"):
+        by_id = solved.setdefault(r["benchmark"], {})
+        by_id[r["id"]] = by_id.get(r["id"], False) or r["score"] >= 0.9
+    out = {source: sum(ids.values()) / len(ids) for source, ids in sorted(solved.items())}
+    out["mix"] = sum(sum(ids.values()) for ids in solved.values()) / sum(len(ids) for ids in solved.values())
+    return out
+
+
+def evaluate_model(cfg: RunConfig, urls: dict, model: str, test_file: Path, out_dir: Path, tokens: int,
+                   samples: int = 1, temperature: float = 0.0):
     ec = cfg.evaluate.model_copy(update={"split_file": str(test_file), "limit": 0, "output_dir": str(out_dir),
-                                         "mode": "tools", "temperature": 0.0, "samples": 1, "resume": False,
+                                         "mode": "tools", "temperature": temperature, "samples": samples,
+                                         "resume": False,
                                          "plots": False, "label": out_dir.name})
     rc = cfg.rollout.model_copy(update={"max_policy_tokens": tokens})
     evaluate.run(cfg.model_copy(update={"evaluate": ec, "rollout": rc}), urls, model_path=model)
@@ -228,6 +242,11 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens})
 
 
+def rounded(figures: dict) -> dict:
+    """Per-type figures (nested dicts of floats) to 3 decimals, for the summary line."""
+    return {k: rounded(v) if isinstance(v, dict) else round(v, 3) for k, v in figures.items()}
+
+
 class StageLog:
     """Each finished stage's result and seconds in `path`, so a re-run after a crash resumes at the first
     unfinished stage (delete the output directory to start over)."""
@@ -258,6 +277,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/learning_cpu")
     parser.add_argument("--rl-steps", type=int, help="override the RL steps")
     parser.add_argument("--lr", type=float, help="override the RL learning rate")
+    parser.add_argument("--sampled", type=int, default=4, metavar="K",
+                        help="also evaluate SFT and SFT + DAPO with K samples at T = 1 (avg@K, pass@K; 0 = skip)")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr)
@@ -280,14 +301,22 @@ def main() -> None:
         results["sft"] = stages.run("eval_sft", lambda: held_out(str(out / "sft"), "eval_sft"))
         stages.run("rl", lambda: train_run(rl_config(sizes, out), urls, metrics_dir=out / "rl_metrics"))
         results["dapo"] = stages.run("eval_dapo", lambda: held_out(str(out / "dapo"), "eval_dapo"))
+
+        def sampled_eval(model: str, name: str) -> dict:  # at the training temperature: sharpening or new skill?
+            per = evaluate_model(cfg, urls, str(out / model), out / "test.jsonl", out / name, sizes.eval_tokens,
+                                 samples=args.sampled, temperature=1.0)
+            return per | {"pass_at_k": solved_rate(out / name)}
+
+        names = {m: f"sampled{args.sampled}_{m}" for m in (("sft", "dapo") if args.sampled else ())}
+        sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name)) for m, name in names.items()}
     seconds = {k: round(v["seconds"], 1) for k, v in stages.done.items()}
     plot_curves(out / "rl_metrics" / "train_history.jsonl", results, out / "learning_curves.png")
     summary = {"quick": args.quick, "sizes": dataclasses.asdict(sizes), "n_train": len(train), "n_test": len(test),
                "sft_traces": len(traces), "sft_final_loss": round(sft_info["sft_final_loss"], 4),
                "stage_seconds": seconds, "stages_total_seconds": round(sum(seconds.values()), 1),
                "this_invocation_seconds": round(time.perf_counter() - t0, 1),
-               "results": {m: {t: {k: round(v, 3) for k, v in f.items()} for t, f in r.items()}
-                           for m, r in results.items()},
+               "results": {m: rounded(r) for m, r in results.items()},
+               "sampled_t1": {"k": args.sampled, **{m: rounded(r) for m, r in sampled.items()}},
                "dapo_minus_sft": round(results["dapo"]["mix"]["accuracy"] - results["sft"]["mix"]["accuracy"], 3),
                "dapo_right_tool": round(results["dapo"]["mix"]["right_tool"], 3),
                "curves": str(out / "learning_curves.png")}

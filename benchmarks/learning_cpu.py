@@ -4,8 +4,9 @@ The mix (every problem offers *both* tools, type `complex`; the verifier is chos
 - calculator: the Calculator generator (all templates and levels). The program is known, so
   the scripted teacher solves it with one real `<code>` call.
 - fact: NQ-open questions kept only when a gold alias appears in the top results of the *real*
-  search service over the local Wikipedia index (answerable offline); the scripted teacher
-  searches the question and answers with the alias found in the output.
+  search service over the local Wikipedia index, within the part of the output the policy sees
+  (cut to rollout.max_tool_output_chars); the scripted teacher searches the question and answers
+  with the alias found there.
 
 Why this mix and this cold start (measured, see benchmarks/RESULTS.md): SFT on 400 calculator
 traces solves the calculator outright (100%), leaving RL nothing to show; so the cold start is
@@ -24,7 +25,9 @@ fact, code for calculator, judged on the first call); learning curves as PNG. Go
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR]
---quick shrinks every size to check the wiring in a few minutes; its figures mean nothing.
+--quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
+stages are kept in <out>/stages.json: a re-run resumes, and one with another --lr or --rl-steps keeps
+the cold start (evaluation of base and SFT, SFT itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
 
@@ -35,6 +38,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -73,7 +77,7 @@ class Sizes:
     eval_tokens: int  # max policy tokens, in evaluation and in RL rollouts
 
 
-FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3000, sft_traces=32, sft_epochs=1, rl_steps=30, group=8,
+FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3610, sft_traces=32, sft_epochs=1, rl_steps=40, group=8,
              prompts=2, lr=1e-5, eval_tokens=192)
 QUICK = Sizes(calc=(8, 4), fact=(8, 4), nq_scan=150, sft_traces=4, sft_epochs=1, rl_steps=2, group=4, prompts=2,
               lr=2e-5, eval_tokens=96)
@@ -93,8 +97,9 @@ def calculator_problems(n: int, seed: int) -> list[Problem]:
     return [as_mix(p, "calculator", p.split, i) for i, p in enumerate(generate(n, seed=seed))]
 
 
-async def answerable_facts(search_url: str, scan: int, need: int) -> list[tuple[Problem, str, str]]:
-    """NQ-open questions whose gold appears in the real search output: (problem, output, alias found)."""
+async def answerable_facts(search_url: str, scan: int, need: int, max_chars: int) -> list[tuple[Problem, str, str]]:
+    """NQ-open questions whose gold appears in the real search output *as the policy sees it* (cut to
+    `max_chars`, as the rollout cuts it): (problem, visible output, alias found)."""
     rows = [nq_row(row) for _, row in iter_json_lines(shared_data_dir() / "nq_open" / "NQ-open.dev.jsonl")][:scan]
     tool = SearchClient(search_url)
     try:
@@ -103,10 +108,11 @@ async def answerable_facts(search_url: str, scan: int, need: int) -> list[tuple[
         await tool.aclose()
     kept = []
     for i, ((question, answers, _), result) in enumerate(zip(rows, results, strict=True)):
-        found = [a for a in answers if result.ok and a.lower() in result.output.lower()]
+        visible = cut_middle(result.output, max_chars) if result.ok else ""
+        found = [a for a in answers if a.lower() in visible.lower()]
         if found:
             kept.append((Problem(f"nq_open-{i}", question, tuple(answers), "complex", "nq_open", "train"),
-                         result.output, found[0]))
+                         visible, found[0]))
     return kept[:need]
 
 
@@ -216,7 +222,7 @@ def build_mix(sizes: Sizes, urls: dict, tokenizer, max_chars: int) -> tuple[list
     """Train problems, held-out problems and the cold-start SFT traces (the first train problems of each type)."""
     (n_calc, t_calc), (n_fact, t_fact) = sizes.calc, sizes.fact
     calc = calculator_problems(n_calc + t_calc, seed=7)
-    facts = asyncio.run(answerable_facts(urls["search"], sizes.nq_scan, n_fact + t_fact))
+    facts = asyncio.run(answerable_facts(urls["search"], sizes.nq_scan, n_fact + t_fact, max_chars))
     fact_problems = [f[0] for f in facts]
     n_fact_train = max(len(facts) - t_fact, len(facts) // 2)  # held-out first when answerable facts are few
     train = calc[:n_calc] + fact_problems[:n_fact_train]
@@ -231,15 +237,23 @@ def build_mix(sizes: Sizes, urls: dict, tokenizer, max_chars: int) -> tuple[list
 
 
 def rl_config(sizes: Sizes, out: Path) -> RunConfig:
-    """DAPO (params.yaml's algorithm) from the SFT model; no gradient checkpointing so group prompts share a pass."""
+    """DAPO (params.yaml's algorithm) from the SFT model; no gradient checkpointing so group prompts share a pass;
+    sources drawn in turn, so fact groups are not crowded out by the easier calculator."""
     return load_config(REPO_ROOT / "params.yaml", overrides={
         "run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}", "train.init_model": str(out / "sft"),
         "train.train_file": str(out / "train.jsonl"), "train.steps": sizes.rl_steps,
         "train.prompts_per_step": sizes.prompts, "train.lr": sizes.lr, "train.warmup_steps": 1,
         "train.max_gen_rounds": 2, "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
+        "train.balance_sources": True,
         "train.checkpoint_every": 10, "train.log_samples_every": 5,
         "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
         "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens})
+
+
+def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
+    """DAPO from the SFT model, from step 0: checkpoints of an unfinished or other-sized run are removed."""
+    shutil.rmtree(cfg.train.checkpoint_dir, ignore_errors=True)
+    return train_run(cfg, urls, metrics_dir=out / "rl_metrics")
 
 
 def rounded(figures: dict) -> dict:
@@ -247,28 +261,39 @@ def rounded(figures: dict) -> dict:
     return {k: rounded(v) if isinstance(v, dict) else round(v, 3) for k, v in figures.items()}
 
 
+COLD_START_FIELDS = ("calc", "fact", "nq_scan", "sft_traces", "sft_epochs", "eval_tokens")  # what stages up to SFT read
+
+
 class StageLog:
-    """Each finished stage's result and seconds in `path`, so a re-run after a crash resumes at the first
-    unfinished stage (delete the output directory to start over)."""
+    """Each finished stage's result, seconds and the sizes it was made with, in `path`: a re-run after a
+    crash resumes at the first unfinished stage, and a re-run with other RL sizes (--lr, --rl-steps) keeps
+    the cold-start stages, whose inputs did not change. A stage made with other sizes is run again."""
 
     def __init__(self, path: Path, sizes: Sizes) -> None:
         self.path, self.sizes = path, json.loads(json.dumps(dataclasses.asdict(sizes)))  # as JSON reads it back
-        saved = json.loads(path.read_text()) if path.is_file() else {"sizes": self.sizes, "stages": {}}
-        if self.sizes != saved["sizes"]:
-            raise SystemExit(f"{path}: its stages were run with other sizes {saved['sizes']}; "
-                             "delete the output directory or use another --out")
-        self.done: dict = saved["stages"]
+        saved = json.loads(path.read_text()) if path.is_file() else {}
+        self.done: dict = saved.get("stages", {})
+        for entry in self.done.values():  # files written before per-stage sizes: one "sizes" for all stages
+            entry.setdefault("sizes", saved.get("sizes", {}))
+        self.used: list[str] = []  # this invocation's stages, in order
 
-    def run(self, stage: str, fn):
-        if stage in self.done:
-            print(f"{stage}: kept from an earlier run ({self.done[stage]['seconds']:.1f} s)", flush=True)
-            return self.done[stage]["result"]
+    def run(self, stage: str, fn, fields: tuple[str, ...] | None = None):
+        """Run `fn` unless `stage` was finished with the same values of `fields` (default: every size)."""
+        made_with = {k: self.sizes[k] for k in fields or self.sizes}
+        self.used.append(stage)
+        kept = self.done.get(stage)
+        if kept is not None and {k: kept["sizes"].get(k) for k in made_with} == made_with:
+            print(f"{stage}: kept from an earlier run ({kept['seconds']:.1f} s)", flush=True)
+            return kept["result"]
         t = time.perf_counter()
         result = fn()
-        self.done[stage] = {"seconds": time.perf_counter() - t, "result": result}
-        self.path.write_text(json.dumps({"sizes": self.sizes, "stages": self.done}, indent=1, default=str))
+        self.done[stage] = {"seconds": time.perf_counter() - t, "result": result, "sizes": made_with}
+        self.path.write_text(json.dumps({"stages": self.done}, indent=1, default=str))
         print(f"{stage}: {self.done[stage]['seconds']:.1f} s", flush=True)
         return result
+
+    def seconds(self) -> dict[str, float]:
+        return {k: round(self.done[k]["seconds"], 1) for k in self.used}
 
 
 def main() -> None:
@@ -296,10 +321,11 @@ def main() -> None:
         def held_out(model: str, name: str) -> dict:
             return evaluate_model(cfg, urls, model, out / "test.jsonl", out / name, sizes.eval_tokens)
 
-        results = {"base": stages.run("eval_base", lambda: held_out(cfg.model.base_dir, "eval_base"))}
-        sft_info = stages.run("sft", lambda: sft(cfg, traces, out / "sft", sizes.sft_epochs))
-        results["sft"] = stages.run("eval_sft", lambda: held_out(str(out / "sft"), "eval_sft"))
-        stages.run("rl", lambda: train_run(rl_config(sizes, out), urls, metrics_dir=out / "rl_metrics"))
+        cold = COLD_START_FIELDS
+        results = {"base": stages.run("eval_base", lambda: held_out(cfg.model.base_dir, "eval_base"), cold)}
+        sft_info = stages.run("sft", lambda: sft(cfg, traces, out / "sft", sizes.sft_epochs), cold)
+        results["sft"] = stages.run("eval_sft", lambda: held_out(str(out / "sft"), "eval_sft"), cold)
+        stages.run("rl", lambda: fresh_rl(rl_config(sizes, out), urls, out))
         results["dapo"] = stages.run("eval_dapo", lambda: held_out(str(out / "dapo"), "eval_dapo"))
 
         def sampled_eval(model: str, name: str) -> dict:  # at the training temperature: sharpening or new skill?
@@ -308,8 +334,9 @@ def main() -> None:
             return per | {"pass_at_k": solved_rate(out / name)}
 
         names = {m: f"sampled{args.sampled}_{m}" for m in (("sft", "dapo") if args.sampled else ())}
-        sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name)) for m, name in names.items()}
-    seconds = {k: round(v["seconds"], 1) for k, v in stages.done.items()}
+        sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name), cold if m == "sft" else None)
+                   for m, name in names.items()}
+    seconds = stages.seconds()
     plot_curves(out / "rl_metrics" / "train_history.jsonl", results, out / "learning_curves.png")
     summary = {"quick": args.quick, "sizes": dataclasses.asdict(sizes), "n_train": len(train), "n_test": len(test),
                "sft_traces": len(traces), "sft_final_loss": round(sft_info["sft_final_loss"], 4),

@@ -2,18 +2,21 @@
 
 Used by the services flow and by tests. A `ServiceProcess` runs a command, waits until
 its health URL answers (or a TCP port accepts, for Redis), and on `stop()` terminates
-the whole process group, so nothing outlives the run. Output goes to a log file whose
+the whole process group, so nothing outlives the run; on Linux a service also gets SIGTERM
+when its parent dies without stopping it (killed, even by SIGKILL). Output goes to a log file whose
 tail is quoted when start-up fails.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,26 @@ def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex((LOOPBACK, port)) == 0
+
+
+def _parent_death_signal():
+    """A pre-exec hook that has Linux send the child SIGTERM when this process dies, so a service
+    (the sandbox runs hostile code) never outlives a parent killed before it could call stop().
+    Only from the main thread: the signal is tied to the thread that forks, and a worker thread
+    may end long before the service should. None elsewhere (other systems, other threads)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return die_with_parent
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -63,6 +86,7 @@ class ServiceProcess:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             start_new_session=True,  # own process group: stop() kills children too
+            preexec_fn=_parent_death_signal(),
         )
         log.close()
         self._wait_ready(timeout_s)

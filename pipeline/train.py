@@ -40,7 +40,7 @@ from pipeline.history import MetricHistory
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy
-from pipeline.problem_stream import ProblemStream
+from pipeline.problem_stream import problem_stream
 from pipeline.registry import log_and_register
 from pipeline.reward import score_trajectory
 from pipeline.rollout.engine import RolloutEngine
@@ -93,7 +93,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if checkpoint is not None:  # an engine with its own copy (vLLM) loaded the initial weights
         engine.backend.update_weights(weights.rollout_tensors(model))
     engine.calls = state.rollout_calls
-    stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
+    stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
                    weights, shaping)
 

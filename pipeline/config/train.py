@@ -75,6 +75,9 @@ class TrainConfig(StageConfig):
     logprobs_source: Literal["rollout", "recompute"] = Field(
         "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
     )
+    balance_sources: bool = Field(
+        False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."
+    )
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
     log_samples_every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
     log_samples: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")

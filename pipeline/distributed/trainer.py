@@ -33,7 +33,7 @@ from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
 from pipeline.loss import make_policy_loss
-from pipeline.problem_stream import ProblemStream
+from pipeline.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
 from pipeline.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy
@@ -57,7 +57,7 @@ def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, opti
     if vllm and loaded is not None:  # vLLM loaded the initial weights from disk, not the checkpoint's
         push_rollout_weights(cfg, backend, engine)
     engine.calls = state.rollout_calls
-    stream = ProblemStream(problems, cfg.run.seed, cursor=state.data_cursor)
+    stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement)
 
 

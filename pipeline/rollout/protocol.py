@@ -120,6 +120,8 @@ _TAPO_EXAMPLES = {
     ),
 }
 
+_NO_TOOL_EXAMPLE = "Question: What is 2 + 2?\n<think>Easy.</think>\n<answer>4</answer>"
+
 
 class TapoProtocol(TagProtocol):
     name = "tapo"
@@ -128,8 +130,10 @@ class TapoProtocol(TagProtocol):
 
     def system_prompt(self, tools: tuple[ToolName, ...]) -> str:
         rules = [f"{i + 2}. {_TAPO_RULES[t]}" for i, t in enumerate(tools)]
-        example = _TAPO_EXAMPLES[tools[-1]] if tools else "Question: What is 2 + 2?\n<think>Easy.</think>\n<answer>4</answer>"
-        return _template("tapo.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2, example=example)
+        # One example per offered tool: a single example (once the last tool's) was copied verbatim by a
+        # small model on questions that needed the other tool (`print(1234 * 5678)` for a fact question).
+        examples = "\n\n".join(_TAPO_EXAMPLES[t] for t in tools) if tools else _NO_TOOL_EXAMPLE
+        return _template("tapo.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2, examples=examples)
 
 
 class SearchR1Protocol(TagProtocol):

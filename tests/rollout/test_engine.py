@@ -10,6 +10,7 @@ from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine
+from pipeline.rollout.protocol import TapoProtocol
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import ScriptedLM, _Out, tiny_tokenizer
 
@@ -211,3 +212,14 @@ class _ByQuestion(torch.nn.Module):
         for b, token in enumerate(rows):
             logits[b, 0, token] = 0.0
         return _Out(logits, DynamicCache(ddp_cache_data=[(keys, keys)]))
+
+
+@pytest.mark.parametrize("tools", [("search", "code"), ("code", "search"), ("search",), ("code",), ()])
+def test_tapo_system_prompt_lists_and_shows_exactly_the_offered_tools(tools) -> None:
+    """One example per offered tool: with a single example a small model copied it on questions
+    that needed the other tool."""
+    prompt = TapoProtocol().system_prompt(tools)
+    for tool in ("search", "code"):
+        shown = f"<{tool}>" in prompt
+        assert shown == (tool in tools), (tool, prompt)
+    assert prompt.count("Question:") == max(len(tools), 1)

@@ -12,21 +12,24 @@ Why this mix and this cold start (measured, see benchmarks/RESULTS.md): SFT on 4
 traces solves the calculator outright (100%), leaving RL nothing to show; so the cold start is
 light, as in ARPO/TEPO and near the `sft` stage's default of 48 traces (here 32 calculator + 32
 fact, one epoch), which leaves the SFT model inside the 20-80% band on the mix (~40% calculator, failing
-on copied digits, thousands separators and formulas; <10% fact, failing to pick the answer out
+on copied digits, thousands separators and formulas; ~10% fact, failing to pick the answer out
 of the passages). Short GSM8K problems were tried and dropped: the SFT model solved 0 of 20
 greedy and RL gets no reward signal from a 135M model there within this budget.
+RL draws calculator and fact problems in turn (train.balance_sources): with 2 problems a step and
+dynamic sampling, a uniform draw let the easier calculator groups crowd out the fact groups.
 
 Stages: (1) evaluate the prompted base; (2) SFT on the traces (tool output masked,
 `pipeline.sft`); (3) evaluate SFT; (4) DAPO from SFT on the training mix (`pipeline.train.run`,
 real sandbox and search services); (5) evaluate SFT + DAPO. Evaluation is greedy pass@1 on the
 held-out problems; with --sampled K (default 4) SFT and SFT + DAPO are also sampled K times at
-T = 1 (avg@K and pass@K), which tells sharpening (avg@K up, pass@K flat) from a new skill. Reported per type: accuracy, tool-use rate, right-tool rate (search for
-fact, code for calculator, judged on the first call); learning curves as PNG. Goal (issue):
+T = 1 (avg@K and pass@K), which tells sharpening (avg@K up, pass@K flat) from a new skill.
+Reported per type: accuracy, tool-use rate, right-tool rate (search for fact, code for
+calculator, judged on the first call); learning curves as PNG. Goal (issue):
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
-    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR]
+    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
-stages are kept in <out>/stages.json: a re-run resumes, and one with another --lr or --rl-steps keeps
+stages are kept in <out>/stages.json: a re-run resumes, and one with another --lr, --rl-steps or --rl-seed keeps
 the cold start (evaluation of base and SFT, SFT itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
@@ -37,6 +40,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import random
 import shutil
 import time
@@ -75,6 +79,7 @@ class Sizes:
     prompts: int  # problems per RL step (each sampled `group` times)
     lr: float
     eval_tokens: int  # max policy tokens, in evaluation and in RL rollouts
+    rl_seed: int = 0  # run.seed of the RL stage (sampling, problem order): replicates share the cold start
 
 
 FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3610, sft_traces=32, sft_epochs=1, rl_steps=40, group=8,
@@ -176,6 +181,17 @@ def solved_rate(eval_dir: Path) -> dict[str, float]:
     return out
 
 
+def paired_flips(before: Path, after: Path) -> dict[str, float]:
+    """Held-out problems greedy SFT got wrong and SFT + DAPO right, and the reverse, with the two-sided
+    sign-test p-value of that split: how much of the difference one run's noise could explain."""
+    solved = lambda d: {r["id"]: r["score"] >= 0.9 for _, r in iter_json_lines(d / "eval_samples.jsonl")}  # noqa: E731
+    a, b = solved(before), solved(after)
+    up, down = sum(b[i] and not a[i] for i in a), sum(a[i] and not b[i] for i in a)
+    n = up + down
+    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n) if n else 1.0
+    return {"wrong_to_right": up, "right_to_wrong": down, "sign_test_p": p}
+
+
 def evaluate_model(cfg: RunConfig, urls: dict, model: str, test_file: Path, out_dir: Path, tokens: int,
                    samples: int = 1, temperature: float = 0.0):
     ec = cfg.evaluate.model_copy(update={"split_file": str(test_file), "limit": 0, "output_dir": str(out_dir),
@@ -240,7 +256,8 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
     """DAPO (params.yaml's algorithm) from the SFT model; no gradient checkpointing so group prompts share a pass;
     sources drawn in turn, so fact groups are not crowded out by the easier calculator."""
     return load_config(REPO_ROOT / "params.yaml", overrides={
-        "run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}", "train.init_model": str(out / "sft"),
+        "run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}", "run.seed": sizes.rl_seed,
+        "train.init_model": str(out / "sft"),
         "train.train_file": str(out / "train.jsonl"), "train.steps": sizes.rl_steps,
         "train.prompts_per_step": sizes.prompts, "train.lr": sizes.lr, "train.warmup_steps": 1,
         "train.max_gen_rounds": 2, "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
@@ -302,11 +319,13 @@ def main() -> None:
     parser.add_argument("--out", default="runs/learning_cpu")
     parser.add_argument("--rl-steps", type=int, help="override the RL steps")
     parser.add_argument("--lr", type=float, help="override the RL learning rate")
+    parser.add_argument("--rl-seed", type=int, help="override the RL seed (a replicate on the same cold start)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at T = 1 (avg@K, pass@K; 0 = skip)")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
-    sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr)
+    sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
+                                rl_seed=sizes.rl_seed if args.rl_seed is None else args.rl_seed)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()
@@ -345,6 +364,7 @@ def main() -> None:
                "results": {m: rounded(r) for m, r in results.items()},
                "sampled_t1": {"k": args.sampled, **{m: rounded(r) for m, r in sampled.items()}},
                "dapo_minus_sft": round(results["dapo"]["mix"]["accuracy"] - results["sft"]["mix"]["accuracy"], 3),
+               "sft_to_dapo_flips": rounded(paired_flips(out / "eval_sft", out / "eval_dapo")),
                "dapo_right_tool": round(results["dapo"]["mix"]["right_tool"], 3),
                "curves": str(out / "learning_curves.png")}
     print(json.dumps(summary))

@@ -132,7 +132,8 @@ class TapoProtocol(TagProtocol):
         rules = [f"{i + 2}. {_TAPO_RULES[t]}" for i, t in enumerate(tools)]
         # One example per offered tool: a single example (once the last tool's) was copied verbatim by a
         # small model on questions that needed the other tool (`print(1234 * 5678)` for a fact question).
-        examples = "\n\n".join(_TAPO_EXAMPLES[t] for t in tools) if tools else _NO_TOOL_EXAMPLE
+        shown = [_TAPO_EXAMPLES[t] for t in tools] or [_NO_TOOL_EXAMPLE]
+        examples = ("Examples:\n" if len(shown) > 1 else "Example:\n") + "\n\n".join(shown)
         return _template("tapo.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2, examples=examples)
 
 

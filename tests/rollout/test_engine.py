@@ -223,3 +223,4 @@ def test_tapo_system_prompt_lists_and_shows_exactly_the_offered_tools(tools) -> 
         shown = f"<{tool}>" in prompt
         assert shown == (tool in tools), (tool, prompt)
     assert prompt.count("Question:") == max(len(tools), 1)
+    assert ("Examples:" in prompt) == (len(tools) > 1)  # a one-tool prompt is unchanged: "Example:"

@@ -53,6 +53,7 @@ from pipeline.config import RunConfig, load_config
 from pipeline.data.adapters import nq_open as nq_row
 from pipeline.data.calculator import generate
 from pipeline.evaluation import evaluate
+from pipeline.evaluation.summary import is_correct, summarise
 from pipeline.jsonl import iter_json_lines, write_problems
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT, shared_data_dir
@@ -155,14 +156,19 @@ def sft(cfg: RunConfig, traces: list[Trace], out_dir: Path, epochs: int) -> dict
     return {"sft_steps": len(losses), "sft_final_loss": losses[-1]}
 
 
+def eval_samples(eval_dir: Path) -> list[dict]:
+    """The evaluation harness's per-sample records of one run."""
+    return [r for _, r in iter_json_lines(eval_dir / "eval_samples.jsonl")]
+
+
 def per_type(eval_dir: Path) -> dict[str, dict[str, float]]:
     """Accuracy, tool-use and right-tool rates per source from the evaluation's sample records."""
-    records = [r for _, r in iter_json_lines(eval_dir / "eval_samples.jsonl")]
+    records = eval_samples(eval_dir)
     out = {}
     for source in sorted({r["benchmark"] for r in records}):
         rows = [r for r in records if r["benchmark"] == source]
         first = [r["tool_calls"][0]["tool"] if r["tool_calls"] else None for r in rows]
-        out[source] = {"n": len(rows), "accuracy": sum(r["score"] >= 0.9 for r in rows) / len(rows),
+        out[source] = {"n": len(rows), "accuracy": sum(map(is_correct, rows)) / len(rows),
                        "tool_use": sum(f is not None for f in first) / len(rows),
                        "right_tool": sum(f == RIGHT_TOOL.get(source) for f in first) / len(rows)}
     out["mix"] = {k: sum(v[k] * v["n"] for v in out.values()) / sum(v["n"] for v in out.values())
@@ -170,22 +176,19 @@ def per_type(eval_dir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def solved_rate(eval_dir: Path) -> dict[str, float]:
-    """Per source and for the mix: the share of problems at least one sample solved (pass@k for k samples)."""
-    solved: dict[str, dict[str, bool]] = {}
-    for _, r in iter_json_lines(eval_dir / "eval_samples.jsonl"):
-        by_id = solved.setdefault(r["benchmark"], {})
-        by_id[r["id"]] = by_id.get(r["id"], False) or r["score"] >= 0.9
-    out = {source: sum(ids.values()) / len(ids) for source, ids in sorted(solved.items())}
-    out["mix"] = sum(sum(ids.values()) for ids in solved.values()) / sum(len(ids) for ids in solved.values())
-    return out
+def solved_rate(eval_dir: Path, k: int) -> dict[str, float]:
+    """Per source and for the mix: pass@k with k = the samples per problem, i.e. the share of problems
+    at least one sample solved (the harness's own summary)."""
+    records = eval_samples(eval_dir)
+    figures = summarise(records, pass_k=(k,))
+    return ({source: figures[f"{source}/pass@{k}"] for source in sorted({r["benchmark"] for r in records})}
+            | {"mix": figures[f"all/pass@{k}"]})
 
 
 def paired_flips(before: Path, after: Path) -> dict[str, float]:
     """Held-out problems greedy SFT got wrong and SFT + DAPO right, and the reverse, with the two-sided
     sign-test p-value of that split: how much of the difference one run's noise could explain."""
-    solved = lambda d: {r["id"]: r["score"] >= 0.9 for _, r in iter_json_lines(d / "eval_samples.jsonl")}  # noqa: E731
-    a, b = solved(before), solved(after)
+    a, b = ({r["id"]: is_correct(r) for r in eval_samples(d)} for d in (before, after))
     up, down = sum(b[i] and not a[i] for i in a), sum(a[i] and not b[i] for i in a)
     n = up + down
     p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(up, down) + 1)) / 2 ** n) if n else 1.0
@@ -283,7 +286,7 @@ COLD_START_FIELDS = ("calc", "fact", "nq_scan", "sft_traces", "sft_epochs", "eva
 
 class StageLog:
     """Each finished stage's result, seconds and the sizes it was made with, in `path`: a re-run after a
-    crash resumes at the first unfinished stage, and a re-run with other RL sizes (--lr, --rl-steps) keeps
+    crash resumes at the first unfinished stage, and a re-run with other RL sizes (--lr, --rl-steps, --rl-seed) keeps
     the cold-start stages, whose inputs did not change. A stage made with other sizes is run again."""
 
     def __init__(self, path: Path, sizes: Sizes) -> None:
@@ -350,7 +353,7 @@ def main() -> None:
         def sampled_eval(model: str, name: str) -> dict:  # at the training temperature: sharpening or new skill?
             per = evaluate_model(cfg, urls, str(out / model), out / "test.jsonl", out / name, sizes.eval_tokens,
                                  samples=args.sampled, temperature=1.0)
-            return per | {"pass_at_k": solved_rate(out / name)}
+            return per | {"pass_at_k": solved_rate(out / name, args.sampled)}
 
         names = {m: f"sampled{args.sampled}_{m}" for m in (("sft", "dapo") if args.sampled else ())}
         sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name), cold if m == "sft" else None)

@@ -39,6 +39,9 @@ def _port_open(port: int) -> bool:
         return s.connect_ex((LOOPBACK, port)) == 0
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _parent_death_signal():
     """A pre-exec hook that has Linux send the child SIGTERM when this process dies, so a service
     (the sandbox runs hostile code) never outlives a parent killed before it could call stop().
@@ -54,9 +57,6 @@ def _parent_death_signal():
             os._exit(1)
 
     return die_with_parent
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass

@@ -8,6 +8,12 @@ never changes the gradient.
   negative advantages, no KL. Denominator: policy tokens in the whole batch.
 - GRPO: same clipped surrogate with a symmetric eps, but each sequence's tokens are averaged
   first (sequence-mean). Denominator: sequences in the whole batch.
+
+Either may add beta * KL(pi || pi_ref) per policy token (`kl_coef`; GRPO as in DeepSeekMath,
+k3 estimate exp(ref - new) - (ref - new) - 1, unbiased and >= 0), aggregated like the
+surrogate. DAPO drops the term; we keep it available to DAPO as an anchor for small models
+whose rewards are sparse on part of the mix, where behaviour the reward never scores (e.g.
+which tool a question gets) can otherwise drift without any pushback.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class LossOutputs:
     clipped_low: torch.Tensor  # scalar counts of mask-1 tokens whose ratio was clipped
     clipped_high: torch.Tensor
     approx_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(old || new)
+    ref_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(new || ref); 0 without a KL term
 
 
 LossFn = Callable[[torch.Tensor, TrainBatch], LossOutputs]
@@ -57,26 +64,55 @@ def clipped_surrogate_BT(logprobs_BT: torch.Tensor, batch: TrainBatch, eps_low: 
     return loss_BT, low_BT, high_BT, k3_BT
 
 
+def reference_kl_BT(logprobs_BT: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref) on the sampled tokens (Schulman's k3), >= 0."""
+    if batch.ref_logprobs_BT is None:
+        raise ValueError("the loss has a KL term (kl_coef > 0) but the batch carries no reference log-probs")
+    log_ratio_BT = batch.ref_logprobs_BT - logprobs_BT
+    return torch.exp(log_ratio_BT) - log_ratio_BT - 1.0
+
+
+def no_reference_kl_BT(logprobs_BT: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    return torch.zeros_like(logprobs_BT)
+
+
+def kl_term(kl_coef: float) -> Callable[[torch.Tensor, TrainBatch], torch.Tensor]:
+    """The per-token KL penalty, chosen once: k3 to the reference, or none (no reference needed)."""
+    return reference_kl_BT if kl_coef > 0 else no_reference_kl_BT
+
+
 def dapo_loss(cfg: DAPOLoss) -> PolicyLoss:
+    kl_BT_of = kl_term(cfg.kl_coef)
+
     def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
         loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps_low, cfg.eps_high, cfg.dual_clip)
+        kl_BT = kl_BT_of(logprobs_BT, batch)
         mask_BT = batch.loss_mask_BT
-        return LossOutputs((loss_BT * mask_BT).sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
-                           (k3_BT.detach() * mask_BT).sum())
+        return LossOutputs(((loss_BT + cfg.kl_coef * kl_BT) * mask_BT).sum(), (low_BT * mask_BT).sum(),
+                           (high_BT * mask_BT).sum(), (k3_BT.detach() * mask_BT).sum(), (kl_BT.detach() * mask_BT).sum())
 
     return PolicyLoss(fn, lambda batch: float(batch.n_policy_tokens))
 
 
 def grpo_loss(cfg: GRPOLoss) -> PolicyLoss:
+    kl_BT_of = kl_term(cfg.kl_coef)
+
     def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
         loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps, cfg.eps, None)
+        kl_BT = kl_BT_of(logprobs_BT, batch)
         mask_BT = batch.loss_mask_BT
-        per_seq_B = (loss_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1.0)  # sequence mean
+        per_token_BT = (loss_BT + cfg.kl_coef * kl_BT) * mask_BT
+        per_seq_B = per_token_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1.0)  # sequence mean
         return LossOutputs(per_seq_B.sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
-                           (k3_BT.detach() * mask_BT).sum())
+                           (k3_BT.detach() * mask_BT).sum(), (kl_BT.detach() * mask_BT).sum())
 
     # Global sequence count with at least one policy token: fixed before micro-batching.
     return PolicyLoss(fn, lambda batch: float((batch.loss_mask_BT.sum(-1) > 0).sum()))
+
+
+def needs_reference(cfg: DAPOLoss | GRPOLoss) -> bool:
+    """Whether the configured loss reads reference log-probs (a frozen copy of the initial model)."""
+    return cfg.kl_coef > 0
 
 
 def make_policy_loss(cfg: DAPOLoss | GRPOLoss) -> PolicyLoss:

@@ -17,6 +17,7 @@ from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.finetune import FullWeights, PolicyWeights
 from pipeline.problem_stream import ProblemStream
+from pipeline.reference import NoReference, Reference
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.shaping import NoShaping, RewardShaping
 from pipeline.types import ScoredGroup
@@ -43,7 +44,8 @@ class Trainer:
     stream: ProblemStream
     state: TrainerState
     placement: Placement
-    # Chosen from the config by `set_up`, which always sets both (the defaults serve the
+    # Chosen from the config by `set_up`, which always sets these (the defaults serve the
     # data-parallel builder's positional call; `set_up` replaces them on its result).
     weights: PolicyWeights = field(default_factory=FullWeights)  # all weights, or a LoRA adapter
     shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
+    reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing

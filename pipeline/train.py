@@ -41,6 +41,7 @@ from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy
 from pipeline.problem_stream import problem_stream
+from pipeline.reference import make_reference
 from pipeline.registry import log_and_register
 from pipeline.reward import score_trajectory
 from pipeline.rollout.engine import RolloutEngine
@@ -75,6 +76,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if tc.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = weights.prepare(model)
+    reference = make_reference(cfg, next(model.parameters()).device)  # for a KL term; nothing otherwise
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (tc.warmup_steps + 1)))
@@ -85,7 +87,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                 make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
-        return dataclasses.replace(tr, weights=weights, shaping=shaping)
+        return dataclasses.replace(tr, weights=weights, shaping=shaping, reference=reference)
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
@@ -95,7 +97,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     engine.calls = state.rollout_calls
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
-                   weights, shaping)
+                   weights, shaping, reference)
 
 
 def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:
@@ -171,6 +173,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id)
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)
+    batch = tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
     settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature,
                               share_prompts=not tr.cfg.train.gradient_checkpointing)
     loss = make_policy_loss(tr.cfg.train.algorithm)

@@ -200,6 +200,7 @@ class TrainBatch:
     old_logprobs_BT: torch.Tensor  # [B, T] float, sampling log-probs aligned with input_ids
     advantages_BT: torch.Tensor  # [B, T] float, per-token advantage (0 where loss_mask is 0)
     n_policy_tokens: int
+    ref_logprobs_BT: torch.Tensor | None = None  # [B, T] float, the reference policy's (only with a KL term)
 
     def __len__(self) -> int:
         return int(self.input_ids_BT.shape[0])
@@ -213,4 +214,5 @@ class TrainBatch:
             old_logprobs_BT=self.old_logprobs_BT[rows],
             advantages_BT=self.advantages_BT[rows],
             n_policy_tokens=self.n_policy_tokens,
+            ref_logprobs_BT=None if self.ref_logprobs_BT is None else self.ref_logprobs_BT[rows],
         )

@@ -170,7 +170,7 @@ def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: Pol
     n_tokens = max(n_tokens, 1)
     parts = micro_batches(batch, settings.micro_batch_size)
     n_passes = backend.all_reduce_max(len(parts))
-    sums = {"loss": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "entropy": 0.0}
+    sums = {"loss": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "ref_kl": 0.0, "entropy": 0.0}
     for i in range(n_passes):
         micro, w = (parts[i], weight) if i < len(parts) else (parts[0], 0.0)
         logprobs_BT, entropy_BT = token_logprobs_and_entropy(backend.model, micro, settings.temperature,
@@ -182,6 +182,7 @@ def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: Pol
         sums["clip_low"] += w * float(out.clipped_low) / n_tokens
         sums["clip_high"] += w * float(out.clipped_high) / n_tokens
         sums["approx_kl"] += w * float(out.approx_kl_sum) / n_tokens
+        sums["ref_kl"] += w * float(out.ref_kl_sum) / n_tokens
         sums["entropy"] += w * float((entropy_BT * micro.loss_mask_BT).sum()) / n_tokens
     grad_norm = backend.step()
     totals = dict(zip(sums, backend.all_reduce_sum(list(sums.values())), strict=True))

@@ -10,22 +10,29 @@ from pipeline.config.base import StageConfig
 
 
 class DAPOLoss(StageConfig):
-    """DAPO: token-level loss, clip-higher, no KL, dynamic sampling."""
+    """DAPO: token-level loss, clip-higher, no KL by default, dynamic sampling."""
 
     kind: Literal["dapo"] = "dapo"
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the importance ratio.")
     eps_high: float = Field(0.28, ge=0.0, le=1.0, description="Upper clip range (clip-higher keeps entropy up).")
     dual_clip: float = Field(10.0, gt=1.0, description="Dual-clip bound c for negative advantages.")
     dynamic_sampling: bool = Field(True, description="Drop groups whose rewards all agree and sample more.")
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
+        "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate); DAPO drops it (0), "
+        "a small value anchors a small model's behaviour where rewards are sparse. Above 0 a frozen copy of "
+        "train.init_model is kept."))
 
 
 class GRPOLoss(StageConfig):
-    """GRPO: sequence-mean loss, symmetric clip (Dr.GRPO: std_normalize false)."""
+    """GRPO: sequence-mean loss, symmetric clip, optional KL to the initial model (Dr.GRPO: std_normalize false)."""
 
     kind: Literal["grpo"] = "grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
     std_normalize: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
     dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree.")
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
+        "beta of the per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate, DeepSeekMath uses 0.04; "
+        "0 = off, no reference model kept)."))
 
 
 LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]

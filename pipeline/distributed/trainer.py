@@ -89,6 +89,7 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, 
     batch = make_train_batch(groups, token_advantages(groups, tc.algorithm, tr.cfg.reward.tepo), tr.tokenizer.pad_token_id)
     if tc.logprobs_source == "recompute":
         batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
+    batch = tr.reference.attach(batch, tc.micro_batch_size, tr.cfg.rollout.temperature)  # a local frozen copy
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)
     loss = make_policy_loss(tc.algorithm)
     metrics: dict[str, float] = {}

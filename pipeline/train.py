@@ -14,6 +14,8 @@ Departures from the papers, and why:
    informative group makes no update.
 4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free
    (with a LoRA adapter too: the backend samples from the adapted model).
+5. GRPO's KL penalty to the initial model (`kl_coef`, off by default as in DAPO) is available
+   to both variants; the frozen reference is loaded from `train.init_model` (`pipeline.reference`).
 """
 
 from __future__ import annotations

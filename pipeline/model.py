@@ -75,8 +75,29 @@ def _load_hf(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrained
     return model, tokenizer
 
 
-def load_policy(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A trainable causal LM and its tokenizer (pad token set; left padding never used)."""
+def resolve_device(name: str) -> torch.device:
+    """`model.device` to a torch device: auto is cuda when present, else cpu; an absent accelerator is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"model.device: {name!r} but torch sees no CUDA device (use auto or cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"model.device: {name!r} but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"model.device: {name!r} but MPS is not available (use auto or cpu)")
+    return device
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where a model's weights live (a DeepSpeed engine's too): batches go there."""
+    return next(model.parameters()).device
+
+
+def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"
+                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A trainable causal LM on `device` (a `model.device` value) and its tokenizer (pad token set; left
+    padding never used)."""
     path = str(path)
     if path in EMBEDDED_MODELS:
         model, tokenizer = _load_from_gguf(path)
@@ -85,4 +106,4 @@ def load_policy(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedMod
         model, tokenizer = _load_hf(path, DTYPES[dtype])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return model.to(resolve_device(device)), tokenizer

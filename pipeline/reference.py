@@ -57,5 +57,5 @@ def make_reference(cfg: RunConfig, device: torch.device) -> Reference:
     """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none."""
     if not needs_reference(cfg.train.algorithm):
         return NoReference()
-    model, _ = load_policy(cfg.train.init_model, cfg.model.dtype)
-    return FrozenReference(model.to(device))
+    model, _ = load_policy(cfg.train.init_model, cfg.model.dtype, str(device))
+    return FrozenReference(model)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
-from pipeline.model import load_policy
+from pipeline.model import load_policy, model_device
 from pipeline.reward import verify
 from pipeline.rollout.engine import cut_middle, encode_prompt
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
@@ -110,7 +110,7 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = Path("metrics")) -> dict[str, float]:
     sc = cfg.sft
-    model, tokenizer = load_policy(sc.init_model, cfg.model.dtype)
+    model, tokenizer = load_policy(sc.init_model, cfg.model.dtype, cfg.model.device)
     metrics: dict[str, float] = {"sft/traces": 0.0}
     with tracked_run(cfg.run, "sft", {"sft": sc.model_dump(), "model": cfg.model.model_dump()}):
         if sc.enabled:
@@ -142,7 +142,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     for _ in range(sc.epochs):
         shuffled = order.sample(traces, len(traces))
         for i in range(0, len(shuffled), sc.batch_size):
-            batch = to_batch(shuffled[i : i + sc.batch_size], tokenizer.pad_token_id)
+            batch = to_batch(shuffled[i : i + sc.batch_size], tokenizer.pad_token_id).to(model_device(model))
             loss = sft_step(model, optimizer, batch, micro_size=min(sc.batch_size, 4))
             log_metrics({"sft/loss": loss}, step=step)
             step += 1

@@ -41,7 +41,7 @@ from pipeline.finetune import policy_weights
 from pipeline.history import MetricHistory
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
-from pipeline.model import load_policy
+from pipeline.model import load_policy, model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.reference import make_reference
 from pipeline.registry import log_and_register
@@ -74,11 +74,11 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     weights, shaping = policy_weights(tc.finetune), reward_shaping(cfg.reward)  # the variants, chosen once
-    model, tokenizer = load_policy(tc.init_model, cfg.model.dtype)
+    # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
+    model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = weights.prepare(model)
-    reference = make_reference(cfg, next(model.parameters()).device)  # for a KL term; nothing otherwise
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (tc.warmup_steps + 1)))
@@ -89,7 +89,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                 make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
-        return dataclasses.replace(tr, weights=weights, shaping=shaping, reference=reference)
+        return dataclasses.replace(tr, weights=weights, shaping=shaping,
+                                   reference=make_reference(cfg, model_device(tr.model)))
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
@@ -98,6 +99,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         engine.backend.update_weights(weights.rollout_tensors(model))
     engine.calls = state.rollout_calls
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
+    reference = make_reference(cfg, model_device(model))  # for a KL term; nothing otherwise
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
                    weights, shaping, reference)
 
@@ -172,7 +174,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     if not kept:
         return {"train/skipped": 1.0}
     advantages = token_advantages(kept, tr.cfg.train.algorithm, tr.cfg.reward.tepo)
-    batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id)
+    batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)
     batch = tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)

@@ -205,6 +205,12 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids_BT.shape[0])
 
+    def to(self, device: torch.device) -> TrainBatch:
+        """The same batch on `device` (the model's): every tensor moves, none is copied when already there."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def select(self, rows: slice | list[int]) -> TrainBatch:
         """A micro-batch: same global normaliser, subset of rows."""
         return TrainBatch(

@@ -41,6 +41,8 @@ def test_config_is_frozen(repo_root: Path) -> None:
         ("bogus_section: {}\n", "bogus_section: unknown key"),
         ("train:\n  algorithm:\n    kind: ppo\n", "train.algorithm"),
         ("rollout:\n  max_policy_tokens: 4096\n  max_total_tokens: 1024\n", "rollout"),
+        ("model:\n  device: gpu0\n", "model.device"),
+        ("train:\n  algorithm:\n    kind: grpo\n    kl_coef: -0.1\n", "train.algorithm.grpo.kl_coef"),
     ],
 )
 def test_bad_values_name_key_and_file(tmp_path: Path, text: str, needle: str) -> None:

@@ -17,3 +17,7 @@ class ModelConfig(StageConfig):
     )
     base_dir: str = Field("models/base", min_length=1, description="Where prepare-model writes the safetensors copy of the base model.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype for training and rollouts.")
+    device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:[0-9]+)?|mps)$",
+        description="Where SFT, single-process training and evaluation run: auto (cuda when present, else cpu), cpu, "
+                    "cuda, cuda:N or mps. DeepSpeed places data-parallel ranks itself.")

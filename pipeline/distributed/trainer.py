@@ -33,6 +33,7 @@ from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
 from pipeline.loss import make_policy_loss
+from pipeline.model import model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
@@ -86,7 +87,8 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, 
     backend = DeepSpeedBackend(tr.model)
     tc = tr.cfg.train
     groups, weight = local_groups(kept, backend.rank, backend.world)
-    batch = make_train_batch(groups, token_advantages(groups, tc.algorithm, tr.cfg.reward.tepo), tr.tokenizer.pad_token_id)
+    batch = make_train_batch(groups, token_advantages(groups, tc.algorithm, tr.cfg.reward.tepo),
+                             tr.tokenizer.pad_token_id).to(model_device(backend.module))
     if tc.logprobs_source == "recompute":
         batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
     batch = tr.reference.attach(batch, tc.micro_batch_size, tr.cfg.rollout.temperature)  # a local frozen copy

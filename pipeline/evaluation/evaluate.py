@@ -75,7 +75,7 @@ def run_label(cfg: RunConfig, model: str) -> str:
 def load_model(cfg: RunConfig, model: str):
     resolved = resolve_model(model, cfg.run.tracking_uri)
     try:
-        policy, tokenizer = load_policy(resolved, cfg.model.dtype)
+        policy, tokenizer = load_policy(resolved, cfg.model.dtype, cfg.model.device)
     except (OSError, ValueError) as err:
         raise EvaluationError(f"model {model!r}: cannot load: {err}") from None
     policy.eval()

@@ -70,6 +70,9 @@ class ForcedScript(torch.nn.Module):
                          for q, segs in self.scripts.items()}
         self.generation_config = model.generation_config
         self.header = "<|im_start|>assistant\n"
+        # context -> (question, segment k, tokens emitted j) of the last step, so a step that only appended
+        # the forced token advances without decoding the context again (harness cost, not the engine's)
+        self.position: dict[tuple[int, ...], tuple[str, int, int]] = {}
 
     def forward(self, input_ids, attention_mask, position_ids=None, cache=None, use_cache=True, logits_to_keep=0):
         ids = input_ids[:, None, :, None].float()
@@ -90,6 +93,18 @@ class ForcedScript(torch.nn.Module):
         return out
 
     def _next(self, context: list[int]) -> int:
+        key = tuple(context)
+        before = self.position.pop(key[:-1], None)
+        if before is not None:  # the row just took the forced token: one more of its segment is emitted
+            question, k, j = before
+            seg = self.scripts[question][k]
+            assert j < len(seg) and seg[j] == key[-1], "diverged from the script"
+            self.position[key] = (question, k, j + 1)
+            return seg[j + 1] if j + 1 < len(seg) else self.tok.eos_token_id
+        return self._locate(context)
+
+    def _locate(self, context: list[int]) -> int:
+        """The next scripted token, read from the decoded context (a new row, or after a tool output)."""
         text = self.tok.decode(context)
         question = next(q for q in self.scripts if q in text)
         response = text[text.rfind(self.header) + len(self.header):]
@@ -101,6 +116,7 @@ class ForcedScript(torch.nn.Module):
         seg = segments[k]
         j = self.prefixes[question][k].get(emitted)
         assert j is not None, f"diverged from the script: {emitted!r}"
+        self.position[tuple(context)] = (question, k, j)
         return seg[j] if j < len(seg) else self.tok.eos_token_id
 
 

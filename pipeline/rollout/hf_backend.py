@@ -88,6 +88,7 @@ class HFDecoder:
         self.max_parked_kv_tokens = max_parked_kv_tokens
         self._parked: dict[int, tuple[Sequence, KV]] = {}  # id(seq) -> its cache of context_ids[:-1]
         self._parked_tokens = 0
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (see _may_end_a_stop)
 
     @torch.no_grad()
     def run(self, scheduler: Scheduler) -> DecoderStats:
@@ -202,13 +203,14 @@ class HFDecoder:
         logits_BV = logits_BV.float().cpu()
         temperature = self.params.temperature
         logp_BV = F.log_softmax(logits_BV / temperature if temperature > 0 else logits_BV, dim=-1)
+        probs_BV = logp_BV.exp()
         if temperature == 0:
             tokens_B = logp_BV.argmax(-1)
         else:
-            probs_BV = _top_p(logp_BV.exp(), self.params.top_p)
-            tokens_B = torch.cat([torch.multinomial(p_V, 1, generator=seq.rng) for p_V, seq in zip(probs_BV, rows)])
+            uniform_B = torch.cat([torch.rand(1, generator=seq.rng, dtype=torch.float64) for seq in rows])
+            tokens_B = inverse_cdf_sample(_top_p(probs_BV, self.params.top_p), uniform_B)
         chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
-        entropy_B = -(logp_BV.exp() * logp_BV).sum(-1)  # of the distribution sampled from (TEPO reads it)
+        entropy_B = -(probs_BV * logp_BV).sum(-1)  # of the distribution sampled from (TEPO reads it)
         for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):
             seq.append_sampled(tok, lp, h)
         return tokens_B.to(self.device)
@@ -229,12 +231,23 @@ class HFDecoder:
         last = seq.response_ids[-1]
         if last in self.eos_ids:
             return "eos"
-        tail_ids = seq.response_ids[max(seq.segment_start, len(seq.response_ids) - STOP_TAIL_TOKENS):]
-        if stops and any(s in self.tokenizer.decode(tail_ids) for s in stops):
-            return "stop"
+        if stops and self._may_end_a_stop(last, stops):
+            tail_ids = seq.response_ids[max(seq.segment_start, len(seq.response_ids) - STOP_TAIL_TOKENS):]
+            if any(s in self.tokenizer.decode(tail_ids) for s in stops):
+                return "stop"
         if seq.policy_tokens >= self.params.max_policy_tokens or len(seq.context_ids) >= self.params.max_total_tokens:
             return "budget"
         return None
+
+    def _may_end_a_stop(self, token_id: int, stops: tuple[str, ...]) -> bool:
+        """Whether `token_id`'s text holds the last character of a stop string. A stop string first appears
+        in the decoded tail when its last character arrives; an ASCII character is one byte in any byte-level
+        vocabulary, so no other token can bring it, and the tail is decoded only after a token that can (this
+        decode took 6% of the decoder's time). A stop ending in another character is always checked."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self.tokenizer.decode([token_id])
+        return any(stop[-1] in piece or not stop[-1].isascii() for stop in stops)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
@@ -242,6 +255,22 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
     configured = getattr(model.generation_config, "eos_token_id", None)
     ids.update(configured if isinstance(configured, list) else [configured])
     return {i for i in ids if i is not None}
+
+
+def inverse_cdf_sample(probs_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
+    """One token per row with probability proportional to `probs_BV`, from one uniform in [0, 1) per row.
+
+    Exact like `torch.multinomial`, but one random number per row instead of one per vocabulary entry
+    (multinomial draws V exponentials for one sample: a third of the decoder's time, measured on a small
+    model with SmolLM2's 49k vocabulary); the cumulative sum is float64 so late tokens are not shorted."""
+    cdf_BV = probs_BV.to(torch.float64).cumsum(-1)
+    target_B1 = (uniform_B * cdf_BV[:, -1])[:, None]
+    # the first token whose cdf exceeds the target: its own probability is > 0
+    tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True)[:, 0].clamp(max=cdf_BV.shape[1] - 1)
+    past_end_B = probs_BV.gather(-1, tokens_B[:, None])[:, 0] <= 0  # rounding ran past the last token with mass
+    if bool(past_end_B.any()):
+        tokens_B[past_end_B] = cdf_BV.shape[1] - 1 - (probs_BV[past_end_B] > 0).flip(-1).int().argmax(-1)
+    return tokens_B
 
 
 def _top_p(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.rollout.hf_backend import HFDecoder, SamplingParams
+from pipeline.rollout.hf_backend import HFDecoder, SamplingParams, inverse_cdf_sample
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
@@ -145,3 +145,49 @@ def test_group_copies_of_a_prompt_are_prefilled_once_and_sample_independently() 
         n = len(seq.prompt_ids)
         expected = [logits[n - 1 + i, t].item() for i, t in enumerate(seq.response_ids)]
         assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution() -> None:
+    """One uniform per row gives each token its probability; tokens without mass are never drawn."""
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0])
+    n = 40_000
+    uniform = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tokens = inverse_cdf_sample(probs.expand(n, -1), uniform)
+    freq = torch.bincount(tokens, minlength=6).double() / n
+    assert torch.all(freq[probs == 0] == 0)
+    # binomial standard error <= 0.0025 at n = 40k: 0.01 is four of them
+    assert torch.allclose(freq, probs.double(), atol=0.01), freq
+
+
+def test_inverse_cdf_sampling_edges_pick_a_token_with_mass() -> None:
+    probs = torch.tensor([[0.0, 0.5, 0.5, 0.0]] * 3)
+    # u = 0 skips leading zeros; u just below 1 and a u past the end (what rounding can do) skip trailing zeros
+    tokens = inverse_cdf_sample(probs, torch.tensor([0.0, 1.0 - 2.0**-53, 1.0], dtype=torch.float64))
+    assert tokens.tolist() == [1, 2, 2]
+
+
+def test_sampling_is_the_same_for_a_row_alone_or_in_a_batch() -> None:
+    """Each sequence draws from its own generator: batch company does not change its token."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=g)
+    probs = logits.softmax(-1)
+    alone = [int(inverse_cdf_sample(probs[i:i + 1], torch.rand(1, generator=torch.Generator().manual_seed(i),
+                                                               dtype=torch.float64))) for i in range(4)]
+    uniform = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+                         for i in range(4)])
+    assert inverse_cdf_sample(probs, uniform).tolist() == alone
+
+
+def test_a_stop_string_written_one_character_per_token_ends_the_segment_at_its_last_token() -> None:
+    """Stop detection decodes the tail only after a token that can bring a stop's last character;
+    it must still catch a stop spread over tokens, and exactly at its last one."""
+    tok = tiny_tokenizer()
+    decoder = HFDecoder(tiny_llama(len(tok)), tok, SamplingParams(1.0, 1.0, 100, 1000), max_batch=4)
+    chars = [tok.convert_tokens_to_ids(c) for c in "x</code>"]
+    assert len(set(chars)) == 8 and tok.decode(chars) == "x</code>"
+    seq = _seq([0])
+    ends = []
+    for token in chars:
+        seq.append_sampled(token, 0.0)
+        ends.append(decoder._segment_end(seq, ("</code>", "</answer>")))
+    assert ends == [None] * 7 + ["stop"]

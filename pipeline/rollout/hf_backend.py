@@ -199,21 +199,7 @@ class HFDecoder:
         self._retire_stopped(batch, list(range(len(batch.rows))), scheduler)
 
     def _sample(self, logits_BV: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
-        """Sample one token per row and append it (mask 1) with its log-prob."""
-        logits_BV = logits_BV.float().cpu()
-        temperature = self.params.temperature
-        logp_BV = F.log_softmax(logits_BV / temperature if temperature > 0 else logits_BV, dim=-1)
-        probs_BV = logp_BV.exp()
-        if temperature == 0:
-            tokens_B = logp_BV.argmax(-1)
-        else:
-            uniform_B = torch.cat([torch.rand(1, generator=seq.rng, dtype=torch.float64) for seq in rows])
-            tokens_B = inverse_cdf_sample(_top_p(probs_BV, self.params.top_p), uniform_B)
-        chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
-        entropy_B = -(probs_BV * logp_BV).sum(-1)  # of the distribution sampled from (TEPO reads it)
-        for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):
-            seq.append_sampled(tok, lp, h)
-        return tokens_B.to(self.device)
+        return sample_tokens(logits_BV, rows, self.params).to(self.device)
 
     def _retire_stopped(self, batch: _Batch, candidates: list[int], scheduler: Scheduler) -> None:
         ended = {i: reason for i in candidates if (reason := self._segment_end(batch.rows[i], batch.stops[i]))}
@@ -257,13 +243,32 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
     return {i for i in ids if i is not None}
 
 
+def sample_tokens(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:
+    """Sample one token per row, each from the row's own generator, and append it (mask 1) with its
+    log-prob and the entropy of the distribution sampled from (TEPO reads it); the tokens, on the CPU."""
+    logits_BV = logits_BV.float().cpu()
+    temperature = params.temperature
+    logp_BV = F.log_softmax(logits_BV / temperature if temperature > 0 else logits_BV, dim=-1)
+    probs_BV = logp_BV.exp()
+    if temperature == 0:
+        tokens_B = logp_BV.argmax(-1)
+    else:
+        uniform_B = torch.cat([torch.rand(1, generator=seq.rng, dtype=torch.float64) for seq in rows])
+        tokens_B = inverse_cdf_sample(_top_p(probs_BV, params.top_p), uniform_B)
+    chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
+    entropy_B = -(probs_BV * logp_BV).sum(-1)
+    for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):
+        seq.append_sampled(tok, lp, h)
+    return tokens_B
+
+
 def inverse_cdf_sample(probs_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
     """One token per row with probability proportional to `probs_BV`, from one uniform in [0, 1) per row.
 
     Exact like `torch.multinomial`, but one random number per row instead of one per vocabulary entry
     (multinomial draws V exponentials for one sample: a third of the decoder's time, measured on a small
     model with SmolLM2's 49k vocabulary); the cumulative sum is float64 so late tokens are not shorted."""
-    cdf_BV = probs_BV.to(torch.float64).cumsum(-1)
+    cdf_BV = probs_BV.cumsum(-1, dtype=torch.float64)
     target_B1 = (uniform_B * cdf_BV[:, -1])[:, None]
     # the first token whose cdf exceeds the target: its own probability is > 0
     tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True)[:, 0].clamp(max=cdf_BV.shape[1] - 1)

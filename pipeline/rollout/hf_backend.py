@@ -35,6 +35,7 @@ from pipeline.batching import unique_rows
 from pipeline.rollout.sequence import Sequence
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H, T, D]
+SAMPLE_CHUNK_ELEMENTS = 2**20  # logits sampled together (see sample_tokens): 21 rows of a 49k vocabulary
 STOP_TAIL_TOKENS = 16  # tokens decoded to look for a stop string that spans token boundaries
 
 
@@ -245,8 +246,18 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[
 
 def sample_tokens(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:
     """Sample one token per row, each from the row's own generator, and append it (mask 1) with its
-    log-prob and the entropy of the distribution sampled from (TEPO reads it); the tokens, on the CPU."""
+    log-prob and the entropy of the distribution sampled from (TEPO reads it); the tokens, on the CPU.
+
+    Rows go in chunks of about SAMPLE_CHUNK_ELEMENTS logits: larger [B, V] temporaries (float64 for the
+    cumulative sum) pass glibc's mmap threshold, and each step then gets fresh, zeroed pages (measured with
+    SmolLM2's vocabulary: 64 rows at once 3.6x slower per row than 16)."""
     logits_BV = logits_BV.float().cpu()
+    step = max(1, SAMPLE_CHUNK_ELEMENTS // logits_BV.shape[1])
+    return torch.cat([_sample_rows(logits_BV[i:i + step], rows[i:i + step], params)
+                      for i in range(0, len(rows), step)])
+
+
+def _sample_rows(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:
     temperature = params.temperature
     logp_BV = F.log_softmax(logits_BV / temperature if temperature > 0 else logits_BV, dim=-1)
     probs_BV = logp_BV.exp()

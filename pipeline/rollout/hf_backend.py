@@ -8,7 +8,9 @@ on a tool never holds up the others, and the generator idles only when every unf
 sequence is waiting on a tool.
 
 Sampled tokens are appended exactly as sampled (never decoded and re-tokenized), with the
-log-probability of the temperature-scaled distribution they were drawn from.
+log-probability of the temperature-scaled distribution they were drawn from. Each row draws
+from its own generator (one uniform per token, inverted through the cumulative distribution),
+so its tokens do not depend on which rows share its batch, which depends on tool latency.
 
 A parked sequence keeps its own KV cache (the real columns of its row, copied out when it
 leaves the batch), so on re-admission only the new tokens are prefilled: the last sampled

@@ -91,7 +91,7 @@ class Sizes:
 FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3610, sft_traces=32, sft_epochs=1, rl_steps=40, group=8,
              prompts=2, lr=1e-5, eval_tokens=192, kl_coef=0.2)
 QUICK = Sizes(calc=(8, 4), fact=(8, 4), nq_scan=150, sft_traces=4, sft_epochs=1, rl_steps=2, group=4, prompts=2,
-              lr=2e-5, eval_tokens=96)
+              lr=2e-5, eval_tokens=96, kl_coef=0.2)
 
 
 BOTH_TOOLS = ("search", "code")

@@ -19,7 +19,7 @@ from pipeline.config import RunConfig
 from pipeline.loss import needs_reference
 from pipeline.model import load_policy
 from pipeline.types import TrainBatch
-from pipeline.update import micro_batches, token_logprobs_and_entropy
+from pipeline.update import masked_logprobs_no_grad
 
 
 class Reference(Protocol):
@@ -45,12 +45,8 @@ class FrozenReference:
 
     def attach(self, batch: TrainBatch, micro_batch_size: int, temperature: float) -> TrainBatch:
         """The batch with `ref_logprobs_BT` (0 off the loss mask), at the rollout temperature like the policy's."""
-        with torch.no_grad():
-            parts = [token_logprobs_and_entropy(self.model, micro, temperature, with_entropy=False,
-                                                share_prompts=True)[0]
-                     for micro in micro_batches(batch, micro_batch_size)]
-        ref_BT = torch.cat(parts).to(batch.old_logprobs_BT.dtype) * batch.loss_mask_BT
-        return dataclasses.replace(batch, ref_logprobs_BT=ref_BT)
+        ref_BT = masked_logprobs_no_grad(self.model, batch, micro_batch_size, temperature)
+        return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
 def make_reference(cfg: RunConfig, device: torch.device) -> Reference:

@@ -54,7 +54,7 @@ from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
 from pipeline.train_tracking import data_hash_tags, log_samples
 from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
-from pipeline.update import UpdateSettings, micro_batches, policy_gradient_step, token_logprobs_and_entropy
+from pipeline.update import UpdateSettings, masked_logprobs_no_grad, policy_gradient_step
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
                  "train/entropy", "train/kept_group_fraction"]
@@ -163,11 +163,8 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
 
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
     tr.model.eval()
-    with torch.no_grad():
-        parts = [token_logprobs_and_entropy(tr.model, m, tr.cfg.rollout.temperature, with_entropy=False,
-                                            share_prompts=True)[0]
-                 for m in micro_batches(batch, tr.cfg.train.micro_batch_size)]
-    return dataclasses.replace(batch, old_logprobs_BT=torch.cat(parts) * batch.loss_mask_BT)
+    old_BT = masked_logprobs_no_grad(tr.model, batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
+    return dataclasses.replace(batch, old_logprobs_BT=old_BT)
 
 
 def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:

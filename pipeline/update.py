@@ -77,6 +77,16 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     return logprobs_BT, entropy_BT
 
 
+def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int,
+                            temperature: float) -> torch.Tensor:
+    """[B, T] log-probs of the batch's tokens under `model`, without gradient, 0 off the loss mask
+    (old log-probs recomputed by the policy, or a frozen reference's)."""
+    with torch.no_grad():
+        parts = [token_logprobs_and_entropy(model, micro, temperature, with_entropy=False, share_prompts=True)[0]
+                 for micro in micro_batches(batch, micro_batch_size)]
+    return torch.cat(parts) * batch.loss_mask_BT
+
+
 def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int) -> torch.Tensor:
     """Logits at positions prefix_len .. T-1, running each distinct prefix once.
 

@@ -1,5 +1,5 @@
 """The trainer learns: on the toy tool task (see `toy_task`), DAPO with the real code sandbox
-raises the reward over 30 steps, read back from the metrics file `pipeline.train.run` writes."""
+raises the reward over 40 steps, read back from the metrics file `pipeline.train.run` writes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pipeline.train import run
 from tests.train.toy_task import build_toy_model, toy_config
 
-STEPS = 30
+STEPS = 40
 
 
 def read_history(path: Path) -> dict[int, dict[str, float]]:
@@ -24,8 +24,12 @@ def read_history(path: Path) -> dict[int, dict[str, float]]:
 @pytest.mark.slow
 def test_reward_rises_on_the_toy_tool_task(tmp_path: Path, code_sandbox_url: str) -> None:
     model_dir = build_toy_model(tmp_path / "model", code_sandbox_url)
-    # Large groups and a clipped, fairly high learning rate: a 30-step signal well above sampling noise.
-    cfg = toy_config(tmp_path, model_dir, group_size=16, steps=STEPS, checkpoint_every=STEPS, lr=2e-3, grad_clip=0.5)
+    # Large groups and a clipped learning rate with a short warm-up: a 40-step signal well above sampling noise.
+    # Adam's first steps move every weight by about lr whatever its gradient; at 2e-3 without warm-up that knocked
+    # the tiny model into empty code calls in about 1 run in 10 (rollout timing varies, so runs differ); with
+    # 1e-3 and 3 warm-up steps, 12 of 12 seeded runs passed every check below with a margin of >= 0.1.
+    cfg = toy_config(tmp_path, model_dir, group_size=16, steps=STEPS, checkpoint_every=STEPS, lr=1e-3,
+                     warmup_steps=3, grad_clip=0.5)
     run(cfg, {"code": code_sandbox_url}, metrics_dir=tmp_path / "metrics")
 
     history = read_history(tmp_path / "metrics" / "train_history.jsonl")

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache
 
 from pipeline.config import RunConfig
 from pipeline.config.rollout import RolloutConfig
@@ -76,20 +76,23 @@ class ForcedScript(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids=None, cache=None, use_cache=True, logits_to_keep=0):
         ids = input_ids[:, None, :, None].float()
-        if cache is None:
-            real_cache, history = None, ids
-        else:
-            layers = [(layer.keys, layer.values) for layer in cache.layers]
-            real_cache = DynamicCache(ddp_cache_data=layers[:-1])
-            history = torch.cat([layers[-1][0], ids], dim=2)
+        # The model's layers are handed over as they are, so the decoder's cache class (and its in-place
+        # appends) is what gets measured; the history layer is appended the same way.
+        real_cache = None if cache is None else Cache(layers=cache.layers[:-1])
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          cache=real_cache, use_cache=True, logits_to_keep=1)
+        if cache is None:
+            history = ids
+            out.cache = DynamicCache(ddp_cache_data=[(layer.keys, layer.values) for layer in out.cache.layers]
+                                     + [(ids, ids)])
+        else:
+            history, _ = cache.layers[-1].update(ids, ids)
+            out.cache = cache
         logits = torch.full_like(out.logits[:, -1:, :], -1e4)
         for b in range(input_ids.shape[0]):
             context = history[b, 0, :, 0][attention_mask[b].bool()].long().tolist()
             logits[b, 0, self._next(context)] = 0.0
-        layers = [(layer.keys, layer.values) for layer in out.cache.layers] + [(history, history)]
-        out.logits, out.cache = logits, DynamicCache(ddp_cache_data=layers)
+        out.logits = logits
         return out
 
     def _next(self, context: list[int]) -> int:

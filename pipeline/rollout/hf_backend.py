@@ -18,7 +18,8 @@ token and the tool output. Without it, every tool turn re-prefills the whole con
 on CPU cost ~70% of rollout time (measured with the rollout-overlap benchmark). The parked
 caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefills instead.
 Fresh sequences admitted together with the same prompt (a group's G samples) are prefilled
-once and share that cache. Beyond that, unlike vLLM's prefix cache, nothing is shared between
+once and share that cache. The batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py):
+a decoding step writes one column in place instead of copying the whole cache. Beyond that, unlike vLLM's prefix cache, nothing is shared between
 sequences: a general cross-sequence cache would need a block allocator, which vLLM already is.
 """
 
@@ -34,6 +35,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
 from pipeline.batching import unique_rows
+from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.rollout.sequence import Sequence
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H, T, D]
@@ -157,7 +159,7 @@ class HFDecoder:
         else:
             kv, batch_attn = new_kv, new_attn
             batch.next_ids_B, batch.positions_B = next_ids, new_positions
-        batch.cache, batch.attn_BT = DynamicCache(ddp_cache_data=kv), batch_attn
+        batch.cache, batch.attn_BT = GrowingCache(kv, self.params.max_total_tokens), batch_attn
         batch.rows += seqs
         batch.stops += [stops for _, stops in new]
         self._retire_stopped(batch, list(range(len(batch.rows) - len(new), len(batch.rows))), scheduler)
@@ -214,7 +216,7 @@ class HFDecoder:
             scheduler.segment_ended(batch.rows[i], reason)
             if self.max_parked_kv_tokens:
                 self._park(batch, i, fed)
-        _select_rows(batch, keep)
+        _select_rows(batch, keep, self.params.max_total_tokens)
 
     def _segment_end(self, seq: Sequence, stops: tuple[str, ...]) -> str | None:
         last = seq.response_ids[-1]
@@ -344,7 +346,7 @@ def _merge(kv_a: KV, attn_a: torch.Tensor, kv_b: KV, attn_b: torch.Tensor) -> tu
     return kv, torch.cat([_left_pad(attn_a, width, 1), _left_pad(attn_b, width, 1)])
 
 
-def _select_rows(batch: _Batch, keep: list[int]) -> None:
+def _select_rows(batch: _Batch, keep: list[int], max_tokens: int) -> None:
     """Keep the given rows and drop cache columns that are padding in every remaining row."""
     batch.rows = [batch.rows[i] for i in keep]
     batch.stops = [batch.stops[i] for i in keep]
@@ -356,7 +358,7 @@ def _select_rows(batch: _Batch, keep: list[int]) -> None:
     first_real = int(attn.any(0).int().argmax())
     kv = [(k.index_select(0, index)[:, :, first_real:], v.index_select(0, index)[:, :, first_real:])
           for k, v in _kv(batch.cache)]
-    batch.cache = DynamicCache(ddp_cache_data=kv)
+    batch.cache = GrowingCache(kv, max_tokens)
     batch.attn_BT = attn[:, first_real:]
     batch.next_ids_B = batch.next_ids_B.index_select(0, index)
     batch.positions_B = batch.positions_B.index_select(0, index)

@@ -1,0 +1,100 @@
+"""A KV cache that appends in place: transformers' `DynamicCache` with preallocated headroom.
+
+`DynamicCache` grows by `torch.cat` on every decoding step, so each new token copies the whole
+cache of every layer: O(T) memory traffic per token and O(T^2) per sequence. On CPU with
+SmolLM2-135M at 16 rows x 600 tokens that copy took about 45% of a decoding step (measured,
+see benchmarks/RESULTS.md "KV cache"). Here each layer's keys and values live in a buffer
+with room to spare; a step writes one column and hands attention a view of the filled part.
+When the buffer is full it grows by half again (amortised O(1) per token, like a vector).
+
+The filled view is bit-identical to what `DynamicCache` would hold, so logits are unchanged;
+everything that reads `layer.keys` / `layer.values` (the decoder's merge, row selection and
+parking) sees ordinary tensors. A layer whose tensors were replaced from outside (transformers'
+own `crop` or `batch_select_indices`) starts a new buffer from them on its next update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+MIN_HEADROOM_TOKENS = 64  # a fresh buffer has room for at least this many steps
+GROWTH = 1.5  # capacity multiplier when a buffer fills up
+
+
+class GrowingLayer(DynamicLayer):
+    """One layer's keys and values [B, H, T, D] as views into buffers [B, H, capacity, D].
+
+    `max_tokens` (0 = none) caps the headroom: the decoder never holds more columns than its
+    total-token budget, so room beyond it would only waste memory."""
+
+    def __init__(self, max_tokens: int = 0) -> None:
+        super().__init__()
+        self.max_tokens = max_tokens
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._handed_out: torch.Tensor | None = None  # the `keys` view last returned, to notice replacement
+        self._filled = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self._key_buffer is not None and self.keys is not self._handed_out:
+            self._adopt(self.keys, self.values)  # replaced from outside (crop, row selection)
+        new = key_states.shape[-2]
+        if self._key_buffer is None or self._filled + new > self._key_buffer.shape[-2]:
+            self._reserve(key_states, value_states, self._filled + new)
+        end = self._filled + new
+        self._key_buffer[:, :, self._filled:end] = key_states
+        self._value_buffer[:, :, self._filled:end] = value_states
+        self._filled = end
+        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self._handed_out = self.keys
+        return self.keys, self.values
+
+    def capacity(self) -> int:
+        return 0 if self._key_buffer is None else self._key_buffer.shape[-2]
+
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
+        """Move the filled part into buffers with room for `needed` tokens and some headroom."""
+        capacity = max(needed + MIN_HEADROOM_TOKENS, int(needed * GROWTH))
+        if self.max_tokens:
+            capacity = max(needed, min(capacity, self.max_tokens))
+        old_keys = self._key_buffer[:, :, :self._filled] if self._key_buffer is not None else None
+        old_values = self._value_buffer[:, :, :self._filled] if self._value_buffer is not None else None
+        shape_k = (*key_states.shape[:2], capacity, key_states.shape[-1])
+        shape_v = (*value_states.shape[:2], capacity, value_states.shape[-1])
+        self._key_buffer = key_states.new_empty(shape_k)
+        self._value_buffer = value_states.new_empty(shape_v)
+        if self._filled:
+            self._key_buffer[:, :, :self._filled] = old_keys
+            self._value_buffer[:, :, :self._filled] = old_values
+
+    def _adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self._key_buffer, self._value_buffer, self._filled = None, None, 0
+        if keys is not None and keys.numel():
+            self._reserve(keys, values, keys.shape[-2])
+            self._filled = keys.shape[-2]
+            self._key_buffer[:, :, :self._filled] = keys
+            self._value_buffer[:, :, :self._filled] = values
+
+    def reset(self) -> None:
+        super().reset()
+        self._key_buffer = self._value_buffer = self._handed_out = None
+        self._filled = 0
+
+
+class GrowingCache(DynamicCache):
+    """`DynamicCache(ddp_cache_data=kv)` with `GrowingLayer`s: the same contents, appended in place."""
+
+    def __init__(self, kv: Iterable[tuple[torch.Tensor, torch.Tensor]], max_tokens: int = 0) -> None:
+        kv = list(kv)
+        Cache.__init__(self, layers=[GrowingLayer(max_tokens) for _ in kv])
+        for layer, (keys, values) in zip(self.layers, kv, strict=True):
+            layer.update(keys, values)

@@ -1,0 +1,74 @@
+"""GrowingCache: the same keys, values and logits as DynamicCache, appended in place."""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from pipeline.rollout.kv_cache import MIN_HEADROOM_TOKENS, GrowingCache
+from tests.helpers.tiny import tiny_llama
+
+
+def _prefix_kv(model, ids_BT: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with torch.no_grad():
+        out = model(input_ids=ids_BT, use_cache=True)
+    return [(layer.keys, layer.values) for layer in out.cache.layers]
+
+
+def _decode(model, cache, ids_BT: torch.Tensor, steps: int) -> torch.Tensor:
+    """Greedy decoding from a cache of `ids_BT`; the logits of every step [steps, B, V]."""
+    B, T = ids_BT.shape
+    attn, token, logits = torch.ones(B, T, dtype=torch.long), ids_BT[:, -1:], []
+    with torch.no_grad():
+        for s in range(steps):
+            attn = torch.cat([attn, torch.ones(B, 1, dtype=torch.long)], dim=1)
+            out = model(input_ids=token, attention_mask=attn, position_ids=torch.full((B, 1), T + s), cache=cache,
+                        use_cache=True)
+            cache = out.cache
+            logits.append(out.logits[:, -1])
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+    return torch.stack(logits)
+
+
+def test_decoding_through_a_growing_cache_gives_identical_logits() -> None:
+    model = tiny_llama(64, seed=3).eval()
+    ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(0))
+    kv = _prefix_kv(model, ids[:, :-1])
+    steps = 2 * MIN_HEADROOM_TOKENS + 5  # past the first buffer's capacity: a regrowth happens on the way
+    dynamic = _decode(model, DynamicCache(ddp_cache_data=kv), ids, steps)
+    growing = _decode(model, GrowingCache(kv), ids, steps)
+    assert torch.equal(dynamic, growing)
+
+
+def test_a_step_with_room_writes_in_place_and_a_full_buffer_grows() -> None:
+    k = torch.randn(2, 1, 5, 4)
+    cache = GrowingCache([(k, k.clone())])
+    layer = cache.layers[0]
+    buffer_ptr, capacity = layer.keys.data_ptr(), layer.capacity()
+    assert capacity >= 5 + MIN_HEADROOM_TOKENS
+    appended = []
+    for _ in range(capacity - 5):  # fill the headroom: no new buffer
+        step = torch.randn(2, 1, 1, 4)
+        appended.append(step)
+        keys, _ = layer.update(step, step)
+        assert keys.data_ptr() == buffer_ptr
+    keys, values = layer.update(step, step)  # one more: a bigger buffer, same contents
+    assert layer.capacity() > capacity and keys.data_ptr() != buffer_ptr
+    assert torch.equal(keys, torch.cat([k, *appended, step], dim=2))
+    assert torch.equal(values[:, :, 5:], torch.cat([*appended, step], dim=2))
+
+
+def test_headroom_is_capped_by_max_tokens_but_never_below_what_is_held() -> None:
+    k = torch.randn(1, 1, 30, 2)
+    assert GrowingCache([(k, k)], max_tokens=40).layers[0].capacity() == 40
+    assert GrowingCache([(k, k)], max_tokens=20).layers[0].capacity() == 30
+
+
+def test_tensors_replaced_from_outside_are_adopted() -> None:
+    k = torch.arange(2 * 3, dtype=torch.float32).reshape(2, 1, 3, 1)
+    cache = GrowingCache([(k, k)])
+    cache.layers[0].batch_select_indices(torch.tensor([1]))  # transformers' own row selection: plain tensors
+    step = torch.full((1, 1, 1, 1), 9.0)
+    keys, values = cache.layers[0].update(step, step)
+    assert keys.flatten().tolist() == [3.0, 4.0, 5.0, 9.0] and torch.equal(keys, values)
+    assert cache.get_seq_length() == 4

@@ -153,13 +153,13 @@ class HFDecoder:
         new_attn = attn.to(self.device)
         new_positions = torch.tensor([len(seq.context_ids) - 1 for seq in seqs], device=self.device)
         if batch.rows:
-            kv, batch_attn = _merge(_kv(batch.cache), batch.attn_BT, new_kv, new_attn)
+            batch.cache, batch.attn_BT = _merge(_kv(batch.cache), batch.attn_BT, new_kv, new_attn,
+                                                self.params.max_total_tokens)
             batch.next_ids_B = torch.cat([batch.next_ids_B, next_ids])
             batch.positions_B = torch.cat([batch.positions_B, new_positions])
         else:
-            kv, batch_attn = new_kv, new_attn
+            batch.cache, batch.attn_BT = GrowingCache(new_kv, self.params.max_total_tokens), new_attn
             batch.next_ids_B, batch.positions_B = next_ids, new_positions
-        batch.cache, batch.attn_BT = GrowingCache(kv, self.params.max_total_tokens), batch_attn
         batch.rows += seqs
         batch.stops += [stops for _, stops in new]
         self._retire_stopped(batch, list(range(len(batch.rows) - len(new), len(batch.rows))), scheduler)
@@ -335,15 +335,12 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
-def _merge(kv_a: KV, attn_a: torch.Tensor, kv_b: KV, attn_b: torch.Tensor) -> tuple[KV, torch.Tensor]:
+def _merge(kv_a: KV, attn_a: torch.Tensor, kv_b: KV, attn_b: torch.Tensor, max_tokens: int
+           ) -> tuple[GrowingCache, torch.Tensor]:
     """Stack two left-padded batches; padded cache slots are masked out by attn."""
     width = max(attn_a.shape[1], attn_b.shape[1])
-    kv = [
-        (torch.cat([_left_pad(ka, width, 2), _left_pad(kb, width, 2)]),
-         torch.cat([_left_pad(va, width, 2), _left_pad(vb, width, 2)]))
-        for (ka, va), (kb, vb) in zip(kv_a, kv_b, strict=True)
-    ]
-    return kv, torch.cat([_left_pad(attn_a, width, 1), _left_pad(attn_b, width, 1)])
+    cache = GrowingCache.stacked([kv_a, kv_b], width, max_tokens)
+    return cache, torch.cat([_left_pad(attn_a, width, 1), _left_pad(attn_b, width, 1)])
 
 
 def _select_rows(batch: _Batch, keep: list[int], max_tokens: int) -> None:
@@ -356,9 +353,21 @@ def _select_rows(batch: _Batch, keep: list[int], max_tokens: int) -> None:
     index = torch.tensor(keep, device=batch.attn_BT.device)
     attn = batch.attn_BT.index_select(0, index)
     first_real = int(attn.any(0).int().argmax())
-    kv = [(k.index_select(0, index)[:, :, first_real:], v.index_select(0, index)[:, :, first_real:])
-          for k, v in _kv(batch.cache)]
-    batch.cache = GrowingCache(kv, max_tokens)
+    kv = _kv(batch.cache)
+    blocks = [[(k[start:end, :, first_real:], v[start:end, :, first_real:]) for k, v in kv]
+              for start, end in _runs(keep)]  # views: the kept rows are copied once, into the new cache
+    batch.cache = GrowingCache.stacked(blocks, attn.shape[1] - first_real, max_tokens)
     batch.attn_BT = attn[:, first_real:]
     batch.next_ids_B = batch.next_ids_B.index_select(0, index)
     batch.positions_B = batch.positions_B.index_select(0, index)
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Ascending indices as [start, end) runs of consecutive values: [0, 1, 2, 5, 6] -> [(0, 3), (5, 7)]."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs

@@ -15,7 +15,7 @@ own `crop` or `batch_select_indices`) starts a new buffer from them on its next 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
@@ -58,6 +58,27 @@ class GrowingLayer(DynamicLayer):
         self._handed_out = self.keys
         return self.keys, self.values
 
+    def hold_stacked(self, key_blocks: list[torch.Tensor], value_blocks: list[torch.Tensor], width: int) -> None:
+        """Hold row blocks [B_i, H, T_i, D] stacked along rows, each right-aligned to `width` columns
+        with zeros before it (padding must be finite: masked attention still multiplies it by 0).
+        The blocks are written straight into the new buffers: one copy, where stacking and then
+        adopting would copy twice (this runs at every admission and retirement)."""
+        k0, v0 = key_blocks[0], value_blocks[0]
+        rows = sum(k.shape[0] for k in key_blocks)
+        self.lazy_initialization(k0, v0)
+        self._reserve(k0.new_empty((rows, k0.shape[1], 0, k0.shape[-1])),
+                      v0.new_empty((rows, v0.shape[1], 0, v0.shape[-1])), width)
+        start = 0
+        for keys, values in zip(key_blocks, value_blocks, strict=True):
+            end, pad = start + keys.shape[0], width - keys.shape[-2]
+            for buffer, block in ((self._key_buffer, keys), (self._value_buffer, values)):
+                buffer[start:end, :, :pad].zero_()
+                buffer[start:end, :, pad:width] = block
+            start = end
+        self._filled = width
+        self.keys, self.values = self._key_buffer[:, :, :width], self._value_buffer[:, :, :width]
+        self._handed_out = self.keys
+
     def capacity(self) -> int:
         return 0 if self._key_buffer is None else self._key_buffer.shape[-2]
 
@@ -98,3 +119,14 @@ class GrowingCache(DynamicCache):
         Cache.__init__(self, layers=[GrowingLayer(max_tokens) for _ in kv])
         for layer, (keys, values) in zip(self.layers, kv, strict=True):
             layer.update(keys, values)
+
+    @classmethod
+    def stacked(cls, blocks: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], width: int,
+                max_tokens: int = 0) -> GrowingCache:
+        """Row blocks (per layer: keys, values [B_i, H, T_i, D], T_i <= width) stacked along rows, each
+        left-padded with zeros to `width` columns (see `GrowingLayer.hold_stacked`)."""
+        cache = cls([], max_tokens)
+        cache.layers = [GrowingLayer(max_tokens) for _ in blocks[0]]
+        for i, layer in enumerate(cache.layers):
+            layer.hold_stacked([block[i][0] for block in blocks], [block[i][1] for block in blocks], width)
+        return cache

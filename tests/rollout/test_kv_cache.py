@@ -72,3 +72,23 @@ def test_tensors_replaced_from_outside_are_adopted() -> None:
     keys, values = cache.layers[0].update(step, step)
     assert keys.flatten().tolist() == [3.0, 4.0, 5.0, 9.0] and torch.equal(keys, values)
     assert cache.get_seq_length() == 4
+
+
+def test_stacked_blocks_are_right_aligned_over_zeros_and_appendable() -> None:
+    a = torch.full((2, 1, 3, 2), 1.0)
+    b = torch.full((1, 1, 5, 2), 2.0)
+    cache = GrowingCache.stacked([[(a, -a)], [(b, -b)]], width=5)
+    keys, values = cache.layers[0].keys, cache.layers[0].values
+    assert keys.shape == (3, 1, 5, 2) and torch.equal(values, -keys)
+    assert keys[:2, 0, :, 0].tolist() == [[0.0, 0.0, 1.0, 1.0, 1.0]] * 2 and keys[2, 0, :, 0].tolist() == [2.0] * 5
+    step = torch.full((3, 1, 1, 2), 7.0)
+    keys, _ = cache.layers[0].update(step, step)
+    assert keys.shape == (3, 1, 6, 2) and keys[:, 0, -1, 0].tolist() == [7.0] * 3
+    assert keys[:2, 0, :5, 0].tolist() == [[0.0, 0.0, 1.0, 1.0, 1.0]] * 2
+
+
+def test_runs_of_consecutive_rows() -> None:
+    from pipeline.rollout.hf_backend import _runs
+
+    assert _runs([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
+    assert _runs([]) == [] and _runs([4]) == [(4, 5)]

@@ -22,7 +22,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from pipeline.model import load_policy
-from pipeline.paths import REPO_ROOT
+from benchmarks.rollout_overlap import local_policy_dir
 from pipeline.rollout.kv_cache import GrowingCache
 
 SHAPES = ((16, 400), (16, 800), (64, 400))  # (rows B, context tokens T)
@@ -63,10 +63,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
-                     None)
-    if model_dir is None:
-        raise SystemExit("no model: run `python -m flows.prepare_model` first (writes models/base)")
+    model_dir = local_policy_dir()
     model = load_policy(model_dir, "float32")[0].eval()
     figures: dict[str, dict[str, float]] = {}
     for B, T in SHAPES:

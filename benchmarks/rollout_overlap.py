@@ -54,6 +54,15 @@ from pipeline.rollout.engine import RolloutEngine
 QUERIES = ["capital of France", "Wikipedia history", "largest ocean", "first moon landing"]
 
 
+def local_policy_dir() -> Path:
+    """The SFT policy if the pipeline wrote one, else the base model."""
+    model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
+                     None)
+    if model_dir is None:
+        raise SystemExit("no model: run `python -m flows.prepare_model` first (writes models/base)")
+    return model_dir
+
+
 class ForcedScript(torch.nn.Module):
     """Real forward passes of `model`; the next token is forced to the trajectory's script.
 
@@ -191,10 +200,7 @@ def main() -> None:
                     help="torch threads of the generator (the tool services share the same cores)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
-                     None)
-    if model_dir is None:
-        raise SystemExit("no model: run `python -m flows.prepare_model` first (writes models/base)")
+    model_dir = local_policy_dir()
     policy, tok = load_policy(str(model_dir))
     models = {"policy": lambda: policy,
               "scaled": lambda: scaled_model(model_dir, args.scaled_layers, args.scaled_hidden)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
+from benchmarks.kv_cache import decode
 from pipeline.rollout.kv_cache import MIN_HEADROOM_TOKENS, GrowingCache
 from tests.helpers.tiny import tiny_llama
 
@@ -15,28 +16,14 @@ def _prefix_kv(model, ids_BT: torch.Tensor) -> list[tuple[torch.Tensor, torch.Te
     return [(layer.keys, layer.values) for layer in out.cache.layers]
 
 
-def _decode(model, cache, ids_BT: torch.Tensor, steps: int) -> torch.Tensor:
-    """Greedy decoding from a cache of `ids_BT`; the logits of every step [steps, B, V]."""
-    B, T = ids_BT.shape
-    attn, token, logits = torch.ones(B, T, dtype=torch.long), ids_BT[:, -1:], []
-    with torch.no_grad():
-        for s in range(steps):
-            attn = torch.cat([attn, torch.ones(B, 1, dtype=torch.long)], dim=1)
-            out = model(input_ids=token, attention_mask=attn, position_ids=torch.full((B, 1), T + s), cache=cache,
-                        use_cache=True)
-            cache = out.cache
-            logits.append(out.logits[:, -1])
-            token = out.logits[:, -1].argmax(-1, keepdim=True)
-    return torch.stack(logits)
-
-
 def test_decoding_through_a_growing_cache_gives_identical_logits() -> None:
     model = tiny_llama(64, seed=3).eval()
     ids = torch.randint(0, 64, (3, 10), generator=torch.Generator().manual_seed(0))
     kv = _prefix_kv(model, ids[:, :-1])
     steps = 2 * MIN_HEADROOM_TOKENS + 5  # past the first buffer's capacity: a regrowth happens on the way
-    dynamic = _decode(model, DynamicCache(ddp_cache_data=kv), ids, steps)
-    growing = _decode(model, GrowingCache(kv), ids, steps)
+    # Greedy tokens are fed back, so a single wrong cache column on any step changes the last logits.
+    _, dynamic = decode(model, DynamicCache(ddp_cache_data=kv), 3, 9, steps)
+    _, growing = decode(model, GrowingCache(kv), 3, 9, steps)
     assert torch.equal(dynamic, growing)
 
 

@@ -168,8 +168,10 @@ def scripts_for(problems: list[Problem], turns: int, filler: tuple[int, int]) ->
     return out
 
 
-def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], schedule: str, max_batch: int) -> dict:
+def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], schedule: str, max_batch: int,
+            tool_concurrency: int) -> dict:
     cfg = RolloutConfig(schedule=schedule, max_batch_sequences=max_batch, max_tool_calls=turns, max_turns=turns + 1,
+                        tool_concurrency=tool_concurrency,
                         max_policy_tokens=(60 + filler[1]) * (turns + 1), max_total_tokens=4096,
                         temperature=1.0)
     forced = ForcedScript(model, tok, scripts_for(problems, turns, filler))
@@ -194,6 +196,8 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, nargs=2, default=[100.0, 500.0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--tool-concurrency", type=int, default=RolloutConfig().tool_concurrency,
+                    help="calls in flight per tool (rollout.tool_concurrency), the same for both schedules")
     ap.add_argument("--scaled-layers", type=int, default=4)
     ap.add_argument("--scaled-hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2,
@@ -208,7 +212,7 @@ def main() -> None:
                 for i in range(args.trajectories)]
     cfg = RunConfig()
     figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
-                     "max_batch": args.max_batch, "threads": args.threads, "policy_dir": model_dir.name,
+                     "max_batch": args.max_batch, "tool_concurrency": args.tool_concurrency, "threads": args.threads, "policy_dir": model_dir.name,
                      "scaled": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -249,7 +253,8 @@ def run_all(model, tok, tools, problems, args) -> dict:
         for r in range(args.repeats):  # alternate the order: the machine's load drifts
             order = ("turn-synchronous", "continuous") if r % 2 == 0 else ("continuous", "turn-synchronous")
             for schedule in order:
-                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler, schedule, args.max_batch))
+                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler, schedule, args.max_batch,
+                                              args.tool_concurrency))
         sync = statistics.median(m["traj_per_s"] for m in runs["turn-synchronous"])
         ours = statistics.median(m["traj_per_s"] for m in runs["continuous"])
         row = {"sync_traj_per_s": sync, "ours_traj_per_s": ours, "ratio": ours / sync,

@@ -212,7 +212,8 @@ def main() -> None:
                 for i in range(args.trajectories)]
     cfg = RunConfig()
     figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
-                     "max_batch": args.max_batch, "tool_concurrency": args.tool_concurrency, "threads": args.threads, "policy_dir": model_dir.name,
+                     "max_batch": args.max_batch, "tool_concurrency": args.tool_concurrency, "threads": args.threads,
+                     "policy_dir": model_dir.name,
                      "scaled": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

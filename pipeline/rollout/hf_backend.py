@@ -19,8 +19,9 @@ on CPU cost ~70% of rollout time (measured with the rollout-overlap benchmark). 
 caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefills instead.
 Fresh sequences admitted together with the same prompt (a group's G samples) are prefilled
 once and share that cache. The batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py):
-a decoding step writes one column in place instead of copying the whole cache. Beyond that, unlike vLLM's prefix cache, nothing is shared between
-sequences: a general cross-sequence cache would need a block allocator, which vLLM already is.
+a decoding step writes one column in place instead of copying the whole cache. Beyond that,
+unlike vLLM's prefix cache, nothing is shared between sequences: a general cross-sequence cache
+would need a block allocator, which vLLM already is.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ class HFDecoder:
         # A group's G fresh copies of one prompt are prefilled once and their cache shared.
         unique, expand = unique_rows([tuple(s) if p is None else i for i, (s, p) in enumerate(zip(suffixes, pasts))])
         pasts_u = [pasts[i] for i in unique]
-        cache = DynamicCache(ddp_cache_data=_stack_pasts(pasts_u, past_len)) if past_len else None
+        cache = _stack_pasts(pasts_u, past_len) if past_len else None
         out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),
                          position_ids=positions[unique].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
         expand_B = torch.tensor(expand, device=self.device)
@@ -310,20 +311,12 @@ def _kv_len(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return kv[0][0].shape[-2]
 
 
-def _stack_pasts(pasts: list[list[tuple[torch.Tensor, torch.Tensor]] | None], width: int) -> KV:
-    """Per-row caches ([H, T_i, D] per layer; None = no cache) left-padded into [B, H, width, D]."""
+def _stack_pasts(pasts: list[KV | None], width: int) -> GrowingCache:
+    """Per-row caches ([H, T_i, D] per layer; None = no cache) left-padded into one cache of `width` columns."""
     template = next(p for p in pasts if p is not None)
-    out: KV = []
-    for layer, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((len(pasts), k0.shape[0], width, k0.shape[-1]))
-        values = v0.new_zeros((len(pasts), v0.shape[0], width, v0.shape[-1]))
-        for i, past in enumerate(pasts):
-            if past is not None:
-                k, v = past[layer]
-                keys[i, :, width - k.shape[-2]:] = k
-                values[i, :, width - v.shape[-2]:] = v
-        out.append((keys, values))
-    return out
+    no_cache = [(k.new_empty((1, k.shape[0], 0, k.shape[-1])), v.new_empty((1, v.shape[0], 0, v.shape[-1])))
+                for k, v in template]
+    return GrowingCache.stacked([no_cache if p is None else [(k[None], v[None]) for k, v in p] for p in pasts], width)
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

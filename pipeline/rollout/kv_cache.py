@@ -2,8 +2,8 @@
 
 `DynamicCache` grows by `torch.cat` on every decoding step, so each new token copies the whole
 cache of every layer: O(T) memory traffic per token and O(T^2) per sequence. On CPU with
-SmolLM2-135M at 16 rows x 600 tokens that copy took about 45% of a decoding step (measured,
-see benchmarks/RESULTS.md "KV cache"). Here each layer's keys and values live in a buffer
+SmolLM2-135M, avoiding that copy makes a decoding step 1.06x faster at 16 rows x 400 tokens and
+1.23x at 16 x 800 (`benchmarks/kv_cache.py`; benchmarks/RESULTS.md "KV cache"). Here each layer's keys and values live in a buffer
 with room to spare; a step writes one column and hands attention a view of the filled part.
 When the buffer is full it grows by half again (amortised O(1) per token, like a vector).
 
@@ -46,7 +46,8 @@ class GrowingLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         if self._key_buffer is not None and self.keys is not self._handed_out:
-            self._adopt(self.keys, self.values)  # replaced from outside (crop, row selection)
+            # replaced from outside (crop, row selection): start a buffer from them
+            self.hold_stacked([self.keys], [self.values], self.keys.shape[-2])
         new = key_states.shape[-2]
         if self._key_buffer is None or self._filled + new > self._key_buffer.shape[-2]:
             self._reserve(key_states, value_states, self._filled + new)
@@ -96,14 +97,6 @@ class GrowingLayer(DynamicLayer):
         if self._filled:
             self._key_buffer[:, :, :self._filled] = old_keys
             self._value_buffer[:, :, :self._filled] = old_values
-
-    def _adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self._key_buffer, self._value_buffer, self._filled = None, None, 0
-        if keys is not None and keys.numel():
-            self._reserve(keys, values, keys.shape[-2])
-            self._filled = keys.shape[-2]
-            self._key_buffer[:, :, :self._filled] = keys
-            self._value_buffer[:, :, :self._filled] = values
 
     def reset(self) -> None:
         super().reset()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import time
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -201,9 +202,12 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     with run_ctx as active:
         # a progress bar with ETA on a terminal, silent otherwise (disable=None)
         for step in tqdm(range(tr.state.step, cfg.train.steps), desc="train", unit="step", disable=None):
+            started = time.perf_counter()
             collected = collect_groups(tr)                        # sample with tools, reward, dynamic sampling
+            sampled = time.perf_counter()
             update_metrics = place.train_step(tr, collected.kept)  # advantages, loss, optimiser step
-            last = collected.metrics | update_metrics
+            seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
+            last = collected.metrics | update_metrics | seconds
             history.log(step, last)
             if active is not None and every and step % every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)

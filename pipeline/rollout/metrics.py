@@ -26,6 +26,7 @@ class RolloutStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     prefill_tokens: int = 0  # context tokens fed at admission (prompts, tool outputs)
     reused_tokens: int = 0  # context tokens a re-admitted sequence took from its parked KV cache
+    tool_seconds: dict[str, float] = field(default_factory=dict)  # tool -> summed call latency (calls overlap)
 
     @property
     def idle_fraction(self) -> float:
@@ -52,6 +53,7 @@ class RolloutStats:
             finish_reasons=dict(sorted(Counter(t.finish_reason for t in trajs).items())),
             prefill_tokens=decoder.prefill_tokens,
             reused_tokens=decoder.reused_tokens,
+            tool_seconds={n: float(sum(v)) for n, v in latencies.items()},
         )
 
     @classmethod
@@ -83,6 +85,7 @@ class RolloutStats:
             finish_reasons=added("finish_reasons"),
             prefill_tokens=sum(p.prefill_tokens for p in parts),
             reused_tokens=sum(p.reused_tokens for p in parts),
+            tool_seconds=added("tool_seconds"),
         )
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -100,6 +103,7 @@ class RolloutStats:
         out |= {f"tool_errors/{k}": v for k, v in self.tool_errors.items()}
         out |= {f"tool_latency_p50_s/{k}": v for k, v in self.tool_latency_p50_s.items()}
         out |= {f"tool_latency_p95_s/{k}": v for k, v in self.tool_latency_p95_s.items()}
+        out |= {f"tool_seconds/{k}": v for k, v in self.tool_seconds.items()}
         out |= {f"turns/{k}": v for k, v in self.turns_histogram.items()}
         out |= {f"finish/{k}": v for k, v in self.finish_reasons.items()}
         return {prefix + k: float(v) for k, v in out.items()}

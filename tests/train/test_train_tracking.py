@@ -19,6 +19,11 @@ from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 
 
+def logged_value(run_id: str, key: str, step: int) -> float:
+    (value,) = [m.value for m in mlflow.MlflowClient().get_metric_history(run_id, key) if m.step == step]
+    return value
+
+
 def test_data_hash_is_the_md5_dvc_records(tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_bytes(b'{"id": "a"}\r\n{"id": "b"}\n' * 1000)  # CRLF too: DVC 3 hashes the raw bytes
@@ -41,6 +46,11 @@ def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path
     logged = mlflow.MlflowClient().get_run(run_id)
     train_file = cfg.train.train_file
     assert logged.data.tags[f"dvc.dep.{train_file}"] == dvc_file_md5(train_file)
+
+    for step in range(3):  # where each step's time went, read back from the store
+        rollout_s, train_s, sampling_s = (logged_value(run_id, key, step) for key in
+                                          ("time/rollout_seconds", "time/train_seconds", "rollout/wall_s"))
+        assert 0 < sampling_s <= rollout_s and train_s > 0
 
     tables = sorted(a.path for a in mlflow.MlflowClient().list_artifacts(run_id, "samples"))
     assert tables == ["samples/step-000000.json", "samples/step-000002.json"]  # every 2nd step

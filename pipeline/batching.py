@@ -35,6 +35,18 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
     return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()))
 
 
+def mini_batch_groups(groups: list[ScoredGroup], n: int) -> list[list[ScoredGroup]]:
+    """Whole groups, in order, as min(n, len(groups)) mini-batches whose sizes differ by at most one.
+
+    A group is never split: its rows share one prompt pass and their advantages are relative to each other."""
+    k = min(n, len(groups))
+    if k < 1:
+        raise ValueError(f"mini_batch_groups needs n >= 1 and at least one group (got n={n}, {len(groups)} groups)")
+    size, extra = divmod(len(groups), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [groups[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 def unique_rows(keys: list[Hashable]) -> tuple[list[int], list[int]]:
     """Rows with equal keys need one computation: the first row of each distinct key (in order
     of first appearance), and for every row the position of its key among them, to index_select

@@ -16,6 +16,9 @@ Departures from the papers, and why:
    (with a LoRA adapter too: the backend samples from the adapted model).
 5. GRPO's KL penalty to the initial model (`kl_coef`, off by default as in DAPO) is available
    to both variants; the frozen reference is loaded from `train.init_model` (`pipeline.reference`).
+6. Each rollout batch makes ppo_epochs x ppo_mini_batches optimiser steps; a mini-batch holds whole
+   groups and is normalised by its own policy tokens (verl's ppo_mini_batch_size; TRL makes one step
+   per generation batch unless it repeats the batch). The logged update metrics are their mean.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.advantage import is_informative, token_advantages
-from pipeline.batching import make_train_batch
+from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
@@ -55,7 +58,7 @@ from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
 from pipeline.train_tracking import data_hash_tags, log_samples
 from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
-from pipeline.update import UpdateSettings, masked_logprobs_no_grad, policy_gradient_step
+from pipeline.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
                  "train/entropy", "train/kept_group_fraction"]
@@ -168,23 +171,29 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
     return dataclasses.replace(batch, old_logprobs_BT=old_BT)
 
 
+def prepared_batch(tr: Trainer, groups: list[ScoredGroup]) -> TrainBatch:
+    """One mini-batch on the model's device, normalised over its own policy tokens, with its old log-probs
+    (recomputed before any update when configured) and the reference's (for a KL term)."""
+    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.cfg.reward.tepo)
+    batch = make_train_batch(groups, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
+    if tr.cfg.train.logprobs_source == "recompute":
+        batch = recompute_old_logprobs(tr, batch)
+    return tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
+
+
 def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     if not kept:
         return {"train/skipped": 1.0}
-    advantages = token_advantages(kept, tr.cfg.train.algorithm, tr.cfg.reward.tepo)
-    batch = make_train_batch(kept, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
-    if tr.cfg.train.logprobs_source == "recompute":
-        batch = recompute_old_logprobs(tr, batch)
-    batch = tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
-    settings = UpdateSettings(tr.cfg.train.micro_batch_size, tr.cfg.train.grad_clip, tr.cfg.rollout.temperature,
-                              share_prompts=not tr.cfg.train.gradient_checkpointing)
-    loss = make_policy_loss(tr.cfg.train.algorithm)
-    metrics: dict[str, float] = {}
-    for _ in range(tr.cfg.train.ppo_epochs):
-        metrics = policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
+    tc = tr.cfg.train
+    batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature,
+                              share_prompts=not tc.gradient_checkpointing)
+    loss = make_policy_loss(tc.algorithm)
+    updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
+               for _ in range(tc.ppo_epochs) for batch in batches]
     tr.scheduler.step()
     tr.engine.backend.update_weights(tr.weights.rollout_tensors(tr.model))  # weight sync (a no-op for hf)
-    return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+    return mean_over_updates(updates) | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,

@@ -117,6 +117,11 @@ def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
     return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
 
 
+def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    """One step's update metrics from its several optimiser steps (epochs x mini-batches): their mean."""
+    return {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
+
+
 class GradientBackend(Protocol):
     """Where gradients go: one process (`LocalBackend`) or a DeepSpeed engine across ranks.
 

@@ -66,10 +66,13 @@ class TrainConfig(StageConfig):
     finetune: FinetuneConfig = Field(default_factory=FullFinetune, description="Which weights train: all, or a LoRA adapter (a typed choice, resolved once).")
     init_model: str = Field("models/sft", min_length=1, description="Model directory RL starts from (the base or SFT model).")
     train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
-    steps: int = Field(4, ge=1, description="Optimiser steps (one rollout batch each).")
+    steps: int = Field(4, ge=1, description="Training steps (one rollout batch each; ppo_epochs x ppo_mini_batches optimiser steps per batch).")
     prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
     max_gen_rounds: int = Field(3, ge=1, description="Dynamic sampling: most rollout rounds spent filling one batch.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    ppo_mini_batches: int = Field(
+        1, ge=1, description="Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups."
+    )
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
     lr: float = Field(1e-6, gt=0.0, lt=1.0, description="AdamW peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")

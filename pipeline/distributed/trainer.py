@@ -8,11 +8,11 @@ then each rank trains on its own whole groups and DeepSpeed reduces the gradient
 Under ZeRO-3 the trained parameters are shards, and generation with them would need a
 collective per decoded token in lock-step across ranks (ranks decode different lengths),
 so the `hf` rollout backend samples from a full copy that is refreshed (gathered one
-parameter at a time) after every optimiser step. Under ZeRO-0/2 the parameters are whole
+parameter at a time) after every training step. Under ZeRO-0/2 the parameters are whole
 on every rank and the rollout engine samples from them directly.
 
 With the `vllm` backend each rank's engine holds its own copy of the weights (no extra copy
-here): after every optimiser step, and after a resume, the trained weights are pushed into it
+here): after every training step, and after a resume, the trained weights are pushed into it
 (`weight_sync.push_weights`: gathered from ZeRO-3 shards chunk by chunk, or the whole
 parameters under ZeRO-0/2).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from pipeline.advantage import token_advantages
-from pipeline.batching import make_train_batch
+from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.distributed import checkpointing, weight_sync
@@ -37,7 +37,8 @@ from pipeline.model import model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
-from pipeline.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy
+from pipeline.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches,
+                             token_logprobs_and_entropy)
 
 
 def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
@@ -81,28 +82,34 @@ def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: 
 
 
 def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
-    """`pipeline.train.train_step` across ranks: whole groups per rank, global token denominator."""
+    """`pipeline.train.train_step` across ranks: each mini-batch's whole groups spread over the ranks,
+    with the mini-batch's global token denominator."""
     if not kept:  # identical on every rank: the rollouts were all-gathered
         return {"train/skipped": 1.0}
     backend = DeepSpeedBackend(tr.model)
     tc = tr.cfg.train
-    groups, weight = local_groups(kept, backend.rank, backend.world)
-    batch = make_train_batch(groups, token_advantages(groups, tc.algorithm, tr.cfg.reward.tepo),
-                             tr.tokenizer.pad_token_id).to(model_device(backend.module))
-    if tc.logprobs_source == "recompute":
-        batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
-    batch = tr.reference.attach(batch, tc.micro_batch_size, tr.cfg.rollout.temperature)  # a local frozen copy
+    batches = [local_batch(tr, backend, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)
     loss = make_policy_loss(tc.algorithm)
-    metrics: dict[str, float] = {}
-    for _ in range(tc.ppo_epochs):
-        metrics = apply_policy_gradient(backend, batch, loss, settings, weight)
+    updates = [apply_policy_gradient(backend, batch, loss, settings, weight)
+               for _ in range(tc.ppo_epochs) for batch, weight in batches]
     tr.scheduler.step()
     if tr.cfg.rollout.backend == "vllm":  # every rank's engine gets the new weights
         push_rollout_weights(tr.cfg, backend, tr.engine)
     elif tr.engine.model is not backend.module:  # hf under ZeRO-3: refresh the rollout copy
         checkpointing.copy_weights_into(backend, tr.engine.model)
-    return metrics | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+    return mean_over_updates(updates) | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+
+
+def local_batch(tr: Trainer, backend: DeepSpeedBackend, groups: list[ScoredGroup]) -> tuple[TrainBatch, float]:
+    """This rank's share of one mini-batch (with old and reference log-probs) and its weight (0: no data)."""
+    tc = tr.cfg.train
+    mine, weight = local_groups(groups, backend.rank, backend.world)
+    batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.cfg.reward.tepo),
+                             tr.tokenizer.pad_token_id).to(model_device(backend.module))
+    if tc.logprobs_source == "recompute":
+        batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
+    return tr.reference.attach(batch, tc.micro_batch_size, tr.cfg.rollout.temperature), weight  # a local frozen copy
 
 
 def push_rollout_weights(cfg: RunConfig, backend: DeepSpeedBackend, engine) -> None:

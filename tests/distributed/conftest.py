@@ -25,6 +25,7 @@ def write_run(tmp: Path, repo_root: Path) -> Path:
     params = yaml.safe_load((repo_root / "params.yaml").read_text())
     params["train"] |= {"init_model": str(tmp / "init"), "train_file": str(tmp / "train.jsonl"), "steps": 2,
                         "prompts_per_step": 3, "micro_batch_size": 2, "gradient_checkpointing": False,
+                        "ppo_mini_batches": 2,  # 2 groups then 1: the second leaves one rank idle
                         "checkpoint_dir": str(tmp / "run"), "output_dir": str(tmp / "policy"), "lr": 1e-3,
                         "algorithm": {"kind": "grpo", "dynamic_sampling": False}}
     params["rollout"] |= {"group_size": 2, "max_policy_tokens": 6, "max_total_tokens": 256}

@@ -30,10 +30,12 @@ Reported per type: accuracy, tool-use rate, right-tool rate (search for fact, co
 calculator, judged on the first call); learning curves as PNG. Goal (issue):
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
-    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S] [--kl B]
+    python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
+                                      [--kl B] [--mini-batches M]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
-stages are kept in <out>/stages.json: a re-run resumes, and one with another --lr, --rl-steps, --rl-seed or --kl keeps
-the cold start (evaluation of base and SFT, SFT itself) and runs RL and what follows again.
+stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
+--rl-seed, --kl, --mini-batches) keeps the cold start (evaluation of base and SFT, SFT itself) and runs RL and
+what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
 
@@ -85,6 +87,7 @@ class Sizes:
     eval_tokens: int  # max policy tokens, in evaluation and in RL rollouts
     rl_seed: int = 0  # run.seed of the RL stage (sampling, problem order): replicates share the cold start
     kl_coef: float = 0.0  # train.algorithm.kl_coef: a KL anchor to the SFT model (0 = plain DAPO)
+    mini_batches: int = 1  # train.ppo_mini_batches: optimiser steps per rollout batch (whole groups each)
 
 
 # kl_coef 0.2: without an anchor, one seed in three collapsed tool choice on facts to code (RESULTS, run 2)
@@ -270,6 +273,7 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "train.prompts_per_step": sizes.prompts, "train.lr": sizes.lr, "train.warmup_steps": 1,
         "train.max_gen_rounds": 2, "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
         "train.balance_sources": True, "train.algorithm.kl_coef": sizes.kl_coef,
+        "train.ppo_mini_batches": sizes.mini_batches,
         "train.checkpoint_every": 10, "train.log_samples_every": 5,
         "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
         "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens})
@@ -329,13 +333,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, help="override the RL learning rate")
     parser.add_argument("--rl-seed", type=int, help="override the RL seed (a replicate on the same cold start)")
     parser.add_argument("--kl", type=float, help="override train.algorithm.kl_coef (KL anchor to the SFT model)")
+    parser.add_argument("--mini-batches", type=int, help="override train.ppo_mini_batches (optimiser steps per batch)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at T = 1 (avg@K, pass@K; 0 = skip)")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
                                 rl_seed=sizes.rl_seed if args.rl_seed is None else args.rl_seed,
-                                kl_coef=sizes.kl_coef if args.kl is None else args.kl)
+                                kl_coef=sizes.kl_coef if args.kl is None else args.kl,
+                                mini_batches=args.mini_batches or sizes.mini_batches)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()

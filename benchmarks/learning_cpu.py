@@ -31,10 +31,10 @@ calculator, judged on the first call); learning curves as PNG. Goal (issue):
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
-                                      [--kl B] [--mini-batches M]
+                                      [--kl B] [--prompts P] [--mini-batches M]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
---rl-seed, --kl, --mini-batches) keeps the cold start (evaluation of base and SFT, SFT itself) and runs RL and
+--rl-seed, --kl, --prompts, --mini-batches) keeps the cold start (evaluation of base and SFT, SFT itself) and runs RL and
 what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
@@ -333,6 +333,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, help="override the RL learning rate")
     parser.add_argument("--rl-seed", type=int, help="override the RL seed (a replicate on the same cold start)")
     parser.add_argument("--kl", type=float, help="override train.algorithm.kl_coef (KL anchor to the SFT model)")
+    parser.add_argument("--prompts", type=int, help="override the problems per RL step (each sampled `group` times)")
     parser.add_argument("--mini-batches", type=int, help="override train.ppo_mini_batches (optimiser steps per batch)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at T = 1 (avg@K, pass@K; 0 = skip)")
@@ -341,7 +342,8 @@ def main() -> None:
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
                                 rl_seed=sizes.rl_seed if args.rl_seed is None else args.rl_seed,
                                 kl_coef=sizes.kl_coef if args.kl is None else args.kl,
-                                mini_batches=args.mini_batches or sizes.mini_batches)
+                                mini_batches=args.mini_batches or sizes.mini_batches,
+                                prompts=args.prompts or sizes.prompts)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()

@@ -211,6 +211,16 @@ class TrainBatch:
                                             for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), torch.Tensor)})
 
+    def trimmed(self) -> TrainBatch:
+        """The batch without its trailing all-padding columns (rows are right-padded, so no token of any row
+        sees them): a micro-batch of short rows does not pay for the width of the longest row elsewhere."""
+        attended_T = self.attention_mask_BT.bool().any(0)
+        width = int(attended_T.nonzero().max()) + 1 if bool(attended_T.any()) else 1
+        if width == self.input_ids_BT.shape[1]:
+            return self
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:, :width] for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def select(self, rows: slice | list[int]) -> TrainBatch:
         """A micro-batch: same global normaliser, subset of rows."""
         return TrainBatch(

@@ -84,7 +84,7 @@ def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_bat
     with torch.no_grad():
         parts = [token_logprobs_and_entropy(model, micro, temperature, with_entropy=False, share_prompts=True)[0]
                  for micro in micro_batches(batch, micro_batch_size)]
-    return torch.cat(parts) * batch.loss_mask_BT
+    return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
 def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int) -> torch.Tensor:
@@ -114,7 +114,14 @@ def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:
 
 
 def micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
-    return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+    """Consecutive rows (a group's rows stay together when size is a multiple of the group size), each
+    micro-batch cut to its own longest row: a step mixes short calculator and long search rollouts."""
+    return [batch.select(slice(i, i + size)).trimmed() for i in range(0, len(batch), size)]
+
+
+def padded_cat(parts_BT: list[torch.Tensor], width: int) -> torch.Tensor:
+    """Per-micro-batch [b, t <= width] results as one [B, width] tensor, zero where a micro-batch was cut."""
+    return torch.cat([F.pad(part, (0, width - part.shape[1])) for part in parts_BT])
 
 
 def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:

@@ -37,7 +37,7 @@ from pipeline.model import model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
-from pipeline.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches,
+from pipeline.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches, padded_cat,
                              token_logprobs_and_entropy)
 
 
@@ -78,7 +78,8 @@ def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: 
     with torch.no_grad():
         out = [token_logprobs_and_entropy(backend.model, parts[min(i, len(parts) - 1)], temperature,
                                           with_entropy=False)[0] for i in range(n_passes)]
-    return dataclasses.replace(batch, old_logprobs_BT=torch.cat(out[: len(parts)]) * batch.loss_mask_BT)
+    old_BT = padded_cat(out[: len(parts)], batch.input_ids_BT.shape[1])
+    return dataclasses.replace(batch, old_logprobs_BT=old_BT * batch.loss_mask_BT)
 
 
 def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:

@@ -12,7 +12,8 @@ from pipeline.advantage import group_advantages
 from pipeline.config.train import DAPOLoss, GRPOLoss
 from pipeline.loss import make_policy_loss
 from pipeline.types import TrainBatch
-from pipeline.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from pipeline.update import (UpdateSettings, masked_logprobs_no_grad, micro_batches, policy_gradient_step,
+                             token_logprobs_and_entropy)
 from tests.helpers.tiny import tiny_llama
 
 
@@ -81,6 +82,20 @@ def test_micro_batching_does_not_change_the_gradient(algo) -> None:
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=0)
     assert grads[0].abs().sum() > 0
+
+
+def test_micro_batches_are_cut_to_their_longest_row() -> None:
+    """A micro-batch of short rows runs at its own width; results go back to the batch's width."""
+    batch = _random_batch(64)
+    lengths = batch.attention_mask_BT.sum(-1).tolist()
+    for i, micro in enumerate(micro_batches(batch, 3)):
+        assert micro.input_ids_BT.shape[1] == max(lengths[3 * i:3 * i + 3])
+        assert torch.equal(micro.input_ids_BT, batch.input_ids_BT[3 * i:3 * i + 3, :micro.input_ids_BT.shape[1]])
+    assert min(m.input_ids_BT.shape[1] for m in micro_batches(batch, 1)) < batch.input_ids_BT.shape[1]
+    model = tiny_llama(64, seed=3, dtype=torch.float64)
+    cut, whole = (masked_logprobs_no_grad(model, batch, size, 1.0) for size in (1, 8))
+    assert cut.shape == whole.shape and torch.allclose(cut, whole, atol=1e-10, rtol=0)
+    assert bool((whole != 0).any())
 
 
 def test_masked_tokens_get_no_gradient_signal() -> None:

@@ -29,7 +29,8 @@ from pipeline.types import TrainBatch
 # (prompt tokens, total tokens per row) per group, from one learning_cpu step each
 STEPS = {
     "typical": [(309, [392, 390, 396, 404, 377, 402, 386, 407]), (293, [622, 596, 594, 591, 592, 593, 597, 632])],
-    "long_outlier": [(352, [942, 1024, 1024, 643, 449, 1024, 430, 528]), (294, [606, 603, 610, 603, 606, 604, 602, 603])],
+    "long_outlier": [(352, [942, 1024, 1024, 643, 449, 1024, 430, 528]),
+                     (294, [606, 603, 610, 603, 606, 604, 602, 603])],
 }
 
 
@@ -87,7 +88,8 @@ def main() -> None:
                 times[side].append(seconds_per_update(model, batch, padded=side == "padded"))
         best = {side: min(v) for side, v in times.items()}
         figures[name] = {f"{side}_s": round(s, 2) for side, s in best.items()} | {
-            "speedup": round(best["padded"] / best["trimmed"], 3), "rows": len(batch), "width": batch.input_ids_BT.shape[1]}
+            "speedup": round(best["padded"] / best["trimmed"], 3), "rows": len(batch),
+            "width": batch.input_ids_BT.shape[1]}
         print(name, figures[name], flush=True)
     print(json.dumps({"steps": figures, "ratio": figures["typical"]["speedup"], "reps": args.reps,
                       "threads": args.threads}))

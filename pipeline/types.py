@@ -10,6 +10,7 @@ Token spans are half-open `(start, end)` indices into `Trajectory.response_ids`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -205,30 +206,22 @@ class TrainBatch:
     def __len__(self) -> int:
         return int(self.input_ids_BT.shape[0])
 
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
+        """The batch with `fn` applied to each of its [B, T] tensors (an absent reference stays absent)."""
+        return dataclasses.replace(self, **{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def to(self, device: torch.device) -> TrainBatch:
         """The same batch on `device` (the model's): every tensor moves, none is copied when already there."""
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
-                                            for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+        return self._map_tensors(lambda t: t.to(device))
 
     def trimmed(self) -> TrainBatch:
         """The batch without its trailing all-padding columns (rows are right-padded, so no token of any row
         sees them): a micro-batch of short rows does not pay for the width of the longest row elsewhere."""
         attended_T = self.attention_mask_BT.bool().any(0)
         width = int(attended_T.nonzero().max()) + 1 if bool(attended_T.any()) else 1
-        if width == self.input_ids_BT.shape[1]:
-            return self
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:, :width] for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+        return self if width == self.input_ids_BT.shape[1] else self._map_tensors(lambda t: t[:, :width])
 
     def select(self, rows: slice | list[int]) -> TrainBatch:
         """A micro-batch: same global normaliser, subset of rows."""
-        return TrainBatch(
-            input_ids_BT=self.input_ids_BT[rows],
-            attention_mask_BT=self.attention_mask_BT[rows],
-            loss_mask_BT=self.loss_mask_BT[rows],
-            old_logprobs_BT=self.old_logprobs_BT[rows],
-            advantages_BT=self.advantages_BT[rows],
-            n_policy_tokens=self.n_policy_tokens,
-            ref_logprobs_BT=None if self.ref_logprobs_BT is None else self.ref_logprobs_BT[rows],
-        )
+        return self._map_tensors(lambda t: t[rows])

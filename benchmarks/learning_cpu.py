@@ -25,17 +25,17 @@ Stages: (1) evaluate the prompted base; (2) SFT on the traces (tool output maske
 `pipeline.sft`); (3) evaluate SFT; (4) DAPO from SFT on the training mix (`pipeline.train.run`,
 real sandbox and search services); (5) evaluate SFT + DAPO. Evaluation is greedy pass@1 on the
 held-out problems; with --sampled K (default 4) SFT and SFT + DAPO are also sampled K times at
-T = 1 (avg@K and pass@K), which tells sharpening (avg@K up, pass@K flat) from a new skill.
+the RL temperature (avg@K and pass@K), which tells sharpening (avg@K up, pass@K flat) from a new skill.
 Reported per type: accuracy, tool-use rate, right-tool rate (search for fact, code for
 calculator, judged on the first call); learning curves as PNG. Goal (issue):
 DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 2 cores.
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
-                                      [--kl B] [--prompts P] [--mini-batches M]
+                                      [--kl B] [--prompts P] [--mini-batches M] [--temperature T]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
---rl-seed, --kl, --prompts, --mini-batches) keeps the cold start (evaluation of base and SFT, SFT itself) and runs RL and
-what follows again.
+--rl-seed, --kl, --prompts, --mini-batches, --temperature) keeps the cold start (evaluation of base and SFT, SFT
+itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
 
@@ -88,6 +88,7 @@ class Sizes:
     rl_seed: int = 0  # run.seed of the RL stage (sampling, problem order): replicates share the cold start
     kl_coef: float = 0.0  # train.algorithm.kl_coef: a KL anchor to the SFT model (0 = plain DAPO)
     mini_batches: int = 1  # train.ppo_mini_batches: optimiser steps per rollout batch (whole groups each)
+    temperature: float = 1.0  # rollout.temperature of RL sampling (DAPO's 1.0); evaluation stays greedy
 
 
 # kl_coef 0.2: without an anchor, one seed in three collapsed tool choice on facts to code (RESULTS, run 2)
@@ -276,7 +277,8 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "train.ppo_mini_batches": sizes.mini_batches,
         "train.checkpoint_every": 10, "train.log_samples_every": 5,
         "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
-        "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens})
+        "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens,
+        "rollout.temperature": sizes.temperature})
 
 
 def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
@@ -335,15 +337,18 @@ def main() -> None:
     parser.add_argument("--kl", type=float, help="override train.algorithm.kl_coef (KL anchor to the SFT model)")
     parser.add_argument("--prompts", type=int, help="override the problems per RL step (each sampled `group` times)")
     parser.add_argument("--mini-batches", type=int, help="override train.ppo_mini_batches (optimiser steps per batch)")
+    parser.add_argument("--temperature", type=float, help="override the RL sampling temperature (rollout.temperature)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
-                        help="also evaluate SFT and SFT + DAPO with K samples at T = 1 (avg@K, pass@K; 0 = skip)")
+                        help="also evaluate SFT and SFT + DAPO with K samples at the RL temperature (avg@K, pass@K; "
+                             "0 = skip)")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
                                 rl_seed=sizes.rl_seed if args.rl_seed is None else args.rl_seed,
                                 kl_coef=sizes.kl_coef if args.kl is None else args.kl,
                                 mini_batches=args.mini_batches or sizes.mini_batches,
-                                prompts=args.prompts or sizes.prompts)
+                                prompts=args.prompts or sizes.prompts,
+                                temperature=sizes.temperature if args.temperature is None else args.temperature)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()
@@ -365,13 +370,15 @@ def main() -> None:
         stages.run("rl", lambda: fresh_rl(rl_config(sizes, out), urls, out))
         results["dapo"] = stages.run("eval_dapo", lambda: held_out(str(out / "dapo"), "eval_dapo"))
 
-        def sampled_eval(model: str, name: str) -> dict:  # at the training temperature: sharpening or new skill?
+        def sampled_eval(model: str, name: str) -> dict:  # at the RL temperature: sharpening or new skill?
             per = evaluate_model(cfg, urls, str(out / model), out / "test.jsonl", out / name, sizes.eval_tokens,
-                                 samples=args.sampled, temperature=1.0)
+                                 samples=args.sampled, temperature=sizes.temperature)
             return per | {"pass_at_k": solved_rate(out / name, args.sampled)}
 
         names = {m: f"sampled{args.sampled}_{m}" for m in (("sft", "dapo") if args.sampled else ())}
-        sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name), cold if m == "sft" else None)
+        sampled_cold = cold + ("temperature",)  # sampled SFT depends on the cold start and the temperature only
+        sampled = {m: stages.run(name, lambda m=m, name=name: sampled_eval(m, name),
+                                 sampled_cold if m == "sft" else None)
                    for m, name in names.items()}
     seconds = stages.seconds()
     plot_curves(out / "rl_metrics" / "train_history.jsonl", results, out / "learning_curves.png")
@@ -380,7 +387,8 @@ def main() -> None:
                "stage_seconds": seconds, "stages_total_seconds": round(sum(seconds.values()), 1),
                "this_invocation_seconds": round(time.perf_counter() - t0, 1),
                "results": {m: rounded(r) for m, r in results.items()},
-               "sampled_t1": {"k": args.sampled, **{m: rounded(r) for m, r in sampled.items()}},
+               "sampled": {"k": args.sampled, "temperature": sizes.temperature,
+                           **{m: rounded(r) for m, r in sampled.items()}},
                "dapo_minus_sft": round(results["dapo"]["mix"]["accuracy"] - results["sft"]["mix"]["accuracy"], 3),
                "sft_to_dapo_flips": rounded(paired_flips(out / "eval_sft", out / "eval_dapo")),
                "dapo_right_tool": round(results["dapo"]["mix"]["right_tool"], 3),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
 from pipeline.finetune import policy_weights
-from pipeline.history import MetricHistory
+from pipeline.history import MetricHistory, progress_line
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy, model_device
@@ -209,8 +210,10 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
         if place.is_main() else contextlib.nullcontext(None)
     every = cfg.train.log_samples_every
     with run_ctx as active:
-        # a progress bar with ETA on a terminal, silent otherwise (disable=None)
-        for step in tqdm(range(tr.state.step, cfg.train.steps), desc="train", unit="step", disable=None):
+        # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
+        first, run_started = tr.state.step, time.perf_counter()
+        bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
+        for step in bar:
             started = time.perf_counter()
             collected = collect_groups(tr)                        # sample with tools, reward, dynamic sampling
             sampled = time.perf_counter()
@@ -218,6 +221,9 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
             last = collected.metrics | update_metrics | seconds
             history.log(step, last)
+            if bar.disable and place.is_main():
+                print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
+                                    step + 1 - first), file=sys.stderr, flush=True)
             if active is not None and every and step % every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
             tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)

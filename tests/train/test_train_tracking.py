@@ -13,6 +13,7 @@ import mlflow
 import pytest
 from dvc_data.hashfile.hash import file_md5 as dvc_file_md5
 
+from pipeline.history import progress_line
 from pipeline.train import run
 from pipeline.train_tracking import data_hash_tags
 from pipeline.types import FinishReason
@@ -34,12 +35,24 @@ def test_data_hash_is_the_md5_dvc_records(tmp_path: Path) -> None:
         data_hash_tags([str(tmp_path / "nope.jsonl")])
 
 
-def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_line_reads_the_step_metrics_and_projects_the_rest() -> None:
+    metrics = {"reward/mean": 0.5, "reward/accuracy": 0.25, "rollout/calls_per_traj/search": 0.4,
+               "rollout/calls_per_traj/code": 0.5, "train/loss": 1.0}
+    line = progress_line(step=1, total=10, metrics=metrics, seconds_so_far=180.0, steps_done=2)
+    assert line == ("train step 2/10 | reward 0.500 | accuracy 0.250 | code 0.50 search 0.40 calls/traj"
+                    " | 90.0 s/step | ETA 12 min")  # 8 steps left at 90 s
+
+
+def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, steps=3, checkpoint_every=3, log_samples_every=2, log_samples=3)
     run(cfg, {}, metrics_dir=tmp_path / "metrics")
+    history = [json.loads(line) for line in (tmp_path / "metrics" / "train_history.jsonl").read_text().splitlines()]
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train step ")]
+    assert [line.split(" | ")[:2] for line in progress] == [  # not a terminal: one line a step, from its metrics
+        [f"train step {row['step'] + 1}/3", f"reward {row['reward/mean']:.3f}"] for row in history]
 
     run_id = json.loads((tmp_path / "ckpt" / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
     mlflow.set_tracking_uri(cfg.run.tracking_uri)

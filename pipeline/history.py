@@ -41,9 +41,9 @@ class MetricHistory:
 
 
 def progress_line(step: int, total: int, metrics: dict[str, float], seconds_so_far: float, steps_done: int) -> str:
-    """`train step 3/40 | reward 0.25 | accuracy 0.31 | code 0.50 search 0.40 calls/traj | 85 s/step | ETA 52 min`:
-    what a person tailing a log of a long run wants; `steps_done` counts this invocation's steps (a resumed run's
-    pace is its own)."""
+    """`train step 3/40 | reward 0.250 | accuracy 0.310 | code 0.50 search 0.40 calls/traj | 85.1 s/step | ETA 52 min`:
+    what a person tailing a log of a long run wants. `step` is 0-based; `steps_done` counts this invocation's steps
+    (a resumed run's pace is its own)."""
     per_step = seconds_so_far / max(steps_done, 1)
     calls = " ".join(f"{k.rsplit('/', 1)[1]} {v:.2f}" for k, v in sorted(metrics.items())
                      if k.startswith("rollout/calls_per_traj/"))

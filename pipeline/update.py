@@ -4,17 +4,20 @@ The step runs against a `GradientBackend`: `LocalBackend` for one process, or th
 backend in `pipeline.distributed` for data parallelism, so both use this same code path.
 
 Log-probs and entropies come from the same forward pass, computed over the vocabulary in
-chunks of positions so a 150k-token vocabulary never materialises a full [B, T, V]
-float32 softmax twice.
+chunks of tokens so a 150k-token vocabulary never materialises a full [N, V] float32
+softmax twice.
 
-Departure from TRL/verl, for speed only: the G rows of a group share their prompt, so the
+Departures from TRL/verl, for speed only: the G rows of a group share their prompt, so the
 prompt runs through the model once per group and its KV cache (in the autograd graph) is
-shared by the group's rows; the output head runs only from the first trained position.
-Log-probs and gradients are those of one full pass per row (tested).
+shared by the group's rows; the output head runs only at the trained tokens (not on prompt,
+tool output or padding; TRL and verl run it on every response position). Log-probs and
+gradients are those of one full pass per row (tested).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +30,7 @@ from pipeline.batching import unique_rows
 from pipeline.loss import PolicyLoss
 from pipeline.types import TrainBatch
 
-ENTROPY_CHUNK = 256  # positions per vocabulary chunk
+ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
 MIN_SHARED_PREFIX = 16  # shorter shared prompts are not worth a second forward call
 
 
@@ -44,37 +47,59 @@ class UpdateSettings:
 def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temperature: float,
                                with_entropy: bool = True, share_prompts: bool = False
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(token_j | tokens_<j) and the entropy at j, both [B, T] aligned with input_ids.
+    """log pi(token_j | tokens_<j) and the entropy at j, both [B, T] aligned with input_ids, at the
+    trained (loss-mask 1) positions; 0 elsewhere.
 
-    Only positions from the first loss-masked token on are scored (0 before it): the output
-    head and the softmax over the vocabulary are never run on the shared prompt, which is most
-    of a TAPO sequence (the system prompt alone is ~300 tokens) and, with a 49k-150k vocabulary,
-    a large share of the step."""
+    The output head and the softmax over the vocabulary run only where a token is trained: never
+    on the prompt nor on tool output, which are most of a TAPO sequence (the system prompt alone
+    is ~300 tokens, a cut search result ~250, against ~50 sampled tokens) and, with a 49k-150k
+    vocabulary, a large share of the step."""
     B, T = batch.input_ids_BT.shape
     first = _first_scored_position(batch.loss_mask_BT)
-    # logits at position j predict token j+1: keep positions first-1 .. T-1
+    # The head keeps positions first-1 .. T-1 (position j predicts token j+1): kept index c predicts
+    # token first+c, so the trained tokens' column offsets from `first` index the kept positions.
+    rows_N, cols_N = batch.loss_mask_BT[:, first:].nonzero(as_tuple=True)
     if share_prompts and first > MIN_SHARED_PREFIX:
-        logits_BKV = _logits_with_shared_prefix(model, batch, prefix_len=first - 1)
+        logits_NV = _logits_with_shared_prefix(model, batch, first - 1, rows_N, cols_N)
     else:
-        logits_BKV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT, use_cache=False,
-                           logits_to_keep=T - first + 1).logits
+        with _head_only_at(model, rows_N, cols_N):
+            logits_NV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
+                              use_cache=False, logits_to_keep=T - first + 1).logits
     if temperature > 0:
-        logits_BKV = logits_BKV / temperature
+        logits_NV = logits_NV / temperature
     # At least float32 even for a bf16 model: bf16 log-probs (3 significant digits) would put
     # noise of ~1% into every importance ratio.
-    out_dtype = torch.promote_types(logits_BKV.dtype, torch.float32)
-    logprobs_BT = logits_BKV.new_zeros((B, T), dtype=out_dtype)
-    entropy_BT = logits_BKV.new_zeros((B, T), dtype=out_dtype)
-    targets_BK = batch.input_ids_BT[:, first:]
-    for start in range(0, T - first, ENTROPY_CHUNK):
-        end = min(start + ENTROPY_CHUNK, T - first)
-        chunk = logits_BKV[:, start:end]
-        logp_BCV = F.log_softmax(chunk if chunk.dtype == torch.float64 else chunk.float(), dim=-1)
-        logprobs_BT[:, first + start:first + end] = logp_BCV.gather(-1, targets_BK[:, start:end, None])[..., 0]
+    out_dtype = torch.promote_types(logits_NV.dtype, torch.float32)
+    N = int(rows_N.shape[0])
+    logprobs_N = logits_NV.new_zeros(N, dtype=out_dtype)
+    entropy_N = logits_NV.new_zeros(N, dtype=out_dtype)
+    targets_N = batch.input_ids_BT[rows_N, first + cols_N]
+    for start in range(0, N, ENTROPY_CHUNK):
+        end = min(start + ENTROPY_CHUNK, N)
+        logp_CV = F.log_softmax(logits_NV[start:end].to(out_dtype), dim=-1)
+        logprobs_N[start:end] = logp_CV.gather(-1, targets_N[start:end, None])[:, 0]
         if with_entropy:
             with torch.no_grad():
-                entropy_BT[:, first + start:first + end] = -(logp_BCV.exp() * logp_BCV).sum(-1)
-    return logprobs_BT, entropy_BT
+                entropy_N[start:end] = -(logp_CV.exp() * logp_CV).sum(-1)
+    trained = (rows_N, first + cols_N)
+    return (logits_NV.new_zeros((B, T), dtype=out_dtype).index_put(trained, logprobs_N),
+            logits_NV.new_zeros((B, T), dtype=out_dtype).index_put(trained, entropy_N))
+
+
+@contextlib.contextmanager
+def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Tensor) -> Iterator[None]:
+    """While open, the model's output head sees only the (row, kept position) pairs given: its
+    [B, K, H] input is cut to [N, H] by a pre-hook, so a forward's `.logits` is [N, V].
+
+    A hook rather than calling the head on hidden states ourselves, so that every call still goes
+    through the model's own forward: DeepSpeed's engine (ZeRO-3 gathers the head's weights there),
+    peft's adapters, and model-specific logit post-processing (e.g. soft-capping) all apply."""
+    handle = model.get_output_embeddings().register_forward_pre_hook(
+        lambda _head, args: (args[0][rows_N, cols_N], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int,
@@ -87,8 +112,9 @@ def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_bat
     return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
-def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int) -> torch.Tensor:
-    """Logits at positions prefix_len .. T-1, running each distinct prefix once.
+def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int,
+                               rows_N: torch.Tensor, cols_N: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits at the (row, position prefix_len + col) pairs given, running each distinct prefix once.
 
     Every row's first `prefix_len` tokens are real prompt tokens (the prefix ends before the
     earliest trained position), and the G rows of a group share them. The distinct prefixes
@@ -102,9 +128,9 @@ def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix
     shared = [(layer.keys.index_select(0, expand_B), layer.values.index_select(0, expand_B))
               for layer in prefix_out.cache.layers]
     T = batch.input_ids_BT.shape[1]
-    out = model(input_ids=batch.input_ids_BT[:, prefix_len:], attention_mask=batch.attention_mask_BT,
-                cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len)
-    return out.logits
+    with _head_only_at(model, rows_N, cols_N):
+        return model(input_ids=batch.input_ids_BT[:, prefix_len:], attention_mask=batch.attention_mask_BT,
+                     cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len).logits
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:

@@ -128,10 +128,14 @@ def test_logprobs_match_a_plain_forward() -> None:
     logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0)
     full = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT).logits.log_softmax(-1)
     expected = full[:, :-1].gather(-1, batch.input_ids_BT[:, 1:, None])[..., 0]
-    first = max(int(batch.loss_mask_BT.bool().any(0).int().argmax()), 1)
-    assert first > 1  # the prompt is skipped, so the test covers the narrowed output head
-    assert torch.allclose(logprobs[:, first:], expected[:, first - 1:], atol=1e-10)
-    assert (entropy[:, first:] >= 0).all() and torch.all(logprobs[:, :first] == 0)
+    trained = batch.loss_mask_BT.bool()
+    trained[:, 0] = False  # position 0 has no prediction
+    # untrained positions inside responses too, so the test covers the head cut to trained tokens
+    assert bool((~trained[:, 1:] & batch.attention_mask_BT[:, 1:].bool() & trained.any(0)[None, 1:]).any())
+    assert torch.allclose(logprobs[:, 1:][trained[:, 1:]], expected[trained[:, 1:]], atol=1e-10)
+    assert torch.all(logprobs[~trained] == 0) and torch.all(entropy[~trained] == 0)
+    vocab_entropy = -(full.exp() * full).sum(-1)[:, :-1]
+    assert torch.allclose(entropy[:, 1:][trained[:, 1:]], vocab_entropy[trained[:, 1:]], atol=1e-10)
 
 
 def _grouped_batch(vocab: int, prompt_len: int = 20, groups: int = 2, group_size: int = 4) -> TrainBatch:

@@ -117,7 +117,8 @@ def calculator_score(pred: str, gold: str, abs_tol: float, rel_tol: float) -> fl
         if p is None or g is None:
             return 0.0
     error = abs(p - g)  # exact when both are Fractions: 10^400 vs 10^400 + 1 is not a float question
-    return float(error < abs_tol or error <= rel_tol * abs(g))
+    # the tolerance exact too: a float times a Fraction past 1.8e308 overflows
+    return float(error < abs_tol or error <= abs(g) * Fraction(rel_tol))
 
 
 def _as_complex(value: Fraction | complex) -> complex | None:

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
+from pipeline.progress import progress
 from pipeline.reward import verify
 from pipeline.rollout.engine import cut_middle, encode_prompt
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
@@ -138,7 +138,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     order = random.Random(cfg.run.seed)
     steps_per_epoch = math.ceil(len(traces) / sc.batch_size)
     t0, step, loss = time.perf_counter(), 0, float("nan")
-    bar = tqdm(total=sc.epochs * steps_per_epoch, desc="sft", unit="step", disable=None)
+    bar = progress(sc.epochs * steps_per_epoch, "sft", "step")  # a bar on a terminal, else a line every 30 s
     for _ in range(sc.epochs):
         shuffled = order.sample(traces, len(traces))
         for i in range(0, len(shuffled), sc.batch_size):

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from tqdm import tqdm
 
 from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
@@ -39,6 +38,7 @@ from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
 from pipeline.evaluation.summary import summarise
 from pipeline.jsonl import write_json
 from pipeline.model import load_policy
+from pipeline.progress import progress
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE
@@ -118,10 +118,9 @@ def chunks(problems: tuple[Problem, ...], size: int) -> list[tuple[Problem, ...]
 async def _evaluate_chunks(plan: _Plan) -> None:
     ec = plan.cfg.evaluate
     position = 0
-    # A bar with ETA over samples on a terminal, silent otherwise (disable=None, as in training);
-    # samples resumed from the store count as done at once, so the ETA covers only what is left.
+    # A bar with ETA over samples on a terminal, a line every 30 s elsewhere (a log, a flow's worker).
     total = sum(len(b.problems) for b in plan.benchmarks) * ec.samples
-    with tqdm(total=total, desc="evaluate", unit="sample", disable=None) as bar:
+    with progress(total, "evaluate", "sample") as bar:
         for bench in plan.benchmarks:
             for chunk in chunks(bench.problems, ec.chunk_problems):
                 position += 1

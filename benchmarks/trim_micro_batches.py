@@ -13,18 +13,20 @@ Last line: one JSON object; "ratio" = padded seconds / trimmed seconds on the ty
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import pipeline.update as update
-from pipeline.config.train import DAPOLoss
-from pipeline.loss import make_policy_loss
-from pipeline.model import load_policy
-from pipeline.paths import REPO_ROOT
-from pipeline.types import TrainBatch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pipeline.update as update  # noqa: E402
+from benchmarks.update_bench import args_and_base_model, swapped  # noqa: E402
+from pipeline.config.train import DAPOLoss  # noqa: E402
+from pipeline.loss import make_policy_loss  # noqa: E402
+from pipeline.types import TrainBatch  # noqa: E402
 
 # (prompt tokens, total tokens per row) per group, from one learning_cpu step each
 STEPS = {
@@ -62,23 +64,14 @@ def padded_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
 def seconds_per_update(model, batch: TrainBatch, padded: bool) -> float:
     settings = update.UpdateSettings(micro_batch_size=8, grad_clip=1.0, temperature=1.0, share_prompts=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the same weights for every run
-    original = update.micro_batches
-    update.micro_batches = padded_micro_batches if padded else original
-    try:
+    with swapped("micro_batches", padded_micro_batches if padded else update.micro_batches):
         t = time.perf_counter()
         update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss()), settings)
         return time.perf_counter() - t
-    finally:
-        update.micro_batches = original
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy(str(REPO_ROOT / "models" / "base"), "float32", "cpu")
+    args, model, tokenizer = args_and_base_model(__doc__.splitlines()[0])
     figures: dict[str, dict[str, float]] = {}
     for name, groups in STEPS.items():
         batch = step_batch(groups, len(tokenizer))

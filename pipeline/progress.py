@@ -3,7 +3,8 @@
 On a terminal, a tqdm bar. Elsewhere (a log file, a flow's worker) a bar cannot redraw and
 tqdm stays silent (`disable=None`), so a long stage would print nothing for minutes: there,
 one plain line at most every `every_s` seconds and one at the end,
-`sft 12/40 steps | 5.2 s/step | ETA 2 min | loss 0.412`.
+`sft 12/40 steps | 5.2 s/step | ETA 2 min | loss 0.412`. The pace is that since the previous line,
+so work that completes at once (evaluation samples resumed from disk) does not flatter the ETA for long.
 """
 
 from __future__ import annotations
@@ -26,31 +27,30 @@ class LineProgress:
         self.total, self.desc, self.unit, self.every_s = total, desc, unit, every_s
         self.out, self.clock = out, clock
         self.done, self.postfix = 0, ""
-        self.started = self.last_printed = clock()
-        self.printed_at = -1  # `done` when the last line was printed
+        self.mark_time, self.mark_done = clock(), 0  # when the last line was printed, and `done` then
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = self.clock()
-        if now - self.last_printed >= self.every_s or self.done >= self.total:
+        if now - self.mark_time >= self.every_s or self.done >= self.total:
             self._print(now)
 
     def set_postfix(self, **values: object) -> None:
         self.postfix = " | ".join(f"{k} {v}" for k, v in values.items())
 
     def close(self) -> None:
-        if self.printed_at != self.done:
+        if self.mark_done != self.done:
             self._print(self.clock())
 
     def line(self, now: float) -> str:
-        per_unit = (now - self.started) / max(self.done, 1)
+        per_unit = (now - self.mark_time) / max(self.done - self.mark_done, 1)
         parts = [f"{self.desc} {self.done}/{self.total} {self.unit}s", f"{per_unit:.1f} s/{self.unit}",
                  f"ETA {per_unit * max(self.total - self.done, 0) / 60:.0f} min"]
         return " | ".join(parts + ([self.postfix] if self.postfix else []))
 
     def _print(self, now: float) -> None:
         print(self.line(now), file=self.out or sys.stderr, flush=True)
-        self.last_printed, self.printed_at = now, self.done
+        self.mark_time, self.mark_done = now, self.done
 
     def __enter__(self) -> LineProgress:
         return self

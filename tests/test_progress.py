@@ -41,5 +41,18 @@ def test_close_prints_what_the_last_line_missed() -> None:
     assert out.getvalue().count("\n") == 1
 
 
+def test_the_pace_is_that_since_the_last_line() -> None:
+    """Samples resumed from disk complete at once; the next line's pace is the real one again."""
+    out, clock = io.StringIO(), StepClock()
+    bar = LineProgress(total=100, desc="evaluate", unit="sample", every_s=30.0, out=out, clock=clock)
+    clock.now = 30.0
+    bar.update(60)  # 60 resumed + a few real, in the first 30 s
+    for _ in range(4):
+        clock.now += 10.0
+        bar.update(1)
+    assert out.getvalue().splitlines() == ["evaluate 60/100 samples | 0.5 s/sample | ETA 0 min",
+                                           "evaluate 63/100 samples | 10.0 s/sample | ETA 6 min"]
+
+
 def test_no_terminal_means_lines() -> None:
     assert isinstance(progress(5, "sft", "step"), LineProgress)  # pytest captures stderr: not a terminal

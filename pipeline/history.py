@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+from pipeline.progress import pace_and_eta
 from pipeline.tracking import log_metrics
 
 
@@ -51,5 +52,5 @@ def progress_line(step: int, total: int, metrics: dict[str, float], seconds_so_f
              f"reward {metrics.get('reward/mean', float('nan')):.3f}",
              f"accuracy {metrics.get('reward/accuracy', float('nan')):.3f}",
              *([f"{calls} calls/traj"] if calls else []),
-             f"{per_step:.1f} s/step", f"ETA {per_step * (total - step - 1) / 60:.0f} min"]
+             *pace_and_eta(per_step, total - step - 1, "step")]
     return " | ".join(parts)

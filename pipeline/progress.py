@@ -19,6 +19,11 @@ from tqdm import tqdm
 LINE_EVERY_S = 30.0
 
 
+def pace_and_eta(seconds_per_unit: float, units_left: int, unit: str) -> list[str]:
+    """`["85.1 s/step", "ETA 52 min"]`: the tail of every progress line (these, and training's per-step line)."""
+    return [f"{seconds_per_unit:.1f} s/{unit}", f"ETA {seconds_per_unit * max(units_left, 0) / 60:.0f} min"]
+
+
 class LineProgress:
     """The slice of tqdm's interface the stages use (`update`, `set_postfix`, `close`, a context), as lines."""
 
@@ -44,8 +49,8 @@ class LineProgress:
 
     def line(self, now: float) -> str:
         per_unit = (now - self.mark_time) / max(self.done - self.mark_done, 1)
-        parts = [f"{self.desc} {self.done}/{self.total} {self.unit}s", f"{per_unit:.1f} s/{self.unit}",
-                 f"ETA {per_unit * max(self.total - self.done, 0) / 60:.0f} min"]
+        parts = [f"{self.desc} {self.done}/{self.total} {self.unit}s",
+                 *pace_and_eta(per_unit, self.total - self.done, self.unit)]
         return " | ".join(parts + ([self.postfix] if self.postfix else []))
 
     def _print(self, now: float) -> None:

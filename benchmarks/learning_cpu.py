@@ -226,7 +226,8 @@ def plot_curves(history: Path, results: dict, png: Path) -> None:
 
     rows = [r for _, r in iter_json_lines(history)]
     keys = [k for k in ("reward/mean", "reward/accuracy/calculator", "reward/accuracy/nq_open",
-                        "rollout/calls_per_traj/code", "rollout/calls_per_traj/search")
+                        "rollout/calls_per_traj/code", "rollout/calls_per_traj/search",
+                        "tool_choice/nq_open/code")  # code on fact questions: the tool-choice collapse
             if any(k in r for r in rows)]
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     for k in keys:  # each step sees only a few problems: faint raw points, a 5-step running mean on top

@@ -149,7 +149,7 @@ def collect_groups(tr: Trainer) -> Collected:
         if len(kept) >= tc.prompts_per_step:
             break
     return Collected(kept, seen, RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
-                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
+                     | tool_choice_metrics(seen) | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
@@ -164,6 +164,20 @@ def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
     for g in groups:
         by_source[g.group.problem.source] += [r.correct for r in g.rewards]
     return out | {f"reward/accuracy/{s}": float(np.mean(v)) for s, v in by_source.items()}
+
+
+def tool_choice_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
+    """`tool_choice/<source>/<tool>`: calls per trajectory of each tool on each problem source.
+
+    The overall calls per trajectory hide the failure that matters in a tool mix: a policy that
+    starts answering fact questions with code while keeping the total number of calls. Per source,
+    that collapse shows on the step it begins."""
+    calls: dict[tuple[str, str], list[int]] = defaultdict(list)
+    tools = sorted({c.tool for g in groups for t in g.group.trajectories for c in t.tool_calls})
+    for g in groups:
+        for tool in tools:
+            calls[g.group.problem.source, tool] += [t.calls_of(tool) for t in g.group.trajectories]
+    return {f"tool_choice/{source}/{tool}": float(np.mean(v)) for (source, tool), v in calls.items()}
 
 
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:

@@ -34,6 +34,7 @@ DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
                                       [--kl B] [--prompts P] [--mini-batches M] [--temperature T] [--code-penalty C]
+                                      [--eval-checkpoint STEP]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
 --rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty) keeps the cold start (evaluation
@@ -56,6 +57,7 @@ from pathlib import Path
 import torch
 
 from flows.services import running_services
+from pipeline.checkpoint import checkpoint_dir
 from pipeline.config import RunConfig, load_config
 from pipeline.data.adapters import nq_open as nq_row
 from pipeline.data.calculator import generate
@@ -69,6 +71,7 @@ from pipeline.rollout.protocol import TapoProtocol
 from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
+from pipeline.train import export_checkpoint
 from pipeline.train import run as train_run
 from pipeline.types import Problem
 
@@ -291,6 +294,15 @@ def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
     return train_run(cfg, urls, metrics_dir=out / "rl_metrics")
 
 
+def rl_checkpoint_model(cfg: RunConfig, step: int, model_dir: Path) -> Path:
+    """The RL checkpoint of `step` as a model directory (the trainer keeps the last two checkpoints)."""
+    checkpoint = checkpoint_dir(Path(cfg.train.checkpoint_dir), step)
+    if not checkpoint.is_dir():
+        kept = sorted(p.name for p in checkpoint.parent.glob("step-*"))
+        raise FileNotFoundError(f"--eval-checkpoint {step}: {checkpoint} does not exist (kept: {kept})")
+    return export_checkpoint(cfg, checkpoint, model_dir)
+
+
 def rounded(figures: dict) -> dict:
     """Per-type figures (nested dicts of floats) to 3 decimals, for the summary line."""
     return {k: rounded(v) if isinstance(v, dict) else round(v, 3) for k, v in figures.items()}
@@ -347,6 +359,10 @@ def main() -> None:
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at the RL temperature (avg@K, pass@K; "
                              "0 = skip)")
+    parser.add_argument("--eval-checkpoint", type=int, action="append", default=[], metavar="STEP",
+                        help="also evaluate the RL checkpoint of step STEP held out (one of the last two kept; "
+                             "repeatable): what a run of STEP steps would give, as the schedule is constant after "
+                             "warm-up and nothing else depends on the step count")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
@@ -376,6 +392,10 @@ def main() -> None:
         results["sft"] = stages.run("eval_sft", lambda: held_out(str(out / "sft"), "eval_sft"), cold)
         stages.run("rl", lambda: fresh_rl(rl_config(sizes, out), urls, out))
         results["dapo"] = stages.run("eval_dapo", lambda: held_out(str(out / "dapo"), "eval_dapo"))
+        for step in args.eval_checkpoint:
+            name = f"dapo_step{step}"
+            results[name] = stages.run(f"eval_{name}", lambda step=step, name=name: held_out(
+                str(rl_checkpoint_model(rl_config(sizes, out), step, out / name)), f"eval_{name}"))
 
         def sampled_eval(model: str, name: str) -> dict:  # at the RL temperature: sharpening or new skill?
             per = evaluate_model(cfg, urls, str(out / model), out / "test.jsonl", out / name, sizes.eval_tokens,

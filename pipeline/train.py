@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_model
 from tqdm import tqdm
 
 from pipeline.advantage import is_informative, token_advantages
@@ -42,7 +43,7 @@ from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
-from pipeline.finetune import policy_weights
+from pipeline.finetune import PolicyWeights, policy_weights
 from pipeline.history import MetricHistory, progress_line
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
@@ -256,8 +257,29 @@ def save_final_model(tr: Trainer, path: Path) -> None:
     """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM.
 
     A LoRA adapter is merged into the base weights first (in place: the last use of the model)."""
-    tr.weights.export(tr.model).save_pretrained(path, safe_serialization=True)
-    tr.tokenizer.save_pretrained(path)
+    save_policy(tr.weights, tr.model, tr.tokenizer, path)
+
+
+def save_policy(weights: PolicyWeights, model: torch.nn.Module, tokenizer, path: Path) -> None:
+    weights.export(model).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def export_checkpoint(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
+    """A single-process checkpoint (`<train.checkpoint_dir>/checkpoints/step-NNNNNN`) written as the final
+    model is (`save_final_model`), to evaluate or serve an intermediate policy.
+
+    The model is rebuilt as `set_up` builds it (train.init_model, then the finetune variant, so a LoRA
+    adapter is merged on export) and the checkpoint's weights are loaded into it; a mismatch raises.
+    DeepSpeed checkpoints have their own exporter (`python -m pipeline.distributed.export`)."""
+    if not (checkpoint / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{checkpoint}: no model.safetensors (not a single-process training checkpoint)")
+    weights = policy_weights(cfg.train.finetune)
+    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype, "cpu")
+    model = weights.prepare(model)
+    load_model(model, str(checkpoint / "model.safetensors"))
+    save_policy(weights, model, tokenizer, out)
+    return out
 
 
 def save_single_process_checkpoint(tr: Trainer) -> None:

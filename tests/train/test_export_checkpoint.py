@@ -1,0 +1,39 @@
+"""An intermediate single-process checkpoint exports to the same plain directory as the final model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipeline.train import export_checkpoint, run
+from tests.train.test_lora import LORA
+from tests.train.toy_task import build_direct_model, toy_config
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_direct_model(tmp_path_factory.mktemp("export") / "model")
+
+
+@pytest.mark.parametrize("finetune", [None, LORA], ids=["full", "lora"])
+def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_dir: Path, finetune: dict | None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
+    cfg = toy_config(tmp_path, model_dir, steps=2, checkpoint_every=1, **({"finetune": finetune} if finetune else {}))
+    run(cfg, {}, metrics_dir=tmp_path / "metrics")
+    checkpoints = tmp_path / "ckpt" / "checkpoints"
+    final = load_file(tmp_path / "policy" / "model.safetensors")
+    first = load_file(export_checkpoint(cfg, checkpoints / "step-000001", tmp_path / "step1") / "model.safetensors")
+    last = load_file(export_checkpoint(cfg, checkpoints / "step-000002", tmp_path / "step2") / "model.safetensors")
+    assert sorted(last) == sorted(final) == sorted(first)  # plain parameter names, a LoRA adapter merged
+    assert all(torch.equal(last[name], final[name]) for name in final)
+    assert not all(torch.equal(first[name], final[name]) for name in final)  # step 2 trained on from step 1
+    assert (tmp_path / "step1" / "tokenizer_config.json").is_file()
+
+
+def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path, model_dir: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="step-000009: no model.safetensors"):
+        export_checkpoint(toy_config(tmp_path, model_dir), tmp_path / "step-000009", tmp_path / "out")

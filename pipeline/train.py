@@ -150,7 +150,8 @@ def collect_groups(tr: Trainer) -> Collected:
         if len(kept) >= tc.prompts_per_step:
             break
     return Collected(kept, seen, RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
-                     | tool_choice_metrics(seen) | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
+                     | tool_choice_metrics(seen)
+                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.export import main as export_cli
 from pipeline.train import export_checkpoint, run
 from tests.train.test_lora import LORA
-from tests.train.toy_task import build_direct_model, toy_config
+from tests.train.toy_task import build_direct_model, toy_config, write_params
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,11 @@ def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_di
     run(cfg, {}, metrics_dir=tmp_path / "metrics")
     checkpoints = tmp_path / "ckpt" / "checkpoints"
     final = load_file(tmp_path / "policy" / "model.safetensors")
-    first = load_file(export_checkpoint(cfg, checkpoints / "step-000001", tmp_path / "step1") / "model.safetensors")
+    # step 1 through the command line, step 2 through the function
+    monkeypatch.setattr(sys, "argv", ["export", "--params", str(write_params(cfg, tmp_path / "params.yaml")),
+                                      str(checkpoints / "step-000001"), str(tmp_path / "step1")])
+    export_cli()
+    first = load_file(tmp_path / "step1" / "model.safetensors")
     last = load_file(export_checkpoint(cfg, checkpoints / "step-000002", tmp_path / "step2") / "model.safetensors")
     assert sorted(last) == sorted(final) == sorted(first)  # plain parameter names, a LoRA adapter merged
     assert all(torch.equal(last[name], final[name]) for name in final)

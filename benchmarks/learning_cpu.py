@@ -34,10 +34,10 @@ DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
                                       [--kl B] [--prompts P] [--mini-batches M] [--temperature T] [--code-penalty C]
-                                      [--eval-checkpoint STEP]
+                                      [--anchor-dropped N] [--eval-checkpoint STEP]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
---rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty) keeps the cold start (evaluation
+--rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty, --anchor-dropped) keeps the cold start (evaluation
 of base and SFT, SFT itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
@@ -95,6 +95,7 @@ class Sizes:
     mini_batches: int = 1  # train.ppo_mini_batches: optimiser steps per rollout batch (whole groups each)
     temperature: float = 1.0  # rollout.temperature of RL sampling (DAPO's 1.0); evaluation stays greedy
     code_penalty: float = 0.0  # reward.code_penalty: ToRL's penalty when a code call fails to run (0 = off)
+    anchor_dropped: int = 0  # train.anchor_dropped_tokens: KL on the openings of dropped groups (0 = off)
 
 
 # kl_coef 0.2: without an anchor, one seed in three collapsed tool choice on facts to code (RESULTS, run 2)
@@ -285,7 +286,8 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "train.checkpoint_every": 10, "train.log_samples_every": 5,
         "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
         "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens,
-        "rollout.temperature": sizes.temperature, "reward.code_penalty": sizes.code_penalty})
+        "rollout.temperature": sizes.temperature, "reward.code_penalty": sizes.code_penalty,
+        "train.anchor_dropped_tokens": sizes.anchor_dropped})
 
 
 def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
@@ -356,6 +358,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, help="override the RL sampling temperature (rollout.temperature)")
     parser.add_argument("--code-penalty", type=float,
                         help="override reward.code_penalty in RL (ToRL: -0.5 when a code call fails to run)")
+    parser.add_argument("--anchor-dropped", type=int, metavar="N",
+                        help="override train.anchor_dropped_tokens: KL to the SFT model on the first N tokens of "
+                             "the groups dynamic sampling drops (where the tool is chosen)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at the RL temperature (avg@K, pass@K; "
                              "0 = skip)")
@@ -371,7 +376,8 @@ def main() -> None:
                                 mini_batches=args.mini_batches or sizes.mini_batches,
                                 prompts=args.prompts or sizes.prompts,
                                 temperature=sizes.temperature if args.temperature is None else args.temperature,
-                                code_penalty=sizes.code_penalty if args.code_penalty is None else args.code_penalty)
+                                code_penalty=sizes.code_penalty if args.code_penalty is None else args.code_penalty,
+                                anchor_dropped=args.anchor_dropped or sizes.anchor_dropped)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()

@@ -18,7 +18,11 @@ STD_EPS = 1e-6
 
 
 def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarray:
-    """A_i = (r_i - mean(r)) [/ (std(r) + eps)] over one group; shape [G]."""
+    """A_i = (r_i - mean(r)) [/ (std(r) + eps)] over one group; shape [G]. Exactly 0 when the rewards
+    all agree (the float mean of G equal values need not equal them: its rounding must not become a
+    gradient, e.g. on the dropped groups' openings of `pipeline.anchor`)."""
+    if np.ptp(rewards_G) <= 1e-9:
+        return np.zeros_like(rewards_G)
     centred = rewards_G - rewards_G.mean()
     if not std_normalize:
         return centred

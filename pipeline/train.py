@@ -16,7 +16,10 @@ Departures from the papers, and why:
    (with a LoRA adapter too: the backend samples from the adapted model).
 5. GRPO's KL penalty to the initial model (`kl_coef`, off by default as in DAPO) is available
    to both variants; the frozen reference is loaded from `train.init_model` (`pipeline.reference`).
-6. Each rollout batch makes ppo_epochs x ppo_mini_batches optimiser steps; a mini-batch holds whole
+6. Optionally (`anchor_dropped_tokens`, with a KL term), the openings of the groups dynamic sampling
+   drops stay in the batch at zero advantage, so the KL term holds the tool choice on problems the
+   policy always fails (`pipeline.anchor`).
+7. Each rollout batch makes ppo_epochs x ppo_mini_batches optimiser steps; a mini-batch holds whole
    groups and is normalised by its own policy tokens (verl's ppo_mini_batch_size; TRL makes one step
    per generation batch unless it repeats the batch). The logged update metrics are their mean.
 """
@@ -38,6 +41,7 @@ from safetensors.torch import load_model
 from tqdm import tqdm
 
 from pipeline.advantage import is_informative, token_advantages
+from pipeline.anchor import training_groups
 from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
@@ -127,6 +131,7 @@ class Collected:
     kept: list[ScoredGroup]
     seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
     metrics: dict[str, float]
+    dropped: list[ScoredGroup] = dataclasses.field(default_factory=list)  # seen, not kept (all rewards agree)
 
 
 def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
@@ -140,18 +145,21 @@ def collect_groups(tr: Trainer) -> Collected:
     tc, algo = tr.cfg.train, tr.cfg.train.algorithm
     kept: list[ScoredGroup] = []
     seen: list[ScoredGroup] = []
+    dropped: list[ScoredGroup] = []
     rounds: list[RolloutStats] = []
     for _ in range(tc.max_gen_rounds):
         result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
         scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
         seen += scored
-        kept += [g for g in scored if is_informative(g)] if algo.dynamic_sampling else scored
+        for g in scored:
+            (kept if is_informative(g) or not algo.dynamic_sampling else dropped).append(g)
         rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
     return Collected(kept, seen, RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
                      | tool_choice_metrics(seen)
-                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)})
+                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)},
+                     dropped)
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
@@ -233,9 +241,11 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             started = time.perf_counter()
             collected = collect_groups(tr)                        # sample with tools, reward, dynamic sampling
             sampled = time.perf_counter()
-            update_metrics = place.train_step(tr, collected.kept)  # advantages, loss, optimiser step
+            groups = training_groups(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
+            update_metrics = place.train_step(tr, groups)           # advantages, loss, optimiser step
             seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-            last = collected.metrics | update_metrics | seconds
+            anchored = {"train/anchored_groups": float(len(groups) - len(collected.kept)) if groups else 0.0}
+            last = collected.metrics | update_metrics | anchored | seconds
             history.log(step, last)
             if bar.disable and place.is_main():
                 print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,

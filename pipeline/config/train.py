@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
 
@@ -88,6 +88,17 @@ class TrainConfig(StageConfig):
     balance_sources: bool = Field(
         False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."
     )
+    anchor_dropped_tokens: int = Field(0, ge=0, le=4096, description=(
+        "KL anchor on dropped groups: the first N response tokens of each group dynamic sampling drops stay in the "
+        "batch at zero advantage, so only the KL term (algorithm.kl_coef > 0) acts on them; it holds the opening "
+        "(where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.anchor)."))
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
     log_samples_every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
     log_samples: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")
+
+    @model_validator(mode="after")
+    def _anchor_needs_kl_and_dropping(self) -> TrainConfig:
+        if self.anchor_dropped_tokens and not (self.algorithm.kl_coef > 0 and self.algorithm.dynamic_sampling):
+            raise ValueError("train.anchor_dropped_tokens > 0 needs train.algorithm.kl_coef > 0 and "
+                             "train.algorithm.dynamic_sampling true (it anchors dropped groups with the KL term)")
+        return self

@@ -1,0 +1,133 @@
+"""The KL anchor on the openings of dropped groups (`pipeline.anchor`): what an opening keeps, that it
+trains the KL term alone (no gradient while the policy equals the reference, a pull when it does not),
+its config check, and its wiring into the training loop."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.advantage import group_advantages, token_advantages
+from pipeline.anchor import dropped_openings, opening, training_groups
+from pipeline.batching import make_train_batch
+from pipeline.config.reward import TepoDense, TepoOff
+from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
+from pipeline.loss import make_policy_loss
+from pipeline.reference import FrozenReference
+from pipeline.train import run
+from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
+from pipeline.update import UpdateSettings, policy_gradient_step
+from tests.helpers.tiny import tiny_llama
+from tests.train.test_learning import read_history
+from tests.train.toy_task import build_direct_model, toy_config
+
+VOCAB = 64
+PROBLEM = Problem("fact-1", "q", ("a",), "fact", "nq_open", "train")
+
+
+def searching_trajectory(seed: int) -> Trajectory:
+    """Prompt of 6 tokens; 3 sampled tokens, a 4-token tool output (mask 0), 5 sampled tokens."""
+    rng = np.random.default_rng(seed)
+    mask = (1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1)
+    response = tuple(int(x) for x in rng.integers(3, VOCAB, len(mask)))
+    logprobs = tuple(float(-rng.uniform(0.5, 3.0)) * m for m in mask)
+    call = ToolCall("search", "q", ToolResult("passages", True), (0, 3), (3, 7))
+    return Trajectory(PROBLEM.id, (1, 2, 3, 4, 5, 6), response, mask, logprobs, (call,), "answer", "text", 2,
+                      entropies=tuple(0.5 * m for m in mask))
+
+
+def scored(rewards: list[float], seed: int) -> ScoredGroup:
+    trajectories = tuple(searching_trajectory(seed + i) for i in range(len(rewards)))
+    return ScoredGroup(Group(PROBLEM, trajectories),
+                       tuple(RewardBreakdown(True, r, 0.0, 0.0, total=r) for r in rewards))
+
+
+def test_an_opening_is_the_first_tokens_without_tool_calls() -> None:
+    t = searching_trajectory(0)
+    cut = opening(t, 5)
+    assert cut.prompt_ids == t.prompt_ids
+    assert cut.response_ids == t.response_ids[:5] and cut.loss_mask == (1, 1, 1, 0, 0)  # output stays masked
+    assert cut.logprobs == t.logprobs[:5] and cut.entropies == t.entropies[:5]
+    assert cut.tool_calls == () and cut.finish_reason == "max_tokens"
+    assert opening(t, 100) == dataclasses.replace(t, tool_calls=(), turns=1)  # a shorter response: all of it
+    with pytest.raises(ValueError, match="n_tokens"):
+        opening(t, 0)
+
+
+def test_only_dropped_groups_are_cut_and_only_when_something_was_kept() -> None:
+    kept, dropped = [scored([1.0, 0.0], 0)], [scored([0.0, 0.0], 10)]
+    groups = training_groups(kept, dropped, 4)
+    assert groups[0] is kept[0] and len(groups) == 2
+    assert [len(t.response_ids) for t in groups[1].group.trajectories] == [4, 4]
+    assert groups[1].rewards == dropped[0].rewards
+    assert training_groups(kept, dropped, 0) == kept  # the anchor is off
+    assert training_groups([], dropped, 4) == []  # no informative group: no update, as without the anchor
+    assert dropped_openings(dropped, 0) == []
+
+
+@pytest.mark.parametrize("tepo", [TepoOff(), TepoDense()])
+def test_an_opening_has_zero_advantage(tepo) -> None:
+    groups = training_groups([scored([1.0, 0.0], 0)], [scored([0.1, 0.1, 0.1], 10)], 6)
+    advantages = token_advantages(groups, DAPOLoss(), tepo)
+    assert all(np.all(a == 0.0) for a in advantages[2:]) and np.abs(advantages[0]).sum() > 0
+
+
+def test_equal_rewards_give_exactly_zero_advantages() -> None:
+    # 0.1 three times: the float mean is not exactly 0.1, which used to leave ~1e-11 after the std division
+    assert np.all(group_advantages(np.full(3, 0.1), std_normalize=True) == 0.0)
+    assert np.all(group_advantages(np.full(3, 0.1), std_normalize=False) == 0.0)
+    np.testing.assert_allclose(group_advantages(np.array([1.0, 0.0]), std_normalize=True), [1.0, -1.0], atol=1e-5)
+
+
+def step_gradient(groups: list[ScoredGroup], reference_seed: int) -> tuple[torch.Tensor, int]:
+    """The gradient of one DAPO + KL step of a fixed float64 tiny policy on `groups`, and the batch's token count."""
+    algo = DAPOLoss(kl_coef=0.5)
+    batch = make_train_batch(groups, token_advantages(groups, algo, TepoOff()), pad_id=0)
+    batch = dataclasses.replace(batch, old_logprobs_BT=batch.old_logprobs_BT.double(),  # float64 throughout
+                                loss_mask_BT=batch.loss_mask_BT.double(), advantages_BT=batch.advantages_BT.double())
+    batch = FrozenReference(tiny_llama(VOCAB, seed=reference_seed, dtype=torch.float64)).attach(batch, 4, 1.0)
+    model = tiny_llama(VOCAB, seed=1, dtype=torch.float64)
+    policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, make_policy_loss(algo),
+                         UpdateSettings(4, 1e9, 1.0))
+    return torch.cat([p.grad.flatten() for p in model.parameters()]), batch.n_policy_tokens
+
+
+def test_openings_train_the_kl_term_alone() -> None:
+    kept, dropped = [scored([1.0, 0.0], 0)], [scored([0.0, 0.0], 10)]
+    alone, n_kept = step_gradient(kept, reference_seed=1)
+    anchored, n_all = step_gradient(training_groups(kept, dropped, 6), reference_seed=1)
+    assert n_all == n_kept + 2 * 3  # each opening's 3 sampled tokens (the tool output inside the cut is masked)
+    # Reference == policy: an opening adds no gradient (zero advantage, KL at its minimum), only tokens to the
+    # denominator (DAPO's token mean over the batch). Not to 1e-12: the attention softmax runs in float32 even
+    # in a float64 model (transformers' eager attention), so scaling the loss by 1/22 rounds at ~1e-7.
+    torch.testing.assert_close(anchored * n_all, alone * n_kept, atol=1e-6, rtol=0)
+    # A policy that has moved away from the reference: the openings pull it back.
+    alone, _ = step_gradient(kept, reference_seed=2)
+    anchored, _ = step_gradient(training_groups(kept, dropped, 6), reference_seed=2)
+    assert float((anchored * n_all - alone * n_kept).norm()) > 1e-3
+
+
+def test_the_anchor_needs_a_kl_term_and_dynamic_sampling() -> None:
+    assert TrainConfig(anchor_dropped_tokens=32, algorithm=DAPOLoss(kl_coef=0.2)).anchor_dropped_tokens == 32
+    for algo in (DAPOLoss(), DAPOLoss(kl_coef=0.2, dynamic_sampling=False), GRPOLoss(kl_coef=0.1)):
+        with pytest.raises(ValueError, match="train.anchor_dropped_tokens"):
+            TrainConfig(anchor_dropped_tokens=32, algorithm=algo)
+
+
+def test_a_run_trains_on_the_openings_of_dropped_groups(tmp_path: Path) -> None:
+    """Tool-free toy run, groups of 2 on a coin flip: about half the groups agree and are dropped."""
+    model_dir = build_direct_model(tmp_path / "model")
+    cfg = toy_config(tmp_path, model_dir, group_size=2, steps=4, checkpoint_every=4, prompts_per_step=4,
+                     anchor_dropped_tokens=3, **{"algorithm.kl_coef": 0.1})
+    cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_tool_calls": 0})})
+    run(cfg, {}, metrics_dir=tmp_path / "metrics")
+    history = read_history(tmp_path / "metrics" / "train_history.jsonl")
+    for step in history.values():
+        dropped = round(4 * (1 - step["train/kept_group_fraction"]))  # one generation round of 4 groups
+        expected = 0 if step["train/skipped"] else dropped
+        assert step["train/anchored_groups"] == expected, step
+    assert sum(step["train/anchored_groups"] for step in history.values()) > 0

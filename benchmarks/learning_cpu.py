@@ -102,7 +102,7 @@ class Sizes:
 FULL = Sizes(calc=(200, 40), fact=(200, 40), nq_scan=3610, sft_traces=32, sft_epochs=1, rl_steps=40, group=8,
              prompts=2, lr=1e-5, eval_tokens=192, kl_coef=0.2)
 QUICK = Sizes(calc=(8, 4), fact=(8, 4), nq_scan=150, sft_traces=4, sft_epochs=1, rl_steps=2, group=4, prompts=2,
-              lr=2e-5, eval_tokens=96, kl_coef=0.2)
+              lr=2e-5, eval_tokens=96, kl_coef=0.2, anchor_dropped=16)  # --quick wires the anchor too
 
 
 BOTH_TOOLS = ("search", "code")
@@ -377,7 +377,7 @@ def main() -> None:
                                 prompts=args.prompts or sizes.prompts,
                                 temperature=sizes.temperature if args.temperature is None else args.temperature,
                                 code_penalty=sizes.code_penalty if args.code_penalty is None else args.code_penalty,
-                                anchor_dropped=args.anchor_dropped or sizes.anchor_dropped)
+                                anchor_dropped=sizes.anchor_dropped if args.anchor_dropped is None else args.anchor_dropped)
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()

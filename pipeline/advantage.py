@@ -15,13 +15,19 @@ from pipeline.reward.tepo import delta_segment_entropies, dense_token_advantages
 from pipeline.types import ScoredGroup
 
 STD_EPS = 1e-6
+AGREE_TOL = 1e-9  # rewards closer than this count as equal: their group carries no signal
+
+
+def rewards_agree(rewards_G: np.ndarray) -> bool:
+    """Whether a group's rewards are all the same (up to float rounding): its advantages are all zero."""
+    return float(np.ptp(rewards_G)) <= AGREE_TOL
 
 
 def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarray:
     """A_i = (r_i - mean(r)) [/ (std(r) + eps)] over one group; shape [G]. Exactly 0 when the rewards
     all agree (the float mean of G equal values need not equal them: its rounding must not become a
     gradient, e.g. on the dropped groups' openings of `pipeline.anchor`)."""
-    if np.ptp(rewards_G) <= 1e-9:
+    if rewards_agree(rewards_G):
         return np.zeros_like(rewards_G)
     centred = rewards_G - rewards_G.mean()
     if not std_normalize:
@@ -31,8 +37,7 @@ def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarra
 
 def is_informative(group: ScoredGroup) -> bool:
     """A group whose rewards all agree gives zero advantage everywhere (DAPO drops it)."""
-    totals = group.totals
-    return max(totals) - min(totals) > 1e-9
+    return not rewards_agree(np.array(group.totals, dtype=np.float64))
 
 
 def advantages_of(groups: list[ScoredGroup], algo: DAPOLoss | GRPOLoss) -> list[np.ndarray]:

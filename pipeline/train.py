@@ -244,7 +244,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             groups = training_groups(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
             update_metrics = place.train_step(tr, groups)           # advantages, loss, optimiser step
             seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-            anchored = {"train/anchored_groups": float(len(groups) - len(collected.kept)) if groups else 0.0}
+            anchored = {"train/anchored_groups": float(len(groups) - len(collected.kept))}
             last = collected.metrics | update_metrics | anchored | seconds
             history.log(step, last)
             if bar.disable and place.is_main():

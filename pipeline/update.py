@@ -7,9 +7,10 @@ Log-probs and entropies come from the same forward pass, computed over the vocab
 chunks of tokens so a 150k-token vocabulary never materialises a full [N, V] float32
 softmax twice.
 
-Departures from TRL/verl, for speed only: the G rows of a group share their prompt, so the
-prompt runs through the model once per group and its KV cache (in the autograd graph) is
-shared by the group's rows; the output head runs only at the trained tokens (not on prompt,
+Departures from TRL/verl, for speed only: rows that agree on a prefix (a group's prompt, and
+often its opening, first call and tool output too) run it through the model once, and its KV
+cache (in the autograd graph) is shared by those rows (`pipeline.shared_prefix` picks the cut);
+the output head runs only at the trained tokens (not on prompt,
 tool output or padding; TRL and verl run it on every response position). Log-probs and
 gradients are those of one full pass per row (tested).
 """
@@ -26,12 +27,12 @@ import torch.nn.functional as F
 
 from transformers.cache_utils import DynamicCache
 
-from pipeline.batching import unique_rows
 from pipeline.loss import PolicyLoss
+from pipeline.shared_prefix import PrefixPlan, plan_shared_prefix
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
-MIN_SHARED_PREFIX = 16  # shorter shared prompts are not worth a second forward call
+MIN_SHARED_PREFIX = 16  # shorter shared prefixes are not worth a second forward call
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class UpdateSettings:
     micro_batch_size: int
     grad_clip: float
     temperature: float  # the rollout temperature: log-probs must come from the same distribution
-    # Run each distinct prompt once and share its KV (with gradient) among the rows of its group.
+    # Run each distinct prefix once and share its KV (with gradient) among the rows that agree on it.
     # Off under gradient checkpointing: transformers re-runs layers there, which a shared cache can't take.
     share_prompts: bool = False
 
@@ -59,8 +60,9 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     # The head keeps positions first-1 .. T-1 (position j predicts token j+1): kept index c predicts
     # token first+c, so the trained tokens' column offsets from `first` index the kept positions.
     rows_N, cols_N = batch.loss_mask_BT[:, first:].nonzero(as_tuple=True)
-    if share_prompts and first > MIN_SHARED_PREFIX:
-        logits_NV = _logits_with_shared_prefix(model, batch, first - 1, rows_N, cols_N)
+    plan = plan_shared_prefix(batch.input_ids_BT, first) if share_prompts else None
+    if plan is not None and plan.length > MIN_SHARED_PREFIX:
+        logits_NV = _logits_with_shared_prefix(model, batch, plan, rows_N, first + cols_N)
     else:
         with _head_only_at(model, rows_N, cols_N):
             logits_NV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
@@ -112,25 +114,42 @@ def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_bat
     return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
-def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, prefix_len: int,
-                               rows_N: torch.Tensor, cols_N: torch.Tensor) -> torch.Tensor:
-    """[N, V] logits at the (row, position prefix_len + col) pairs given, running each distinct prefix once.
+def _logits_with_shared_prefix(model: torch.nn.Module, batch: TrainBatch, plan: PrefixPlan,
+                               rows_N: torch.Tensor, tokens_N: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
 
-    Every row's first `prefix_len` tokens are real prompt tokens (the prefix ends before the
-    earliest trained position), and the G rows of a group share them. The distinct prefixes
-    go through the model once; their KV cache, still attached to the graph, is repeated for
-    each row (so gradients from all G rows flow back into one prefix pass) and the rows'
-    continuations run on top of it. Same logits as one full pass, ~G x less prompt work."""
-    prefix_BL = batch.input_ids_BT[:, :prefix_len]
-    unique, expand = unique_rows([tuple(row) for row in prefix_BL.tolist()])
-    expand_B = torch.tensor(expand, device=prefix_BL.device)
-    prefix_out = model(input_ids=prefix_BL[unique], use_cache=True, logits_to_keep=1)
+    The distinct length-L prefixes go through the model once; their KV cache, still attached to the
+    graph, is repeated for each row (so gradients from all rows flow back into one prefix pass) and
+    the rows' continuations run on top of it. A trained token at t <= L is predicted at position
+    t - 1 < L, inside the prefix pass, by its row's representative (same context, same logits); the
+    others in the continuation. Same logits as one full pass per row, far less work when rows agree."""
+    L, T = plan.length, batch.input_ids_BT.shape[1]
+    unique = torch.tensor(plan.unique_U, device=rows_N.device)
+    expand_B = torch.tensor(plan.expand_B, device=rows_N.device)
+    in_prefix_N = tokens_N <= L
+    # head positions of the prefix pass: distinct (representative, position) pairs
+    keys_N = expand_B[rows_N] * L + (tokens_N - 1)
+    prefix_keys, prefix_slot = torch.unique(keys_N[in_prefix_N], return_inverse=True)
+    prefix_rows, prefix_cols = prefix_keys // L, prefix_keys % L
+    if len(prefix_keys):
+        with _head_only_at(model, prefix_rows, prefix_cols):
+            prefix_out = model(input_ids=batch.input_ids_BT[unique, :L], use_cache=True, logits_to_keep=L)
+    else:
+        prefix_out = model(input_ids=batch.input_ids_BT[unique, :L], use_cache=True, logits_to_keep=1)
     shared = [(layer.keys.index_select(0, expand_B), layer.values.index_select(0, expand_B))
               for layer in prefix_out.cache.layers]
-    T = batch.input_ids_BT.shape[1]
-    with _head_only_at(model, rows_N, cols_N):
-        return model(input_ids=batch.input_ids_BT[:, prefix_len:], attention_mask=batch.attention_mask_BT,
-                     cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len).logits
+    parts = [prefix_out.logits] if len(prefix_keys) else []
+    rest_rows, rest_cols = rows_N[~in_prefix_N], tokens_N[~in_prefix_N] - 1 - L
+    if len(rest_rows):  # (rows that agree to their end leave nothing to train past the cut)
+        with _head_only_at(model, rest_rows, rest_cols):
+            parts.append(model(input_ids=batch.input_ids_BT[:, L:], attention_mask=batch.attention_mask_BT,
+                               cache=DynamicCache(ddp_cache_data=shared), use_cache=True,
+                               logits_to_keep=T - L).logits)
+    # back to the (row, token) order asked for: prefix pairs index the shared logits, the rest follow them
+    source_N = torch.empty_like(tokens_N)
+    source_N[in_prefix_N] = prefix_slot
+    source_N[~in_prefix_N] = len(prefix_keys) + torch.arange(int((~in_prefix_N).sum()), device=rows_N.device)
+    return torch.cat(parts)[source_N]
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:

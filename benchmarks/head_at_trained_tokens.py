@@ -87,7 +87,7 @@ def every_position_head(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: to
 def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[str, float]:
     """One update (forward, backward; lr 0 keeps the weights) and one no-grad pass (the reference's);
     with the update's loss and gradient norm, which must agree between the sides."""
-    settings = UpdateSettings(micro_batch_size=GROUP_SIZE, grad_clip=1.0, temperature=1.0, share_prompts=True)
+    settings = UpdateSettings(micro_batch_size=GROUP_SIZE, grad_clip=1.0, temperature=1.0, share_prefixes=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     with swapped("_head_only_at", every_position_head if baseline else update._head_only_at):
         t0 = time.perf_counter()

@@ -1,20 +1,21 @@
-"""Seconds per training update with prefixes shared past the prompt vs at the prompt only, on real groups.
+"""Seconds per training update with the rows run as a prefix tree vs prompt-shared padded rows, on real groups.
 
 After the cold start, a group's rows often agree far past their prompt: a fact row opens with the same
 thought and the same query (the question), so the ~260 tokens of search output after it are the same
-too, and the rows part only at the answer. Ours cuts each micro-batch where the fewest token positions
-are run (`pipeline.shared_prefix`); the baseline is ours before, which shared the prompt only (TRL and
-verl share nothing). Trained tokens inside a shared part are computed once and weighed per row.
+too, and the rows part only at the answer; and rows differ in length, so a padded batch runs padding.
+Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.shared_prefix`, one sequence
+per tree node on its parent's KV cache, no padding). The baseline is ours before: each distinct prompt
+once, then all rows' continuations in one batch padded to the longest row (TRL and verl share nothing).
 
 The groups are real: the learning_cpu SFT model samples them (rollout settings of its RL stage: group 8,
 temperature 1, the real code sandbox and search service started here) for problems drawn from its
 training mix, `--groups` per source. Each side runs the same `policy_gradient_step` (DAPO loss with a KL
 term, one micro-batch per group, lr 0) and the same no-grad pass (the KL reference's), alternately in
-one process; the baseline swaps in a planner that cuts at the prompt.
+one process; the baseline swaps in the old forward (`prompt_only`).
 
     python benchmarks/shared_prefix_update.py --run runs/learning_cpu [--groups 4] [--reps 2] [--threads 2]
 Last line: one JSON object; "ratio" = prompt-only seconds / ours over all the groups (update + reference
-pass; higher is better); per source the positions run and the seconds of each side.
+pass; higher is better); per source the token positions each side runs and the seconds of each side.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers.cache_utils import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,23 +38,35 @@ import pipeline.update as update  # noqa: E402
 from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config  # noqa: E402
 from benchmarks.update_bench import swapped  # noqa: E402
 from flows.services import running_services  # noqa: E402
-from pipeline.batching import make_train_batch  # noqa: E402
+from pipeline.batching import make_train_batch, unique_rows  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.loss import make_policy_loss  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
-from pipeline.shared_prefix import PrefixPlan, common_prefix_lengths, plan_shared_prefix, prefix_classes  # noqa: E402
+from pipeline.shared_prefix import prefix_tree  # noqa: E402
 from pipeline.tools.factory import make_tools  # noqa: E402
 from pipeline.types import Group, ScoredGroup, TrainBatch  # noqa: E402
-from pipeline.update import UpdateSettings, _first_scored_position  # noqa: E402
+from pipeline.update import UpdateSettings  # noqa: E402
 
 
-def prompt_only(ids_BT: torch.Tensor, first_trained: int) -> PrefixPlan:
-    """The baseline's cut: the end of the shortest prompt (rows grouped by their prompt)."""
-    length = first_trained - 1
-    return PrefixPlan(length, *prefix_classes(common_prefix_lengths(ids_BT), length))
+def prompt_only(model: torch.nn.Module, batch: TrainBatch, rows_N: torch.Tensor,
+                tokens_N: torch.Tensor) -> torch.Tensor:
+    """The baseline in place of `_logits_over_prefix_tree` (ours before): each distinct prompt (the tokens
+    before the earliest trained one) once, its KV repeated for the rows, then every row's continuation in
+    one batch padded to the longest row."""
+    prefix_len = int(tokens_N.min()) - 1
+    prefix_BL = batch.input_ids_BT[:, :prefix_len]
+    unique, expand = unique_rows([tuple(row) for row in prefix_BL.tolist()])
+    expand_B = torch.tensor(expand)
+    out = model(input_ids=prefix_BL[unique], use_cache=True, logits_to_keep=1)
+    shared = [(layer.keys.index_select(0, expand_B), layer.values.index_select(0, expand_B))
+              for layer in out.cache.layers]
+    T = batch.input_ids_BT.shape[1]
+    with update._head_only_at(model, rows_N, tokens_N - 1 - prefix_len):
+        return model(input_ids=batch.input_ids_BT[:, prefix_len:], attention_mask=batch.attention_mask_BT,
+                     cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len).logits
 
 
 def sample_groups(run: Path, per_source: int, seed: int) -> list[Group]:
@@ -82,9 +96,9 @@ def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[s
     """One update (forward, backward; lr 0 keeps the weights) and one no-grad pass, with the loss and
     gradient norm, which must agree between the sides."""
     size = len(batch)
-    settings = UpdateSettings(micro_batch_size=size, grad_clip=1.0, temperature=1.0, share_prompts=True)
+    settings = UpdateSettings(micro_batch_size=size, grad_clip=1.0, temperature=1.0, share_prefixes=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    with swapped("plan_shared_prefix", prompt_only if baseline else plan_shared_prefix):
+    with swapped("_logits_over_prefix_tree", prompt_only if baseline else update._logits_over_prefix_tree):
         t0 = time.perf_counter()
         metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)),
                                               settings)
@@ -94,12 +108,16 @@ def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[s
                 "grad_norm": metrics["train/grad_norm"]}
 
 
-def plan_figures(batch: TrainBatch) -> dict[str, float]:
-    ids, first = batch.input_ids_BT, _first_scored_position(batch.loss_mask_BT)
-    ours, base = plan_shared_prefix(ids, first), prompt_only(ids, first)
-    width = ids.shape[1]
-    return {"positions_ours": ours.tokens_run(width), "positions_prompt_only": base.tokens_run(width),
-            "cut_past_prompt": ours.length - base.length, "distinct_prefixes": len(ours.unique_U)}
+def positions(batch: TrainBatch) -> dict[str, int]:
+    """Token positions each side runs, and the batch's real tokens (rows run whole, no padding)."""
+    ids, mask = batch.input_ids_BT, batch.loss_mask_BT.bool()
+    lengths = batch.attention_mask_BT.sum(1).tolist()
+    prefix_len = int(mask.any(0).int().argmax()) - 1  # before the earliest trained token
+    prompts = len(unique_rows([tuple(row) for row in ids[:, :prefix_len].tolist()])[0])
+    tree = prefix_tree(ids, lengths)
+    return {"positions_tree": tree.positions(), "positions_prompt_only": prompts * prefix_len + len(batch) * (
+        ids.shape[1] - prefix_len), "real_tokens": sum(lengths),
+        "shared_nodes": sum(1 for node in tree.walk() if len(node.rows) > 1)}
 
 
 def main() -> None:
@@ -107,7 +125,7 @@ def main() -> None:
     parser.add_argument("--run", type=Path, default=REPO_ROOT / "runs" / "learning_cpu",
                         help="a learning_cpu output directory (its sft/ model and train.jsonl)")
     parser.add_argument("--groups", type=int, default=4, help="groups sampled per source")
-    parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides (0: plans only)")
+    parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides (0: positions only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -117,7 +135,7 @@ def main() -> None:
     rows: dict[str, list[dict[str, float]]] = {}
     for i, group in enumerate(groups):
         batch = group_batch(group, tokenizer.pad_token_id, args.seed + i)
-        row = plan_figures(batch)
+        row = positions(batch)
         runs: dict[str, list[dict[str, float]]] = {"ours": [], "prompt_only": []}
         for _ in range(args.reps):
             for side in runs:  # alternate, so drift on a noisy machine hits both sides
@@ -133,10 +151,10 @@ def main() -> None:
                | {"groups": len(rs), "all_same_loss_and_grad": all(r.get("same_loss_and_grad", True) for r in rs)}
                for source, rs in rows.items()}
     total = {k: sum(f.get(k, 0.0) for f in figures.values()) for k in ("ours_s", "prompt_only_s",
-                                                                      "positions_ours", "positions_prompt_only")}
+                                                                      "positions_tree", "positions_prompt_only")}
     ratio = round(total["prompt_only_s"] / total["ours_s"], 3) if args.reps else None
     print(json.dumps({"sources": figures, "ratio": ratio,
-                      "positions_ratio": round(total["positions_prompt_only"] / total["positions_ours"], 3),
+                      "positions_ratio": round(total["positions_prompt_only"] / total["positions_tree"], 3),
                       "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}))
 
 

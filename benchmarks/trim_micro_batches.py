@@ -62,7 +62,7 @@ def padded_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
 
 
 def seconds_per_update(model, batch: TrainBatch, padded: bool) -> float:
-    settings = update.UpdateSettings(micro_batch_size=8, grad_clip=1.0, temperature=1.0, share_prompts=True)
+    settings = update.UpdateSettings(micro_batch_size=8, grad_clip=1.0, temperature=1.0, share_prefixes=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the same weights for every run
     with swapped("micro_batches", padded_micro_batches if padded else update.micro_batches):
         t = time.perf_counter()

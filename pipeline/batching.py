@@ -38,7 +38,7 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
 def mini_batch_groups(groups: list[ScoredGroup], n: int) -> list[list[ScoredGroup]]:
     """Whole groups, in order, as min(n, len(groups)) mini-batches whose sizes differ by at most one.
 
-    A group is never split: its rows share one prompt pass and their advantages are relative to each other."""
+    A group is never split: its rows share their prompt's pass and their advantages are relative to each other."""
     k = min(n, len(groups))
     if k < 1:
         raise ValueError(f"mini_batch_groups needs n >= 1 and at least one group (got n={n}, {len(groups)} groups)")

@@ -1,21 +1,22 @@
-"""Where a micro-batch's training forward splits into a shared prefix pass and per-row continuations.
+"""The rows of a micro-batch as a prefix tree, so the training forward runs every distinct prefix once.
 
 The G rows of a group share their prompt, and after a cold start they often share much more: a
-fact row opens with the same thought, the same query (the question) and therefore the same
-~260 tokens of search output before the rows diverge at the answer. Running each distinct
-prefix once and the rows only from the cut on gives the same log-probs and gradients as one
-full pass per row (the prefix's KV cache stays in the autograd graph, and the log-prob of a
-trained token inside a shared prefix is the same for every row that shares it; each row still
-weighs it with its own advantage).
+fact row opens with the same thought and the same query (the question), so the ~260 tokens of
+search output after it are the same too, and the rows part only at the answer. Rows also differ in
+length, and a padded batch runs every row to the longest one (calculator groups: ~40% of the
+positions of a group's padded batch are padding, measured on learning_cpu's SFT model).
 
-The cut L is chosen per micro-batch to minimise the tokens the model runs over,
-U(L) * L + B * (T - L), where U(L) is the number of distinct length-L prefixes among the B rows
-of width T: at the prompt boundary (what TRL and verl never share at all) or deeper, where
-most rows still agree.
+The tree's nodes are maximal runs of tokens that a fixed set of rows agree on; each node runs once,
+on top of its parent's KV cache (kept in the autograd graph), and a row's tokens are the path from
+the root to its leaf. A trained token inside a shared node is computed once and weighed by each
+row's own advantage, so the log-probs and gradients are those of one full pass per row (tested).
+The positions run are the number of distinct prefixes of the rows, the least any sharing can do;
+TRL and verl run B x T (padding included).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,18 +24,26 @@ import torch
 
 
 @dataclass(frozen=True)
-class PrefixPlan:
-    length: int  # L: tokens [0, L) of each row run once per distinct prefix
-    unique_U: list[int]  # one representative row per distinct prefix, in order of first appearance
-    expand_B: list[int]  # for every row, the index of its prefix among the representatives
+class PrefixNode:
+    start: int  # the node's tokens are positions [start, end) of each of its rows
+    end: int
+    rows: tuple[int, ...]  # rows that agree on tokens [0, end); rows[0] supplies the tokens
+    children: tuple[PrefixNode, ...]  # where the rows that go on past `end` part
 
-    def tokens_run(self, width: int) -> int:
-        """Token positions the model runs over: the distinct prefixes, then every row's continuation."""
-        return len(self.unique_U) * self.length + len(self.expand_B) * (width - self.length)
+    def walk(self) -> Iterator[PrefixNode]:
+        """This node, then its subtrees (pre-order: a parent before its children)."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def positions(self) -> int:
+        """Token positions the model runs over for the whole tree."""
+        return sum(node.end - node.start for node in self.walk())
 
 
-def common_prefix_lengths(ids_BT: torch.Tensor) -> np.ndarray:
-    """[B, B] length of the longest common prefix of each pair of rows (padding compared as tokens)."""
+def common_prefix_lengths(ids_BT: torch.Tensor, lengths_B: list[int]) -> np.ndarray:
+    """[B, B] length of the longest common prefix of each pair of rows' real tokens (the diagonal: the
+    row's length)."""
     ids = ids_BT.detach().cpu().numpy()
     B, T = ids.shape
     lcp = np.full((B, B), T, dtype=np.int64)
@@ -43,35 +52,31 @@ def common_prefix_lengths(ids_BT: torch.Tensor) -> np.ndarray:
         lengths = np.where(differ.any(1), differ.argmax(1), T)
         lcp[i, i + 1:] = lengths
         lcp[i + 1:, i] = lengths
-    return lcp
+    real = np.asarray(lengths_B, dtype=np.int64)
+    return np.minimum(lcp, np.minimum.outer(real, real))
 
 
-def prefix_classes(lcp_BB: np.ndarray, length: int) -> tuple[list[int], list[int]]:
-    """Rows whose first `length` tokens agree, as (representatives, each row's representative index).
-    Agreeing on a prefix is an equivalence, so comparing with one member of a class is enough."""
-    unique: list[int] = []
-    expand: list[int] = []
-    for row in range(lcp_BB.shape[0]):
-        slot = next((j for j, rep in enumerate(unique) if lcp_BB[rep, row] >= length), None)
-        if slot is None:
-            slot = len(unique)
-            unique.append(row)
-        expand.append(slot)
-    return unique, expand
+def prefix_tree(ids_BT: torch.Tensor, lengths_B: list[int]) -> PrefixNode:
+    """The rows' real tokens (right-padded to T; row b has lengths_B[b]) as a prefix tree. The root holds
+    what all rows agree on (nothing if their first tokens differ)."""
+    lcp = common_prefix_lengths(ids_BT, lengths_B)
+    return _node(lcp, tuple(range(len(lengths_B))), start=0)
 
 
-def plan_shared_prefix(ids_BT: torch.Tensor, first_trained: int) -> PrefixPlan:
-    """The cut that runs the fewest token positions, at least at `first_trained - 1` (the end of the
-    shortest prompt: every row's tokens before it are prompt) and at most T - 1 (every row keeps at
-    least one position in the continuation, so the cache and the rows line up)."""
-    B, T = ids_BT.shape
-    floor = max(first_trained - 1, 0)
-    lcp = common_prefix_lengths(ids_BT)
-    deeper = {int(n) for n in lcp[np.triu_indices(B, 1)] if n > floor}
-    best: PrefixPlan | None = None
-    for length in sorted({floor} | {min(n, T - 1) for n in deeper}):
-        plan = PrefixPlan(length, *prefix_classes(lcp, length))
-        if best is None or plan.tokens_run(T) < best.tokens_run(T):
-            best = plan
-    assert best is not None
-    return best
+def _node(lcp: np.ndarray, rows: tuple[int, ...], start: int) -> PrefixNode:
+    end = int(lcp[np.ix_(rows, rows)].min())
+    going_on = [r for r in rows if lcp[r, r] > end]
+    return PrefixNode(start, end, rows, tuple(_node(lcp, part, end) for part in _agreeing(lcp, going_on, end + 1)))
+
+
+def _agreeing(lcp: np.ndarray, rows: list[int], length: int) -> list[tuple[int, ...]]:
+    """`rows` split into the sets that agree on their first `length` tokens (an equivalence, so one
+    member of a set stands for it), in order of first appearance."""
+    parts: list[list[int]] = []
+    for row in rows:
+        home = next((part for part in parts if lcp[part[0], row] >= length), None)
+        if home is None:
+            parts.append([row])
+        else:
+            home.append(row)
+    return [tuple(part) for part in parts]

@@ -212,7 +212,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
     tc = tr.cfg.train
     batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature,
-                              share_prompts=not tc.gradient_checkpointing)
+                              share_prefixes=not tc.gradient_checkpointing)
     loss = make_policy_loss(tc.algorithm)
     updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
                for _ in range(tc.ppo_epochs) for batch in batches]

@@ -163,7 +163,7 @@ def test_shared_prompt_forward_gives_the_same_logprobs_and_gradient() -> None:
     results = []
     for share in (False, True):
         model = tiny_llama(64, seed=4, dtype=torch.float64)
-        logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prompts=share)
+        logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share)
         make_policy_loss(DAPOLoss()).fn(logprobs, batch).loss_sum.backward()
         results.append((logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in model.parameters()])))
     (lp0, h0, g0), (lp1, h1, g1) = results

@@ -1,4 +1,4 @@
-"""Sharing a prefix deeper than the prompt: the cut, and the same log-probs and gradients as full passes."""
+"""The prefix tree of a micro-batch, and the same log-probs and gradients from it as from full passes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 
 from pipeline.config.train import DAPOLoss
 from pipeline.loss import make_policy_loss
-from pipeline.shared_prefix import common_prefix_lengths, plan_shared_prefix, prefix_classes
+from pipeline.shared_prefix import common_prefix_lengths, prefix_tree
 from pipeline.types import TrainBatch
 from pipeline.update import token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
@@ -14,32 +14,32 @@ from tests.helpers.tiny import tiny_llama
 PROMPT, OPENING, TOOL = 20, 6, 12  # a group's prompt; the rows' common opening; tool output after it
 
 
-def test_common_prefix_lengths_and_classes_by_hand() -> None:
+def test_common_prefix_lengths_by_hand() -> None:
     ids = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 9, 9], [1, 2, 3, 4]])
-    lcp = common_prefix_lengths(ids)
-    assert lcp.tolist() == [[4, 3, 2, 4], [3, 4, 2, 3], [2, 2, 4, 2], [4, 3, 2, 4]]
-    assert prefix_classes(lcp, 2) == ([0], [0, 0, 0, 0])
-    assert prefix_classes(lcp, 3) == ([0, 2], [0, 0, 1, 0])
-    assert prefix_classes(lcp, 4) == ([0, 1, 2], [0, 1, 2, 0])
+    assert common_prefix_lengths(ids, [4, 4, 4, 3]).tolist() == [[4, 3, 2, 3], [3, 4, 2, 3], [2, 2, 4, 2],
+                                                                 [3, 3, 2, 3]]
 
 
-def test_the_cut_minimises_the_tokens_run() -> None:
-    """8 rows of width 40 sharing 10 tokens; 6 of them share 30. Cut at 10: 1*10 + 8*30 = 250 positions;
-    at 30: 3 prefixes (the six, and the two others) * 30 + 8*10 = 170; at 39 (all distinct): 8*39 + 8 = 320."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 50, (8, 40), generator=g)
-    ids[:, :10] = ids[0, :10]
-    ids[:6, :30] = ids[0, :30]
-    plan = plan_shared_prefix(ids, first_trained=11)
-    assert plan.length == 30 and plan.unique_U == [0, 6, 7] and plan.expand_B == [0, 0, 0, 0, 0, 0, 1, 2]
-    assert plan.tokens_run(40) == 170
-    assert plan_shared_prefix(ids[6:], first_trained=11).length == 10  # two rows: the prompt cut is cheapest
+def test_prefix_tree_by_hand() -> None:
+    """Rows 0 and 3 agree to row 3's end (row 0 goes on alone), row 1 leaves them at token 3, row 2 at 2."""
+    ids = torch.tensor([[1, 2, 3, 4, 7], [1, 2, 3, 5, 0], [1, 2, 9, 9, 0], [1, 2, 3, 4, 0]])
+    tree = prefix_tree(ids, [5, 4, 4, 4])
+    assert (tree.start, tree.end, tree.rows) == (0, 2, (0, 1, 2, 3))
+    left, right = tree.children
+    assert (left.start, left.end, left.rows, right.start, right.end, right.rows) == (2, 3, (0, 1, 3), 2, 4, (2,))
+    deeper, alone = left.children
+    assert (deeper.start, deeper.end, deeper.rows, alone.start, alone.end, alone.rows) == (3, 4, (0, 3), 3, 4, (1,))
+    assert [(n.start, n.end, n.rows) for n in deeper.children] == [(4, 5, (0,))]
+    # each distinct prefix once: 2 + 1 + 1 + 1 + 1 + 2 positions; padded, the batch would run 4 x 5
+    assert tree.positions() == 8
+    assert prefix_tree(ids[:, :1], [1, 1, 1, 1]).positions() == 1
 
 
-def test_identical_rows_keep_one_continuation_position() -> None:
-    ids = torch.arange(12).repeat(4, 1)
-    plan = plan_shared_prefix(ids, first_trained=5)
-    assert plan.length == 11 and plan.unique_U == [0] and plan.expand_B == [0, 0, 0, 0]
+def test_rows_that_differ_at_once_hang_from_an_empty_root() -> None:
+    ids = torch.tensor([[1, 2, 3], [4, 2, 3]])
+    tree = prefix_tree(ids, [3, 2])
+    assert (tree.start, tree.end) == (0, 0)
+    assert [(n.start, n.end, n.rows) for n in tree.children] == [(0, 3, (0,)), (0, 2, (1,))]
 
 
 def _agreeing_group(vocab: int, identical: bool = False) -> TrainBatch:
@@ -68,7 +68,7 @@ def _agreeing_group(vocab: int, identical: bool = False) -> TrainBatch:
 
 def _logprobs_entropy_grad(batch: TrainBatch, share: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     model = tiny_llama(64, seed=4, dtype=torch.float64)
-    logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prompts=share)
+    logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share)
     make_policy_loss(DAPOLoss(kl_coef=0.0)).fn(logprobs, batch).loss_sum.backward()
     return logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in model.parameters()])
 
@@ -77,8 +77,10 @@ def test_a_prefix_shared_past_the_prompt_gives_the_same_logprobs_and_gradient() 
     """Trained tokens inside the shared part are computed once and weighed by each row's own advantage."""
     for identical in (False, True):
         batch = _agreeing_group(64, identical)
-        plan = plan_shared_prefix(batch.input_ids_BT, PROMPT + 1)
-        assert plan.length > PROMPT + OPENING  # the cut lies past trained tokens of the response
+        tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist())
+        shared = [n for n in tree.walk() if len(n.rows) > 1]
+        assert max(n.end for n in shared) > PROMPT + OPENING  # rows share trained tokens of the response
+        assert tree.positions() < int(batch.attention_mask_BT.sum())
         (lp0, h0, g0), (lp1, h1, g1) = (_logprobs_entropy_grad(batch, share) for share in (False, True))
         scored = batch.loss_mask_BT.bool()
         assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)

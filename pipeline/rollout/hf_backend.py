@@ -17,8 +17,8 @@ leaves the batch), so on re-admission only the new tokens are prefilled: the las
 token and the tool output. Without it, every tool turn re-prefills the whole context, which
 on CPU cost ~70% of rollout time (measured with the rollout-overlap benchmark). The parked
 caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefills instead.
-Fresh sequences admitted together with the same prompt (a group's G samples) are prefilled
-once and share that cache. The batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py):
+Sequences admitted together with the same context (a group's G fresh samples, or samples that
+wrote the same call and got the same tool output) are prefilled once and share that cache. The batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py):
 a decoding step writes one column in place instead of copying the whole cache. Beyond that,
 unlike vLLM's prefix cache, nothing is shared between sequences: a general cross-sequence cache
 would need a block allocator, which vLLM already is.
@@ -139,8 +139,11 @@ class HFDecoder:
             attn[i, past_len - cached:past_len] = 1
             attn[i, past_len + width - len(suffix):] = 1
             positions[i, width - len(suffix):] = torch.arange(cached, cached + len(suffix))
-        # A group's G fresh copies of one prompt are prefilled once and their cache shared.
-        unique, expand = unique_rows([tuple(s) if p is None else i for i, (s, p) in enumerate(zip(suffixes, pasts))])
+        # Rows with the same context and cache length need one prefill, whose cache they then share: a group's
+        # G fresh copies of one prompt, and copies that sampled the same tokens and got the same tool output
+        # (after a cold start, most rows of a fact group search the same query and get ~260 identical tokens).
+        unique, expand = unique_rows([(tuple(seq.context_ids), _kv_len(p) if p is not None else 0)
+                                      for seq, p in zip(seqs, pasts)])
         pasts_u = [pasts[i] for i in unique]
         cache = _stack_pasts(pasts_u, past_len) if past_len else None
         out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),

@@ -86,11 +86,12 @@ class ToolRoundsScheduler:
         self.ready.append(seq)
 
 
-def _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens: int) -> tuple[list[Sequence], int, int]:
+def _run_tool_rounds(model, tok, prompts, max_parked_kv_tokens: int,
+                     max_batch: int = 2) -> tuple[list[Sequence], int, int]:
     params = SamplingParams(temperature=0.0, top_p=1.0, max_policy_tokens=6, max_total_tokens=512)
     outputs = [tok(t)["input_ids"] for t in ("<output>42</output>", "<output>error: x</output> more", "ok")]
     seqs = [_seq(p) for p in prompts]
-    decoder = HFDecoder(model, tok, params, max_batch=2, max_parked_kv_tokens=max_parked_kv_tokens)
+    decoder = HFDecoder(model, tok, params, max_batch=max_batch, max_parked_kv_tokens=max_parked_kv_tokens)
     stats = decoder.run(ToolRoundsScheduler(seqs, rounds=3, outputs=outputs))
     return seqs, stats.reused_tokens, stats.prefill_tokens
 
@@ -191,3 +192,19 @@ def test_a_stop_string_written_one_character_per_token_ends_the_segment_at_its_l
         seq.append_sampled(token, 0.0)
         ends.append(decoder._segment_end(seq, ("</code>", "</answer>")))
     assert ends == [None] * 7 + ["stop"]
+
+
+def test_copies_that_agree_through_a_tool_output_are_prefilled_once() -> None:
+    """Greedy copies of one prompt write the same segments and get the same tool outputs: each
+    re-admission prefills the new tokens once for all copies, with the tokens and log-probs of one
+    full forward pass."""
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), seed=5)
+    model.generation_config.eos_token_id = None
+    prompt = tok("What is 6 * 7?")["input_ids"]
+    copies, _, copies_prefill = _run_tool_rounds(model, tok, [prompt] * 3, max_parked_kv_tokens=10_000, max_batch=3)
+    alone, _, alone_prefill = _run_tool_rounds(model, tok, [prompt], max_parked_kv_tokens=10_000, max_batch=3)
+    assert copies_prefill == alone_prefill
+    for seq in copies:
+        assert seq.response_ids == alone[0].response_ids and seq.loss_mask == alone[0].loss_mask
+        assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(alone[0].logprobs), atol=1e-5)

@@ -7,6 +7,10 @@ Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.shared_p
 per tree node on its parent's KV cache, no padding). The baseline is ours before: each distinct prompt
 once, then all rows' continuations in one batch padded to the longest row (TRL and verl share nothing).
 
+The rollout shares prefills the same way (`hf_backend.prefill_key`): rows admitted together with the
+same context are prefilled once, copies of a fact row after the same search included; its baseline
+prefilled only a group's fresh copies of the prompt once. Both rollouts are timed here too.
+
 The groups are real: the learning_cpu SFT model samples them (rollout settings of its RL stage: group 8,
 temperature 1, the real code sandbox and search service started here) for problems drawn from its
 training mix, `--groups` per source. Each side runs the same `policy_gradient_step` (DAPO loss with a KL
@@ -15,7 +19,8 @@ one process; the baseline swaps in the old forward (`prompt_only`).
 
     python benchmarks/shared_prefix_update.py --run runs/learning_cpu [--groups 4] [--reps 2] [--threads 2]
 Last line: one JSON object; "ratio" = prompt-only seconds / ours over all the groups (update + reference
-pass; higher is better); per source the token positions each side runs and the seconds of each side.
+pass; higher is better); per source the token positions each side runs and the seconds of each side;
+"rollout_ratio" = the baseline's rollout seconds / ours (the fastest of `--reps` each), with prefilled tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Hashable
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +50,10 @@ from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.loss import make_policy_loss  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
+from pipeline.rollout import hf_backend  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
+from pipeline.rollout.hf_backend import KV  # noqa: E402
+from pipeline.rollout.sequence import Sequence  # noqa: E402
 from pipeline.shared_prefix import prefix_tree  # noqa: E402
 from pipeline.tools.factory import make_tools  # noqa: E402
 from pipeline.types import Group, ScoredGroup, TrainBatch  # noqa: E402
@@ -69,18 +78,37 @@ def prompt_only(model: torch.nn.Module, batch: TrainBatch, rows_N: torch.Tensor,
                      cache=DynamicCache(ddp_cache_data=shared), use_cache=True, logits_to_keep=T - prefix_len).logits
 
 
-def sample_groups(run: Path, per_source: int, seed: int) -> list[Group]:
-    """`per_source` groups of each source of the run's training mix, sampled by its SFT model."""
+def old_prefill_key(seq: Sequence, past: KV | None) -> Hashable:
+    """The rollout baseline in place of `hf_backend.prefill_key` (ours before): only fresh copies of a
+    prompt shared a prefill; a row re-admitted after a tool call was prefilled on its own."""
+    return tuple(seq.context_ids) if past is None else id(seq)
+
+
+def sample_groups(run: Path, per_source: int, seed: int, reps: int) -> tuple[list[Group], dict[str, float]]:
+    """`per_source` groups of each source of the run's training mix, sampled by its SFT model; with the
+    rollout's seconds and prefilled tokens, ours and the baseline's (alternately, `reps` times each)."""
     cfg = rl_config(FULL, run)
     problems = read_problems(run / "train.jsonl")
     rng = random.Random(seed)
     drawn = [p for source in sorted({p.source for p in problems})
              for p in rng.sample([q for q in problems if q.source == source], per_source)]
     model, tokenizer = load_policy(str(run / "sft"), "float32", "cpu")
+    figures: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as logs, \
-            running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=Path(logs)) as urls, \
-            RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
-        return engine.rollout(drawn, cfg.rollout.group_size).groups
+            running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=Path(logs)) as urls:
+        for _ in range(max(reps, 1)):
+            for side, key in (("ours", hf_backend.prefill_key), ("old_key", old_prefill_key))[:2 if reps else 1]:
+                original, hf_backend.prefill_key = hf_backend.prefill_key, key
+                try:
+                    with RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
+                        result = engine.rollout(drawn, cfg.rollout.group_size)
+                finally:
+                    hf_backend.prefill_key = original
+                figures.setdefault(f"rollout_{side}_s", []).append(result.stats.wall_s)
+                figures[f"prefill_tokens_{side}"] = [float(result.stats.prefill_tokens)]
+                if side == "ours":
+                    groups = result.groups
+    return groups, {k: round(min(v), 2) for k, v in figures.items()}
 
 
 def group_batch(group: Group, pad_id: int, seed: int) -> TrainBatch:
@@ -130,7 +158,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    groups = sample_groups(args.run, args.groups, args.seed)
+    groups, rollout = sample_groups(args.run, args.groups, args.seed, args.reps)
+    print("rollout", rollout, flush=True)
     model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
     rows: dict[str, list[dict[str, float]]] = {}
     for i, group in enumerate(groups):
@@ -153,7 +182,8 @@ def main() -> None:
     total = {k: sum(f.get(k, 0.0) for f in figures.values()) for k in ("ours_s", "prompt_only_s",
                                                                       "positions_tree", "positions_prompt_only")}
     ratio = round(total["prompt_only_s"] / total["ours_s"], 3) if args.reps else None
-    print(json.dumps({"sources": figures, "ratio": ratio,
+    rollout_ratio = round(rollout["rollout_old_key_s"] / rollout["rollout_ours_s"], 3) if args.reps else None
+    print(json.dumps({"sources": figures, "ratio": ratio, "rollout": rollout, "rollout_ratio": rollout_ratio,
                       "positions_ratio": round(total["positions_prompt_only"] / total["positions_tree"], 3),
                       "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}))
 

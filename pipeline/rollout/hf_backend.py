@@ -27,6 +27,7 @@ would need a block allocator, which vLLM already is.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -139,11 +140,7 @@ class HFDecoder:
             attn[i, past_len - cached:past_len] = 1
             attn[i, past_len + width - len(suffix):] = 1
             positions[i, width - len(suffix):] = torch.arange(cached, cached + len(suffix))
-        # Rows with the same context and cache length need one prefill, whose cache they then share: a group's
-        # G fresh copies of one prompt, and copies that sampled the same tokens and got the same tool output
-        # (after a cold start, most rows of a fact group search the same query and get ~260 identical tokens).
-        unique, expand = unique_rows([(tuple(seq.context_ids), _kv_len(p) if p is not None else 0)
-                                      for seq, p in zip(seqs, pasts)])
+        unique, expand = unique_rows([prefill_key(seq, past) for seq, past in zip(seqs, pasts)])
         pasts_u = [pasts[i] for i in unique]
         cache = _stack_pasts(pasts_u, past_len) if past_len else None
         out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),
@@ -243,6 +240,14 @@ class HFDecoder:
         if piece is None:
             piece = self._pieces[token_id] = self.tokenizer.decode([token_id])
         return any(stop[-1] in piece or not stop[-1].isascii() for stop in stops)
+
+
+def prefill_key(seq: Sequence, past: KV | None) -> Hashable:
+    """Rows admitted together with equal keys are prefilled once and share the cache. Same context and
+    cache length: a group's G fresh copies of one prompt, and copies that sampled the same tokens and got
+    the same tool output (after a cold start, most rows of a fact group search the same query and get
+    ~260 identical tokens)."""
+    return tuple(seq.context_ids), _kv_len(past) if past is not None else 0
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:

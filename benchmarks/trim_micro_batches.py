@@ -4,8 +4,10 @@ A TAPO step mixes short calculator rollouts (~400 tokens with the system prompt)
 rollouts (~600 tokens, up to rollout.max_total_tokens): padded to the longest row of the batch, every
 micro-batch pays for it. The row lengths below were measured on the learning_cpu task mix (one step's
 calculator and fact groups of 8, SmolLM2-135M policy); the token ids are random (the cost does not depend
-on them). Both sides run the same `policy_gradient_step` (shared prompts, DAPO loss, KL-free), alternately
-in one process; the baseline only swaps in micro-batches that keep the full width.
+on them). Both sides run the same `policy_gradient_step` (DAPO loss, KL-free), alternately in one process;
+the baseline only swaps in micro-batches that keep the full width. Prefixes are not shared here (as under
+gradient checkpointing): where they are, the prefix tree (`pipeline.shared_prefix`) runs no padding at
+all, so the cut no longer matters there.
 
     python benchmarks/trim_micro_batches.py [--reps 2] [--threads 2]
 Last line: one JSON object; "ratio" = padded seconds / trimmed seconds on the typical step (higher is better).
@@ -62,7 +64,7 @@ def padded_micro_batches(batch: TrainBatch, size: int) -> list[TrainBatch]:
 
 
 def seconds_per_update(model, batch: TrainBatch, padded: bool) -> float:
-    settings = update.UpdateSettings(micro_batch_size=8, grad_clip=1.0, temperature=1.0, share_prefixes=True)
+    settings = update.UpdateSettings(micro_batch_size=8, grad_clip=1.0, temperature=1.0, share_prefixes=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the same weights for every run
     with swapped("micro_batches", padded_micro_batches if padded else update.micro_batches):
         t = time.perf_counter()

@@ -80,3 +80,42 @@ def _agreeing(lcp: np.ndarray, rows: list[int], length: int) -> list[tuple[int, 
         else:
             home.append(row)
     return [tuple(part) for part in parts]
+
+
+@dataclass(frozen=True)
+class PackedTree:
+    """A prefix tree's nodes as one sequence (pre-order), run in one forward call under a tree mask: each
+    token attends to the tokens of its node's ancestors and to its own node's earlier tokens, at its
+    position in its rows. One call, not one per node: on a CPU every call's backward materialises a
+    full-size gradient of every weight (measured: nine calls per anchored group took 1.7x the time of
+    two padded ones)."""
+
+    nodes: list[PrefixNode]  # pre-order
+    offsets: list[int]  # where each node's tokens start in the packed sequence
+    rows_P: torch.Tensor  # [P] the row a packed token is read from (its node's first row)
+    positions_P: torch.Tensor  # [P] its position in its rows
+    attend_PP: torch.Tensor  # [P, P] bool: packed token i may attend to packed token j
+
+    def index(self, row: int, position: int) -> int:
+        """The packed index of `row`'s token at `position`."""
+        k = next(k for k, node in enumerate(self.nodes) if row in node.rows and node.start <= position < node.end)
+        return self.offsets[k] + position - self.nodes[k].start
+
+
+def pack_tree(tree: PrefixNode) -> PackedTree:
+    nodes = list(tree.walk())
+    parent = {id(child): k for k, node in enumerate(nodes) for child in node.children}
+    # ancestor-or-self, node by node; a parent precedes its children in pre-order, so row k copies its parent's
+    above_KK = torch.zeros((len(nodes), len(nodes)), dtype=torch.bool)
+    for k, node in enumerate(nodes):
+        if id(node) in parent:
+            above_KK[k] = above_KK[parent[id(node)]]
+        above_KK[k, k] = True
+    sizes = [node.end - node.start for node in nodes]
+    offsets = [0, *np.cumsum(sizes).tolist()][:-1]
+    node_P = torch.repeat_interleave(torch.arange(len(nodes)), torch.tensor(sizes, dtype=torch.long))
+    rows_P = torch.tensor([nodes[k].rows[0] for k in node_P.tolist()], dtype=torch.long)
+    positions_P = torch.cat([torch.arange(node.start, node.end) for node in nodes]) if nodes else torch.zeros(0)
+    order_P = torch.arange(len(node_P))
+    attend_PP = above_KK[node_P[:, None], node_P[None, :]] & (order_P[:, None] >= order_P[None, :])
+    return PackedTree(nodes, [int(o) for o in offsets], rows_P, positions_P.long(), attend_PP)

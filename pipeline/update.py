@@ -24,14 +24,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from transformers.cache_utils import DynamicCache
-
 from pipeline.loss import PolicyLoss
-from pipeline.shared_prefix import PrefixNode, prefix_tree
+from pipeline.shared_prefix import pack_tree, prefix_tree
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
@@ -119,47 +116,24 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, rows_N: 
                              tokens_N: torch.Tensor) -> torch.Tensor:
     """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
 
-    Each node of the rows' prefix tree (`pipeline.shared_prefix`) runs as one sequence on top of its
-    parent's KV cache, still attached to the graph, so gradients from every row below flow back into
-    it; no padding is run. Token t of a row is predicted at position t - 1, in the node of the row's
-    path that holds that position (same context, hence the same logits for every row through it)."""
-    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist())
-    nodes = list(tree.walk())
-    wanted: list[dict[int, int]] = [{} for _ in nodes]  # per node: position -> its slot among the node's logits
-    pair_node, pair_position = [], []
-    for row, token in zip(rows_N.tolist(), tokens_N.tolist(), strict=True):
-        k = next(k for k, node in enumerate(nodes) if row in node.rows and node.start <= token - 1 < node.end)
-        wanted[k].setdefault(token - 1, len(wanted[k]))
-        pair_node.append(k)
-        pair_position.append(token - 1)
-    logits: list[torch.Tensor] = []
-    offsets = np.cumsum([0] + [len(w) for w in wanted])
-    _run_node(model, batch.input_ids_BT, nodes, 0, None, wanted, logits)
-    source_N = [int(offsets[k]) + wanted[k][p] for k, p in zip(pair_node, pair_position, strict=True)]
-    return torch.cat(logits)[torch.tensor(source_N, device=rows_N.device)]
-
-
-def _run_node(model: torch.nn.Module, ids_BT: torch.Tensor, nodes: list[PrefixNode], k: int,
-              past: list[tuple[torch.Tensor, torch.Tensor]] | None, wanted: list[dict[int, int]],
-              logits: list[torch.Tensor]) -> None:
-    """Run node k (pre-order index) on `past`, append its logits at the wanted positions (in slot order;
-    pre-order makes `logits` follow the node order), then its children on its cache."""
-    node = nodes[k]
-    if node.end > node.start:  # (only the root can be empty: rows whose first tokens differ)
-        ids = ids_BT[node.rows[0], node.start:node.end][None]
-        cache = DynamicCache(ddp_cache_data=past) if past else None
-        cols = torch.tensor(sorted(wanted[k], key=wanted[k].get), dtype=torch.long, device=ids.device) - node.start
-        head = _head_only_at(model, torch.zeros_like(cols), cols) if len(cols) else contextlib.nullcontext()
-        with head:
-            out = model(input_ids=ids, cache=cache, use_cache=True,
-                        logits_to_keep=node.end - node.start if len(cols) else 1)
-        if len(cols):
-            logits.append(out.logits)
-        past = [(layer.keys, layer.values) for layer in out.cache.layers]
-    child = k + 1
-    for sub in node.children:
-        _run_node(model, ids_BT, nodes, child, past, wanted, logits)
-        child += sum(1 for _ in sub.walk())
+    The rows' prefix tree (`pipeline.shared_prefix`) runs as one packed sequence under a tree mask, each
+    token at its own position: what rows share runs once (its gradient is the sum over the rows below),
+    and no padding runs. Token t of a row is predicted at position t - 1, in the node of the row's path
+    that holds that position (same context, hence the same logits for every row through it)."""
+    packed = pack_tree(prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()))
+    device = batch.input_ids_BT.device
+    wanted = [packed.index(row, token - 1) for row, token in zip(rows_N.tolist(), tokens_N.tolist(), strict=True)]
+    heads = sorted(set(wanted))
+    slot = {p: i for i, p in enumerate(heads)}
+    ids_P = batch.input_ids_BT[packed.rows_P.to(device), packed.positions_P.to(device)]
+    dtype = model.get_input_embeddings().weight.dtype
+    blocked = torch.zeros(packed.attend_PP.shape, dtype=dtype).masked_fill(~packed.attend_PP, torch.finfo(dtype).min)
+    cols = torch.tensor(heads, dtype=torch.long, device=device)
+    with _head_only_at(model, torch.zeros_like(cols), cols):
+        logits = model(input_ids=ids_P[None], position_ids=packed.positions_P[None].to(device),
+                       attention_mask=blocked[None, None].to(device), use_cache=False,
+                       logits_to_keep=len(ids_P)).logits
+    return logits[torch.tensor([slot[p] for p in wanted], dtype=torch.long, device=device)]
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:

@@ -6,12 +6,13 @@ search output after it are the same too, and the rows part only at the answer. R
 length, and a padded batch runs every row to the longest one (calculator groups: ~40% of the
 positions of a group's padded batch are padding, measured on learning_cpu's SFT model).
 
-The tree's nodes are maximal runs of tokens that a fixed set of rows agree on; each node runs once,
-on top of its parent's KV cache (kept in the autograd graph), and a row's tokens are the path from
-the root to its leaf. A trained token inside a shared node is computed once and weighed by each
-row's own advantage, so the log-probs and gradients are those of one full pass per row (tested).
-The positions run are the number of distinct prefixes of the rows, the least any sharing can do;
-TRL and verl run B x T (padding included).
+The tree's nodes are maximal runs of tokens that a fixed set of rows agree on, and a row's tokens
+are the path from the root to its leaf. The nodes run once each, packed into one sequence under a
+tree attention mask (`pack_tree`: a token attends to its ancestors' tokens, at its position in its
+rows), so a micro-batch is one forward call. A trained token inside a shared node is computed once
+and weighed by each row's own advantage, so the log-probs and gradients are those of one full pass
+per row (tested). The positions run are the number of distinct prefixes of the rows, the least any
+sharing can do; TRL and verl run B x T (padding included).
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ chunks of tokens so a 150k-token vocabulary never materialises a full [N, V] flo
 softmax twice.
 
 Departures from TRL/verl, for speed only: a micro-batch's rows run as a prefix tree
-(`pipeline.shared_prefix`): what rows agree on (a group's prompt, and often its opening, first
-call and tool output too) runs once, its KV cache (in the autograd graph) shared by the rows
-below, and no padding runs (2.5x fewer positions on learning_cpu's groups). The tree runs one
-sequence per node; on a GPU, where small calls leave the device idle, a padded batch may be the
-faster choice for short, diverse rows (not measured). The output head runs only at the trained
+(`pipeline.shared_prefix`), packed into one sequence under a tree attention mask: what rows agree
+on (a group's prompt, and often its opening, first call and tool output too) runs once, and no
+padding runs (2.5x fewer positions on learning_cpu's groups). The mask is dense, [P, P] for P
+packed tokens, so attention costs more than in a padded batch of short rows; on CPU the linear
+layers dominate (measured), on a GPU with long rows that is not measured. The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
 Log-probs and gradients are those of one full pass per row (tested).
 """

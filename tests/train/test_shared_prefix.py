@@ -6,7 +6,7 @@ import torch
 
 from pipeline.config.train import DAPOLoss
 from pipeline.loss import make_policy_loss
-from pipeline.shared_prefix import common_prefix_lengths, prefix_tree
+from pipeline.shared_prefix import common_prefix_lengths, pack_tree, prefix_tree
 from pipeline.types import TrainBatch
 from pipeline.update import token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
@@ -40,6 +40,20 @@ def test_rows_that_differ_at_once_hang_from_an_empty_root() -> None:
     tree = prefix_tree(ids, [3, 2])
     assert (tree.start, tree.end) == (0, 0)
     assert [(n.start, n.end, n.rows) for n in tree.children] == [(0, 3, (0,)), (0, 2, (1,))]
+
+
+def test_packed_tree_mask_follows_the_tree() -> None:
+    """Pre-order packing of the tree above: root [1 2], then [3] (rows 0, 1, 3), [4] (rows 0, 3), [7] (row 0),
+    [5] (row 1), then [9 9] (row 2). A token sees its ancestors' tokens and its own node's earlier ones."""
+    ids = torch.tensor([[1, 2, 3, 4, 7], [1, 2, 3, 5, 0], [1, 2, 9, 9, 0], [1, 2, 3, 4, 0]])
+    packed = pack_tree(prefix_tree(ids, [5, 4, 4, 4]))
+    assert packed.offsets == [0, 2, 3, 4, 5, 6]
+    assert ids[packed.rows_P, packed.positions_P].tolist() == [1, 2, 3, 4, 7, 5, 9, 9]
+    assert packed.positions_P.tolist() == [0, 1, 2, 3, 4, 3, 2, 3]
+    sees = {i: [j for j in range(8) if packed.attend_PP[i, j]] for i in range(8)}
+    assert sees == {0: [0], 1: [0, 1], 2: [0, 1, 2], 3: [0, 1, 2, 3], 4: [0, 1, 2, 3, 4], 5: [0, 1, 2, 5],
+                    6: [0, 1, 6], 7: [0, 1, 6, 7]}
+    assert packed.index(3, 3) == 3 and packed.index(1, 3) == 5 and packed.index(2, 3) == 7
 
 
 def _agreeing_group(vocab: int, identical: bool = False) -> TrainBatch:

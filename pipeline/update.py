@@ -10,9 +10,10 @@ softmax twice.
 Departures from TRL/verl, for speed only: a micro-batch's rows run as a prefix tree
 (`pipeline.shared_prefix`), packed into one sequence under a tree attention mask: what rows agree
 on (a group's prompt, and often its opening, first call and tool output too) runs once, and no
-padding runs (2.5x fewer positions on learning_cpu's groups). The mask is dense, [P, P] for P
-packed tokens, so attention costs more than in a padded batch of short rows; on CPU the linear
-layers dominate (measured), on a GPU with long rows that is not measured. The output head runs only at the trained
+padding runs: on groups sampled by learning_cpu's SFT model, 2.4x fewer positions and 2.05x faster
+than the prompt-shared padded batch before (`benchmarks/shared_prefix_update.py`, CPU). The mask is
+dense, [P, P] for P packed tokens, so attention costs more than in a padded batch of short rows; on
+a GPU with long rows that is not measured. The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
 Log-probs and gradients are those of one full pass per row (tested).
 """

@@ -87,9 +87,8 @@ def _agreeing(lcp: np.ndarray, rows: list[int], length: int) -> list[tuple[int, 
 class PackedTree:
     """A prefix tree's nodes as one sequence (pre-order), run in one forward call under a tree mask: each
     token attends to the tokens of its node's ancestors and to its own node's earlier tokens, at its
-    position in its rows. One call, not one per node: on a CPU every call's backward materialises a
-    full-size gradient of every weight (measured: nine calls per anchored group took 1.7x the time of
-    two padded ones)."""
+    position in its rows. One call, not one per node: each call's backward computes a full-size gradient
+    of every weight, and on a CPU nine calls per anchored group took 1.7x the time of two padded ones."""
 
     nodes: list[PrefixNode]  # pre-order
     offsets: list[int]  # where each node's tokens start in the packed sequence
@@ -116,7 +115,21 @@ def pack_tree(tree: PrefixNode) -> PackedTree:
     offsets = [0, *np.cumsum(sizes).tolist()][:-1]
     node_P = torch.repeat_interleave(torch.arange(len(nodes)), torch.tensor(sizes, dtype=torch.long))
     rows_P = torch.tensor([nodes[k].rows[0] for k in node_P.tolist()], dtype=torch.long)
-    positions_P = torch.cat([torch.arange(node.start, node.end) for node in nodes]) if nodes else torch.zeros(0)
+    positions_P = torch.cat([torch.arange(node.start, node.end) for node in nodes])
     order_P = torch.arange(len(node_P))
     attend_PP = above_KK[node_P[:, None], node_P[None, :]] & (order_P[:, None] >= order_P[None, :])
     return PackedTree(nodes, [int(o) for o in offsets], rows_P, positions_P.long(), attend_PP)
+
+
+MAX_PACKED_POSITIONS = 8192  # the [P, P] mask alone is 256 MB in float32 here; longer micro-batches run padded
+
+
+def packing_pays(packed_positions: int, rows: int, width: int, hidden_size: int) -> bool:
+    """Whether the packed tree costs less than the rows padded to `width`. Its mask is dense, so attention
+    runs over P x P pairs where a padded batch runs B x T x T: with little sharing, long rows lose more to
+    attention than the tree saves. Forward cost per position ~ 24 L d^2 (a transformer's linear layers),
+    per attended pair ~ 4 L d, so a pair weighs 1 / (6 d) of a position."""
+    if packed_positions > MAX_PACKED_POSITIONS:
+        return False
+    pair = 1.0 / (6 * hidden_size)
+    return packed_positions + pair * packed_positions**2 < rows * width + pair * rows * width**2

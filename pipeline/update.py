@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.loss import PolicyLoss
-from pipeline.shared_prefix import pack_tree, prefix_tree
+from pipeline.shared_prefix import PackedTree, pack_tree, packing_pays, prefix_tree
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
@@ -60,8 +60,9 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     # The head keeps positions first-1 .. T-1 (position j predicts token j+1): kept index c predicts
     # token first+c, so the trained tokens' column offsets from `first` index the kept positions.
     rows_N, cols_N = batch.loss_mask_BT[:, first:].nonzero(as_tuple=True)
-    if share_prefixes:
-        logits_NV = _logits_over_prefix_tree(model, batch, rows_N, first + cols_N)
+    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()) if share_prefixes else None
+    if tree is not None and packing_pays(tree.positions(), B, T, _hidden_size(model)):
+        logits_NV = _logits_over_prefix_tree(model, batch, pack_tree(tree), rows_N, first + cols_N)
     else:
         with _head_only_at(model, rows_N, cols_N):
             logits_NV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
@@ -113,7 +114,7 @@ def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_bat
     return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
-def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, rows_N: torch.Tensor,
+def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: PackedTree, rows_N: torch.Tensor,
                              tokens_N: torch.Tensor) -> torch.Tensor:
     """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
 
@@ -121,7 +122,6 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, rows_N: 
     token at its own position: what rows share runs once (its gradient is the sum over the rows below),
     and no padding runs. Token t of a row is predicted at position t - 1, in the node of the row's path
     that holds that position (same context, hence the same logits for every row through it)."""
-    packed = pack_tree(prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()))
     device = batch.input_ids_BT.device
     wanted = [packed.index(row, token - 1) for row, token in zip(rows_N.tolist(), tokens_N.tolist(), strict=True)]
     heads = sorted(set(wanted))
@@ -135,6 +135,11 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, rows_N: 
                        attention_mask=blocked[None, None].to(device), use_cache=False,
                        logits_to_keep=len(ids_P)).logits
     return logits[torch.tensor([slot[p] for p in wanted], dtype=torch.long, device=device)]
+
+
+def _hidden_size(model: torch.nn.Module) -> int:
+    """The model's width, for the packing cost (a DeepSpeed engine forwards `config` to its module)."""
+    return int(model.config.hidden_size)
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:

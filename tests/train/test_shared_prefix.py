@@ -6,7 +6,7 @@ import torch
 
 from pipeline.config.train import DAPOLoss
 from pipeline.loss import make_policy_loss
-from pipeline.shared_prefix import common_prefix_lengths, pack_tree, prefix_tree
+from pipeline.shared_prefix import MAX_PACKED_POSITIONS, common_prefix_lengths, pack_tree, packing_pays, prefix_tree
 from pipeline.types import TrainBatch
 from pipeline.update import token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
@@ -56,6 +56,13 @@ def test_packed_tree_mask_follows_the_tree() -> None:
     assert packed.index(3, 3) == 3 and packed.index(1, 3) == 5 and packed.index(2, 3) == 7
 
 
+def test_packing_pays_where_rows_share_and_not_for_long_distinct_rows() -> None:
+    # SmolLM2-135M's width; a group of 8 rows padded to 640 tokens
+    assert packing_pays(1800, rows=8, width=640, hidden_size=576)  # measured: a calculator group's tree
+    assert not packing_pays(8 * 500, rows=8, width=640, hidden_size=576)  # nothing shared: attention over 4000^2
+    assert not packing_pays(MAX_PACKED_POSITIONS + 1, rows=64, width=4096, hidden_size=4096)  # the mask's size
+
+
 def _agreeing_group(vocab: int, identical: bool = False) -> TrainBatch:
     """A group of 6 right-padded rows: one prompt; rows 0-3 also share an opening (trained) and the tool
     output after it (not trained), rows 4-5 diverge at the opening; rows 2 and 3 are identical to the end."""
@@ -95,6 +102,7 @@ def test_a_prefix_shared_past_the_prompt_gives_the_same_logprobs_and_gradient() 
         shared = [n for n in tree.walk() if len(n.rows) > 1]
         assert max(n.end for n in shared) > PROMPT + OPENING  # rows share trained tokens of the response
         assert tree.positions() < int(batch.attention_mask_BT.sum())
+        assert packing_pays(tree.positions(), *batch.input_ids_BT.shape, tiny_llama(64).config.hidden_size)
         (lp0, h0, g0), (lp1, h1, g1) = (_logprobs_entropy_grad(batch, share) for share in (False, True))
         scored = batch.loss_mask_BT.bool()
         assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)

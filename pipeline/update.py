@@ -12,8 +12,9 @@ Departures from TRL/verl, for speed only: a micro-batch's rows run as a prefix t
 on (a group's prompt, and often its opening, first call and tool output too) runs once, and no
 padding runs: on groups sampled by learning_cpu's SFT model, 2.4x fewer positions and 2.05x faster
 than the prompt-shared padded batch before (`benchmarks/shared_prefix_update.py`, CPU). The mask is
-dense, [P, P] for P packed tokens, so attention costs more than in a padded batch of short rows; on
-a GPU with long rows that is not measured. The output head runs only at the trained
+dense, [P, P] for P packed tokens, so attention costs more than in a padded batch; a micro-batch
+whose rows share little runs padded instead (`shared_prefix.packing_pays`, a FLOP estimate; on a
+GPU, where many short calls and dense masks behave differently, not measured). The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
 Log-probs and gradients are those of one full pass per row (tested).
 """

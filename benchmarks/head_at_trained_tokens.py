@@ -25,7 +25,6 @@ import contextlib
 import json
 import random
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +34,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.update as update  # noqa: E402
-from benchmarks.update_bench import args_and_base_model, swapped  # noqa: E402
-from pipeline.config.train import DAPOLoss  # noqa: E402
-from pipeline.loss import make_policy_loss  # noqa: E402
+from benchmarks.update_bench import args_and_base_model, swapped, timed_update  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
-from pipeline.update import UpdateSettings  # noqa: E402
 
 # group name -> (prompt tokens, sampled before the tool output, tool output, sampled after), row means
 GROUPS = {"fact": (293, 25, 260, 17), "calculator": (309, 45, 27, 16)}
@@ -85,18 +81,9 @@ def every_position_head(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: to
 
 
 def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[str, float]:
-    """One update (forward, backward; lr 0 keeps the weights) and one no-grad pass (the reference's);
-    with the update's loss and gradient norm, which must agree between the sides."""
-    settings = UpdateSettings(micro_batch_size=GROUP_SIZE, grad_clip=1.0, temperature=1.0, share_prefixes=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    """One update and one no-grad pass (the reference's), timed; loss and gradient norm must agree."""
     with swapped("_head_only_at", every_position_head if baseline else update._head_only_at):
-        t0 = time.perf_counter()
-        metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)),
-                                              settings)
-        t1 = time.perf_counter()
-        update.masked_logprobs_no_grad(model, batch, GROUP_SIZE, 1.0)
-        return {"update_s": t1 - t0, "reference_s": time.perf_counter() - t1, "loss": metrics["train/loss"],
-                "grad_norm": metrics["train/grad_norm"]}
+        return timed_update(model, batch, GROUP_SIZE)
 
 
 def main() -> None:

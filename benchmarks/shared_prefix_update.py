@@ -30,7 +30,6 @@ import json
 import random
 import sys
 import tempfile
-import time
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -42,12 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.update as update  # noqa: E402
 from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config  # noqa: E402
-from benchmarks.update_bench import swapped  # noqa: E402
+from benchmarks.update_bench import swapped, timed_update  # noqa: E402
 from flows.services import running_services  # noqa: E402
 from pipeline.batching import make_train_batch, unique_rows  # noqa: E402
-from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
-from pipeline.loss import make_policy_loss  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout import hf_backend  # noqa: E402
@@ -57,14 +54,14 @@ from pipeline.rollout.sequence import Sequence  # noqa: E402
 from pipeline.shared_prefix import prefix_tree  # noqa: E402
 from pipeline.tools.factory import make_tools  # noqa: E402
 from pipeline.types import Group, ScoredGroup, TrainBatch  # noqa: E402
-from pipeline.update import UpdateSettings  # noqa: E402
 
 
-def prompt_only(model: torch.nn.Module, batch: TrainBatch, rows_N: torch.Tensor,
+def prompt_only(model: torch.nn.Module, batch: TrainBatch, _packed: object, rows_N: torch.Tensor,
                 tokens_N: torch.Tensor) -> torch.Tensor:
-    """The baseline in place of `_logits_over_prefix_tree` (ours before): each distinct prompt (the tokens
-    before the earliest trained one) once, its KV repeated for the rows, then every row's continuation in
-    one batch padded to the longest row."""
+    """The baseline in place of `_logits_over_prefix_tree` (ours before; the packed tree is ignored): each
+    distinct prompt (the tokens before the earliest trained one) once, its KV repeated for the rows, then
+    every row's continuation in one batch padded to the longest row. (Where `packing_pays` says no, both
+    sides run the plain padded forward.)"""
     prefix_len = int(tokens_N.min()) - 1
     prefix_BL = batch.input_ids_BT[:, :prefix_len]
     unique, expand = unique_rows([tuple(row) for row in prefix_BL.tolist()])
@@ -121,19 +118,8 @@ def group_batch(group: Group, pad_id: int, seed: int) -> TrainBatch:
 
 
 def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[str, float]:
-    """One update (forward, backward; lr 0 keeps the weights) and one no-grad pass, with the loss and
-    gradient norm, which must agree between the sides."""
-    size = len(batch)
-    settings = UpdateSettings(micro_batch_size=size, grad_clip=1.0, temperature=1.0, share_prefixes=True)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     with swapped("_logits_over_prefix_tree", prompt_only if baseline else update._logits_over_prefix_tree):
-        t0 = time.perf_counter()
-        metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)),
-                                              settings)
-        t1 = time.perf_counter()
-        update.masked_logprobs_no_grad(model, batch, size, 1.0)
-        return {"update_s": t1 - t0, "reference_s": time.perf_counter() - t1, "loss": metrics["train/loss"],
-                "grad_norm": metrics["train/grad_norm"]}
+        return timed_update(model, batch, len(batch))
 
 
 def positions(batch: TrainBatch) -> dict[str, int]:

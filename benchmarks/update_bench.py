@@ -7,11 +7,16 @@ import argparse
 import contextlib
 from collections.abc import Callable, Iterator
 
+import time
+
 import torch
 
 import pipeline.update as update
+from pipeline.config.train import DAPOLoss
+from pipeline.loss import make_policy_loss
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
+from pipeline.types import TrainBatch
 
 
 def args_and_base_model(description: str) -> tuple[argparse.Namespace, torch.nn.Module, object]:
@@ -34,3 +39,18 @@ def swapped(name: str, replacement: Callable) -> Iterator[None]:
         yield
     finally:
         setattr(update, name, original)
+
+
+def timed_update(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int) -> dict[str, float]:
+    """One update (forward, backward; DAPO loss with a KL term; lr 0 keeps the weights) and one no-grad pass
+    (the KL reference's), timed, with the update's loss and gradient norm, which must agree between the sides
+    of a benchmark."""
+    settings = update.UpdateSettings(micro_batch_size=micro_batch_size, grad_clip=1.0, temperature=1.0,
+                                     share_prefixes=True)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    t0 = time.perf_counter()
+    metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)), settings)
+    t1 = time.perf_counter()
+    update.masked_logprobs_no_grad(model, batch, micro_batch_size, 1.0)
+    return {"update_s": t1 - t0, "reference_s": time.perf_counter() - t1, "loss": metrics["train/loss"],
+            "grad_norm": metrics["train/grad_norm"]}

@@ -26,6 +26,7 @@ pass; higher is better); per source the token positions each side runs and the s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -95,12 +96,9 @@ def sample_groups(run: Path, per_source: int, seed: int, reps: int) -> tuple[lis
             running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=Path(logs)) as urls:
         for _ in range(max(reps, 1)):
             for side, key in (("ours", hf_backend.prefill_key), ("old_key", old_prefill_key))[:2 if reps else 1]:
-                original, hf_backend.prefill_key = hf_backend.prefill_key, key
-                try:
-                    with RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
-                        result = engine.rollout(drawn, cfg.rollout.group_size)
-                finally:
-                    hf_backend.prefill_key = original
+                with swapped("prefill_key", key, hf_backend), \
+                        RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
+                    result = engine.rollout(drawn, cfg.rollout.group_size)
                 figures.setdefault(f"rollout_{side}_s", []).append(result.stats.wall_s)
                 figures[f"prefill_tokens_{side}"] = [float(result.stats.prefill_tokens)]
                 if side == "ours":
@@ -113,8 +111,7 @@ def group_batch(group: Group, pad_id: int, seed: int) -> TrainBatch:
     signs = np.random.default_rng(seed).choice([-1.0, 1.0], len(group.trajectories))
     advantages = [np.full(len(t.response_ids), s) for t, s in zip(group.trajectories, signs, strict=True)]
     batch = make_train_batch([ScoredGroup(group, ())], advantages, pad_id)
-    return TrainBatch(batch.input_ids_BT, batch.attention_mask_BT, batch.loss_mask_BT, batch.old_logprobs_BT,
-                      batch.advantages_BT, batch.n_policy_tokens, ref_logprobs_BT=batch.old_logprobs_BT.clone())
+    return dataclasses.replace(batch, ref_logprobs_BT=batch.old_logprobs_BT.clone())
 
 
 def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[str, float]:

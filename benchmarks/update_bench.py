@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import time
 
@@ -31,14 +32,15 @@ def args_and_base_model(description: str) -> tuple[argparse.Namespace, torch.nn.
 
 
 @contextlib.contextmanager
-def swapped(name: str, replacement: Callable) -> Iterator[None]:
-    """`pipeline.update.<name>` is `replacement` while open (the update looks its helpers up at call time)."""
-    original = getattr(update, name)
-    setattr(update, name, replacement)
+def swapped(name: str, replacement: Callable, module: ModuleType = update) -> Iterator[None]:
+    """`<module>.<name>` (`pipeline.update` unless given) is `replacement` while open (the module looks
+    its helpers up at call time)."""
+    original = getattr(module, name)
+    setattr(module, name, replacement)
     try:
         yield
     finally:
-        setattr(update, name, original)
+        setattr(module, name, original)
 
 
 def timed_update(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int) -> dict[str, float]:

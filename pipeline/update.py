@@ -14,7 +14,7 @@ padding runs: on groups sampled by learning_cpu's SFT model, 2.4x fewer position
 than the prompt-shared padded batch before (`benchmarks/shared_prefix_update.py`, CPU). The mask is
 dense, [P, P] for P packed tokens, so attention costs more than in a padded batch; a micro-batch
 whose rows share little runs padded instead (`shared_prefix.packing_pays`, a FLOP estimate; on a
-GPU, where many short calls and dense masks behave differently, not measured). The output head runs only at the trained
+GPU, where dense masks behave differently, not measured). The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
 Log-probs and gradients are those of one full pass per row (tested).
 """
@@ -41,8 +41,9 @@ class UpdateSettings:
     micro_batch_size: int
     grad_clip: float
     temperature: float  # the rollout temperature: log-probs must come from the same distribution
-    # Run each distinct prefix once and share its KV (with gradient) among the rows that agree on it.
-    # Off under gradient checkpointing: transformers re-runs layers there, which a shared cache can't take.
+    # Run a micro-batch's rows as their packed prefix tree (each distinct prefix once) where that pays.
+    # The trainer turns it off under gradient checkpointing (set when prefixes were shared through a KV
+    # cache, which re-run layers could not take; the packed tree is one plain call, not yet tried there).
     share_prefixes: bool = False
 
 

@@ -18,8 +18,9 @@ token and the tool output. Without it, every tool turn re-prefills the whole con
 on CPU cost ~70% of rollout time (measured with the rollout-overlap benchmark). The parked
 caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefills instead.
 Sequences admitted together with the same context (a group's G fresh samples, or samples that
-wrote the same call and got the same tool output) are prefilled once and share that cache. The batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py):
-a decoding step writes one column in place instead of copying the whole cache. Beyond that,
+wrote the same call and got the same tool output) are prefilled once and share that cache. The
+batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py): a decoding step writes one column
+in place instead of copying the whole cache. Beyond that,
 unlike vLLM's prefix cache, nothing is shared between sequences: a general cross-sequence cache
 would need a block allocator, which vLLM already is.
 """

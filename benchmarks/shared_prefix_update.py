@@ -3,9 +3,12 @@
 After the cold start, a group's rows often agree far past their prompt: a fact row opens with the same
 thought and the same query (the question), so the ~260 tokens of search output after it are the same
 too, and the rows part only at the answer; and rows differ in length, so a padded batch runs padding.
-Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.shared_prefix`, one sequence
-per tree node on its parent's KV cache, no padding). The baseline is ours before: each distinct prompt
-once, then all rows' continuations in one batch padded to the longest row (TRL and verl share nothing).
+Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.shared_prefix`: the tree's nodes
+packed into one sequence under a tree attention mask, no padding). The baseline is ours before: each
+distinct prompt once, then all rows' continuations in one batch padded to the longest row (TRL and verl
+share nothing). With --checkpointing both sides run under gradient checkpointing (params.yaml's default),
+where the trainer ran the rows plainly padded before (the prompt-sharing KV cache cannot be checkpointed):
+that is then the baseline.
 
 The rollout shares prefills the same way (`hf_backend.prefill_key`): rows admitted together with the
 same context are prefilled once, copies of a fact row after the same search included; its baseline
@@ -18,6 +21,7 @@ term, one micro-batch per group, lr 0) and the same no-grad pass (the KL referen
 one process; the baseline swaps in the old forward (`prompt_only`).
 
     python benchmarks/shared_prefix_update.py --run runs/learning_cpu [--groups 4] [--reps 2] [--threads 2]
+                                              [--checkpointing]
 Last line: one JSON object; "ratio" = prompt-only seconds / ours over all the groups (update + reference
 pass; higher is better); per source the token positions each side runs and the seconds of each side;
 "rollout_ratio" = the baseline's rollout seconds / ours (the fastest of `--reps` each), with prefilled tokens.
@@ -114,7 +118,9 @@ def group_batch(group: Group, pad_id: int, seed: int) -> TrainBatch:
     return dataclasses.replace(batch, ref_logprobs_BT=batch.old_logprobs_BT.clone())
 
 
-def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[str, float]:
+def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool, checkpointing: bool) -> dict[str, float]:
+    if checkpointing:  # the baseline: rows padded, nothing shared in the update
+        return timed_update(model, batch, len(batch), share_prefixes=not baseline)
     with swapped("_logits_over_prefix_tree", prompt_only if baseline else update._logits_over_prefix_tree):
         return timed_update(model, batch, len(batch))
 
@@ -127,7 +133,7 @@ def positions(batch: TrainBatch) -> dict[str, int]:
     prompts = len(unique_rows([tuple(row) for row in ids[:, :prefix_len].tolist()])[0])
     tree = prefix_tree(ids, lengths)
     return {"positions_tree": tree.positions(), "positions_prompt_only": prompts * prefix_len + len(batch) * (
-        ids.shape[1] - prefix_len), "real_tokens": sum(lengths),
+        ids.shape[1] - prefix_len), "positions_padded": ids.numel(), "real_tokens": sum(lengths),
         "shared_nodes": sum(1 for node in tree.walk() if len(node.rows) > 1)}
 
 
@@ -139,22 +145,27 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides (0: positions only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="both sides under gradient checkpointing; the baseline runs the rows padded")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, rollout = sample_groups(args.run, args.groups, args.seed, args.reps)
     print("rollout", rollout, flush=True)
     model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()  # active in train mode, which policy_gradient_step sets
+    baseline = "padded" if args.checkpointing else "prompt_only"
     rows: dict[str, list[dict[str, float]]] = {}
     for i, group in enumerate(groups):
         batch = group_batch(group, tokenizer.pad_token_id, args.seed + i)
         row = positions(batch)
-        runs: dict[str, list[dict[str, float]]] = {"ours": [], "prompt_only": []}
+        runs: dict[str, list[dict[str, float]]] = {"ours": [], baseline: []}
         for _ in range(args.reps):
             for side in runs:  # alternate, so drift on a noisy machine hits both sides
-                runs[side].append(seconds(model, batch, baseline=side == "prompt_only"))
+                runs[side].append(seconds(model, batch, side == baseline, args.checkpointing))
         if args.reps:
             row |= {f"{side}_s": min(r["update_s"] + r["reference_s"] for r in runs[side]) for side in runs}
-            ours, base = runs["ours"][0], runs["prompt_only"][0]
+            ours, base = runs["ours"][0], runs[baseline][0]
             row["same_loss_and_grad"] = (abs(ours["loss"] - base["loss"]) <= 1e-5 * max(abs(base["loss"]), 1.0)
                                          and abs(ours["grad_norm"] - base["grad_norm"]) <= 1e-4 * base["grad_norm"])
         print(group.problem.source, group.problem.id, row, flush=True)
@@ -162,13 +173,14 @@ def main() -> None:
     figures = {source: {k: round(sum(r[k] for r in rs), 2) for k in rs[0] if k != "same_loss_and_grad"}
                | {"groups": len(rs), "all_same_loss_and_grad": all(r.get("same_loss_and_grad", True) for r in rs)}
                for source, rs in rows.items()}
-    total = {k: sum(f.get(k, 0.0) for f in figures.values()) for k in ("ours_s", "prompt_only_s",
-                                                                      "positions_tree", "positions_prompt_only")}
-    ratio = round(total["prompt_only_s"] / total["ours_s"], 3) if args.reps else None
+    total = {k: sum(f.get(k, 0.0) for f in figures.values()) for k in ("ours_s", f"{baseline}_s",
+                                                                      "positions_tree", f"positions_{baseline}")}
+    ratio = round(total[f"{baseline}_s"] / total["ours_s"], 3) if args.reps else None
     rollout_ratio = round(rollout["rollout_old_key_s"] / rollout["rollout_ours_s"], 3) if args.reps else None
     print(json.dumps({"sources": figures, "ratio": ratio, "rollout": rollout, "rollout_ratio": rollout_ratio,
-                      "positions_ratio": round(total["positions_prompt_only"] / total["positions_tree"], 3),
-                      "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}))
+                      "positions_ratio": round(total[f"positions_{baseline}"] / total["positions_tree"], 3),
+                      "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads,
+                      "checkpointing": args.checkpointing, "baseline": baseline}))
 
 
 if __name__ == "__main__":

@@ -43,12 +43,13 @@ def swapped(name: str, replacement: Callable, module: ModuleType = update) -> It
         setattr(module, name, original)
 
 
-def timed_update(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int) -> dict[str, float]:
+def timed_update(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int,
+                 share_prefixes: bool = True) -> dict[str, float]:
     """One update (forward, backward; DAPO loss with a KL term; lr 0 keeps the weights) and one no-grad pass
-    (the KL reference's), timed, with the update's loss and gradient norm, which must agree between the sides
-    of a benchmark."""
+    (the KL reference's, which shares prefixes either way), timed, with the update's loss and gradient norm,
+    which must agree between the sides of a benchmark."""
     settings = update.UpdateSettings(micro_batch_size=micro_batch_size, grad_clip=1.0, temperature=1.0,
-                                     share_prefixes=True)
+                                     share_prefixes=share_prefixes)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     t0 = time.perf_counter()
     metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)), settings)

@@ -211,8 +211,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
         return {"train/skipped": 1.0}
     tc = tr.cfg.train
     batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
-    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature,
-                              share_prefixes=not tc.gradient_checkpointing)
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True)
     loss = make_policy_loss(tc.algorithm)
     updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
                for _ in range(tc.ppo_epochs) for batch in batches]

@@ -42,8 +42,7 @@ class UpdateSettings:
     grad_clip: float
     temperature: float  # the rollout temperature: log-probs must come from the same distribution
     # Run a micro-batch's rows as their packed prefix tree (each distinct prefix once) where that pays.
-    # The trainer turns it off under gradient checkpointing (set when prefixes were shared through a KV
-    # cache, which re-run layers could not take; the packed tree is one plain call, not yet tried there).
+    # Gradient checkpointing re-runs it as it ran: it is one plain call (a 4D mask and explicit positions).
     share_prefixes: bool = False
 
 

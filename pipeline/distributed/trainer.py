@@ -90,6 +90,8 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, 
     backend = DeepSpeedBackend(tr.model)
     tc = tr.cfg.train
     batches = [local_batch(tr, backend, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
+    # Rows run padded here: the packed prefix tree's dense [P, P] mask is measured on CPU only, and this
+    # path is for GPUs, where an arbitrary mask rules out the flash-attention kernel (not measured there).
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)
     loss = make_policy_loss(tc.algorithm)
     updates = [apply_policy_gradient(backend, batch, loss, settings, weight)

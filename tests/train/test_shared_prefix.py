@@ -87,10 +87,17 @@ def _agreeing_group(vocab: int, identical: bool = False) -> TrainBatch:
     return TrainBatch(ids, attn, mask, old, adv, n_policy_tokens=int(mask.sum()))
 
 
-def _logprobs_entropy_grad(batch: TrainBatch, share: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _logprobs_entropy_grad(batch: TrainBatch, share: bool, checkpointing: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     model = tiny_llama(64, seed=4, dtype=torch.float64)
+    mlp_calls = []
+    if checkpointing:  # layers re-run in the backward, with the packed tree's mask and positions
+        model.gradient_checkpointing_enable()
+        model.train()
+        model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: mlp_calls.append(1))
     logprobs, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share)
     make_policy_loss(DAPOLoss(kl_coef=0.0)).fn(logprobs, batch).loss_sum.backward()
+    assert len(mlp_calls) == (2 if checkpointing else 0)  # the forward, then its re-run in the backward
     return logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
@@ -110,3 +117,14 @@ def test_a_prefix_shared_past_the_prompt_gives_the_same_logprobs_and_gradient() 
         assert torch.all(lp1[~scored] == 0)
         # the same 1e-6 bound as the shared-prompt test (the tiny model's rotary tables stay float32)
         assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0
+
+
+def test_the_packed_tree_under_gradient_checkpointing_gives_the_same_logprobs_and_gradient() -> None:
+    """The packed tree is one plain forward call (a 4D mask and explicit positions, no cache between calls),
+    so checkpointed layers re-run it as they ran: the same log-probs and gradient as full passes without."""
+    batch = _agreeing_group(64)
+    (lp0, h0, g0), (lp1, h1, g1) = (_logprobs_entropy_grad(batch, share, checkpointing=share) for share in (False, True))
+    scored = batch.loss_mask_BT.bool()
+    assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)
+    assert torch.allclose(h0[scored], h1[scored], atol=1e-10)
+    assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0

@@ -62,6 +62,7 @@ def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
         calls_per_trajectory={t: weighted_calls(t) for t in tools}, tool_errors=added("tool_errors"),
         tool_latency_p50_s=worst("tool_latency_p50_s"), tool_latency_p95_s=worst("tool_latency_p95_s"),
         turns_histogram=added("turns_histogram"), finish_reasons=added("finish_reasons"),
+        decode_steps=sum(p.decode_steps for p in parts), decode_rows=sum(p.decode_rows for p in parts),
     )
 
 

@@ -27,6 +27,10 @@ class RolloutStats:
     prefill_tokens: int = 0  # context tokens fed at admission (prompts, tool outputs)
     reused_tokens: int = 0  # context tokens a re-admitted sequence took from its parked KV cache
     tool_seconds: dict[str, float] = field(default_factory=dict)  # tool -> summed call latency (calls overlap)
+    # The hf decoder's batched decoding steps and the rows they sampled (0 where the backend does not count
+    # them, vLLM): few rows a step means the rollout waits on its longest rows, not on throughput.
+    decode_steps: int = 0
+    decode_rows: int = 0
 
     @property
     def idle_fraction(self) -> float:
@@ -54,6 +58,8 @@ class RolloutStats:
             prefill_tokens=decoder.prefill_tokens,
             reused_tokens=decoder.reused_tokens,
             tool_seconds={n: float(sum(v)) for n, v in latencies.items()},
+            decode_steps=decoder.steps,
+            decode_rows=decoder.sampled_tokens,
         )
 
     @classmethod
@@ -86,6 +92,8 @@ class RolloutStats:
             prefill_tokens=sum(p.prefill_tokens for p in parts),
             reused_tokens=sum(p.reused_tokens for p in parts),
             tool_seconds=added("tool_seconds"),
+            decode_steps=sum(p.decode_steps for p in parts),
+            decode_rows=sum(p.decode_rows for p in parts),
         )
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -99,6 +107,8 @@ class RolloutStats:
             "prefill_tokens": self.prefill_tokens,
             "reused_kv_tokens": self.reused_tokens,
         }
+        if self.decode_steps:
+            out |= {"decode_steps": self.decode_steps, "rows_per_decode_step": self.decode_rows / self.decode_steps}
         out |= {f"calls_per_traj/{k}": v for k, v in self.calls_per_trajectory.items()}
         out |= {f"tool_errors/{k}": v for k, v in self.tool_errors.items()}
         out |= {f"tool_latency_p50_s/{k}": v for k, v in self.tool_latency_p50_s.items()}

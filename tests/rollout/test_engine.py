@@ -224,3 +224,14 @@ def test_tapo_system_prompt_lists_and_shows_exactly_the_offered_tools(tools) -> 
         assert shown == (tool in tools), (tool, prompt)
     assert prompt.count("Question:") == max(len(tools), 1)
     assert ("Examples:" in prompt) == (len(tools) > 1)  # a one-tool prompt is unchanged: "Example:"
+
+
+def test_decoding_steps_count_the_rows_decoded_together(tok) -> None:
+    """Copies of one prompt decode side by side: every step carries all of them, and the first token of each
+    comes from the prefill, not from a decoding step."""
+    eng, _ = engine(tok, ["<think>six sevens</think><answer>42</answer>"])
+    result = eng.rollout([problem()], 4)
+    tokens = {t.policy_token_count for t in result.groups[0].trajectories}
+    metrics = result.stats.as_metrics()
+    assert len(tokens) == 1 and metrics["rollout/decode_steps"] == tokens.pop() - 1
+    assert metrics["rollout/rows_per_decode_step"] == 4

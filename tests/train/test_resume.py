@@ -41,7 +41,7 @@ STEPS, CHECKPOINT_EVERY, KILL_AFTER_LOGGED = 6, 2, 3  # killed after step 2 is l
 # Wall-clock figures differ between any two runs, and so do the decoder's prefill counts: rows that come
 # back from a tool together share one prefill, and which rows do depends on tool latency. Everything else
 # must match exactly.
-TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency|prefill_tokens|reused_kv_tokens)")
+TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency|prefill_tokens|reused_kv_tokens|decode_step)")
 DRIVER = (
     "import sys; from pathlib import Path; from pipeline.config import load_config; from pipeline.train import run; "
     "run(load_config(sys.argv[1]), {'code': sys.argv[2]} if sys.argv[2] else {}, "

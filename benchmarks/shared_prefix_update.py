@@ -22,8 +22,9 @@ one process; the baseline swaps in the old forward (`prompt_only`).
 
     python benchmarks/shared_prefix_update.py --run runs/learning_cpu [--groups 4] [--reps 2] [--threads 2]
                                               [--checkpointing]
-Last line: one JSON object; "ratio" = prompt-only seconds / ours over all the groups (update + reference
-pass; higher is better); per source the token positions each side runs and the seconds of each side;
+Last line: one JSON object; "ratio" = the baseline's seconds (prompt-only; padded with --checkpointing; named
+in "baseline") / ours over all the groups (update + reference pass; higher is better); per source the token
+positions each side runs and the seconds of each side;
 "rollout_ratio" = the baseline's rollout seconds / ours (the fastest of `--reps` each), with prefilled tokens.
 """
 

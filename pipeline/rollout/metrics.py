@@ -27,8 +27,8 @@ class RolloutStats:
     prefill_tokens: int = 0  # context tokens fed at admission (prompts, tool outputs)
     reused_tokens: int = 0  # context tokens a re-admitted sequence took from its parked KV cache
     tool_seconds: dict[str, float] = field(default_factory=dict)  # tool -> summed call latency (calls overlap)
-    # The hf decoder's batched decoding steps and the rows they sampled (0 where the backend does not count
-    # them, vLLM): few rows a step means the rollout waits on its longest rows, not on throughput.
+    # The hf decoder's batched decoding steps and the rows they sampled (vLLM counts no steps: then no
+    # rows-per-step figure): few rows a step means the rollout waits on its longest rows, not on throughput.
     decode_steps: int = 0
     decode_rows: int = 0
 

@@ -38,9 +38,9 @@ from tests.train.test_learning import read_history
 from tests.train.toy_task import build_toy_model, toy_config, toy_problems, write_params
 
 STEPS, CHECKPOINT_EVERY, KILL_AFTER_LOGGED = 6, 2, 3  # killed after step 2 is logged: resumes from step 2
-# Wall-clock figures differ between any two runs, and so do the decoder's prefill counts: rows that come
-# back from a tool together share one prefill, and which rows do depends on tool latency. Everything else
-# must match exactly.
+# Wall-clock figures differ between any two runs, and so do the decoder's prefill and decoding-step counts:
+# rows that come back from a tool together share one prefill and the same steps, and which rows do depends
+# on tool latency. Everything else must match exactly.
 TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency|prefill_tokens|reused_kv_tokens|decode_step)")
 DRIVER = (
     "import sys; from pathlib import Path; from pipeline.config import load_config; from pipeline.train import run; "

@@ -101,6 +101,17 @@ def _logprobs_entropy_grad(batch: TrainBatch, share: bool, checkpointing: bool =
     return logprobs.detach(), entropy, torch.cat([p.grad.flatten() for p in model.parameters()])
 
 
+def _assert_same(batch: TrainBatch, full: tuple[torch.Tensor, ...], shared: tuple[torch.Tensor, ...]) -> None:
+    """Log-probs, entropies (at trained tokens; log-probs 0 elsewhere) and gradient of full passes and shared."""
+    (lp0, h0, g0), (lp1, h1, g1) = full, shared
+    scored = batch.loss_mask_BT.bool()
+    assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)
+    assert torch.allclose(h0[scored], h1[scored], atol=1e-10)
+    assert torch.all(lp1[~scored] == 0)
+    # the same 1e-6 bound as the shared-prompt test (the tiny model's rotary tables stay float32)
+    assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0
+
+
 def test_a_prefix_shared_past_the_prompt_gives_the_same_logprobs_and_gradient() -> None:
     """Trained tokens inside the shared part are computed once and weighed by each row's own advantage."""
     for identical in (False, True):
@@ -110,21 +121,11 @@ def test_a_prefix_shared_past_the_prompt_gives_the_same_logprobs_and_gradient() 
         assert max(n.end for n in shared) > PROMPT + OPENING  # rows share trained tokens of the response
         assert tree.positions() < int(batch.attention_mask_BT.sum())
         assert packing_pays(tree.positions(), *batch.input_ids_BT.shape, tiny_llama(64).config.hidden_size)
-        (lp0, h0, g0), (lp1, h1, g1) = (_logprobs_entropy_grad(batch, share) for share in (False, True))
-        scored = batch.loss_mask_BT.bool()
-        assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)
-        assert torch.allclose(h0[scored], h1[scored], atol=1e-10)
-        assert torch.all(lp1[~scored] == 0)
-        # the same 1e-6 bound as the shared-prompt test (the tiny model's rotary tables stay float32)
-        assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0
+        _assert_same(batch, *(_logprobs_entropy_grad(batch, share) for share in (False, True)))
 
 
 def test_the_packed_tree_under_gradient_checkpointing_gives_the_same_logprobs_and_gradient() -> None:
     """The packed tree is one plain forward call (a 4D mask and explicit positions, no cache between calls),
     so checkpointed layers re-run it as they ran: the same log-probs and gradient as full passes without."""
     batch = _agreeing_group(64)
-    (lp0, h0, g0), (lp1, h1, g1) = (_logprobs_entropy_grad(batch, share, checkpointing=share) for share in (False, True))
-    scored = batch.loss_mask_BT.bool()
-    assert torch.allclose(lp0[scored], lp1[scored], atol=1e-10)
-    assert torch.allclose(h0[scored], h1[scored], atol=1e-10)
-    assert torch.allclose(g0, g1, atol=1e-6, rtol=0) and g0.abs().sum() > 0
+    _assert_same(batch, *(_logprobs_entropy_grad(batch, share, checkpointing=share) for share in (False, True)))

@@ -96,6 +96,11 @@ class Sizes:
     temperature: float = 1.0  # rollout.temperature of RL sampling (DAPO's 1.0); evaluation stays greedy
     code_penalty: float = 0.0  # reward.code_penalty: ToRL's penalty when a code call fails to run (0 = off)
     anchor_dropped: int = 0  # train.anchor_dropped_tokens: KL on the openings of dropped groups (0 = off)
+    lr_decay: str = "constant"  # train.lr_decay after the 1-step warm-up: constant (DAPO), linear or cosine
+    min_lr_ratio: float = 0.0  # train.min_lr_ratio: the decay's floor, a share of lr
+    max_gen_rounds: int = 2  # train.max_gen_rounds (with refill: at most prompts x this many problems a step)
+    refill: bool = False  # train.refill_dropped_groups: replace dropped groups inside the running rollout
+    max_batch: int = 16  # rollout.max_batch_sequences in RL: rows the hf decoder decodes together
 
 
 # kl_coef 0.2: without an anchor, one seed in three collapsed tool choice on facts to code (RESULTS, run 2)
@@ -280,7 +285,10 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "train.init_model": str(out / "sft"),
         "train.train_file": str(out / "train.jsonl"), "train.steps": sizes.rl_steps,
         "train.prompts_per_step": sizes.prompts, "train.lr": sizes.lr, "train.warmup_steps": 1,
-        "train.max_gen_rounds": 2, "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
+        "train.lr_decay": sizes.lr_decay, "train.min_lr_ratio": sizes.min_lr_ratio,
+        "train.max_gen_rounds": sizes.max_gen_rounds, "train.refill_dropped_groups": sizes.refill,
+        "rollout.max_batch_sequences": sizes.max_batch,
+        "train.micro_batch_size": 8, "train.gradient_checkpointing": False,
         "train.balance_sources": True, "train.algorithm.kl_coef": sizes.kl_coef,
         "train.ppo_mini_batches": sizes.mini_batches,
         "train.checkpoint_every": 10, "train.log_samples_every": 5,
@@ -361,13 +369,19 @@ def main() -> None:
     parser.add_argument("--anchor-dropped", type=int, metavar="N",
                         help="override train.anchor_dropped_tokens: KL to the SFT model on the first N tokens of "
                              "the groups dynamic sampling drops (where the tool is chosen)")
+    parser.add_argument("--lr-decay", choices=("constant", "linear", "cosine"),
+                        help="override train.lr_decay: the RL learning rate after warm-up")
+    parser.add_argument("--min-lr-ratio", type=float, help="override train.min_lr_ratio: the decay's floor")
+    parser.add_argument("--refill", action="store_true",
+                        help="train.refill_dropped_groups: a dropped group's replacement joins the running rollout")
+    parser.add_argument("--max-batch", type=int, help="override rollout.max_batch_sequences in RL (rows decoded together)")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at the RL temperature (avg@K, pass@K; "
                              "0 = skip)")
     parser.add_argument("--eval-checkpoint", type=int, action="append", default=[], metavar="STEP",
                         help="also evaluate the RL checkpoint of step STEP held out (one of the last two kept; "
-                             "repeatable): what a run of STEP steps would give, as the schedule is constant after "
-                             "warm-up and nothing else depends on the step count")
+                             "repeatable): what a run of STEP steps would give with a constant learning rate, "
+                             "as nothing else depends on the step count (refused with --lr-decay)")
     args = parser.parse_args()
     sizes, out = (QUICK if args.quick else FULL), Path(args.out)
     sizes = dataclasses.replace(sizes, rl_steps=args.rl_steps or sizes.rl_steps, lr=args.lr or sizes.lr,
@@ -377,7 +391,13 @@ def main() -> None:
                                 prompts=args.prompts or sizes.prompts,
                                 temperature=sizes.temperature if args.temperature is None else args.temperature,
                                 code_penalty=sizes.code_penalty if args.code_penalty is None else args.code_penalty,
-                                anchor_dropped=sizes.anchor_dropped if args.anchor_dropped is None else args.anchor_dropped)
+                                anchor_dropped=sizes.anchor_dropped if args.anchor_dropped is None else args.anchor_dropped,
+                                lr_decay=args.lr_decay or sizes.lr_decay, refill=args.refill or sizes.refill,
+                                max_batch=args.max_batch or sizes.max_batch,
+                                min_lr_ratio=sizes.min_lr_ratio if args.min_lr_ratio is None else args.min_lr_ratio)
+    if args.eval_checkpoint and sizes.lr_decay != "constant":
+        parser.error("--eval-checkpoint stands for a shorter run only at a constant learning rate: a decaying "
+                     "rate depends on the run's length (drop --lr-decay, or train the shorter run)")
     out.mkdir(parents=True, exist_ok=True)
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={"run.tracking_uri": f"sqlite:///{out / 'mlruns.db'}"})
     t0 = time.perf_counter()

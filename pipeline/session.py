@@ -16,6 +16,7 @@ import torch
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.finetune import FullWeights, PolicyWeights
+from pipeline.group_sampling import Collected, collect_in_rounds
 from pipeline.problem_stream import ProblemStream
 from pipeline.reference import NoReference, Reference
 from pipeline.rollout.engine import RolloutEngine
@@ -49,3 +50,4 @@ class Trainer:
     weights: PolicyWeights = field(default_factory=FullWeights)  # all weights, or a LoRA adapter
     shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
     reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
+    collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill

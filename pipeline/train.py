@@ -11,7 +11,8 @@ Departures from the papers, and why:
    sampled tokens are never re-tokenized, so they are exactly the trained tokens.
 3. Dynamic sampling gives up after `max_gen_rounds` and trains on what it kept (TAPO pads
    with unfiltered groups "for testing", which adds zero-advantage rows); a step with no
-   informative group makes no update.
+   informative group makes no update. Optionally (`refill_dropped_groups`) a dropped group is
+   replaced inside the running rollout instead of in a further round (`pipeline.group_sampling`).
 4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free
    (with a LoRA adapter too: the backend samples from the adapted model).
 5. GRPO's KL penalty to the initial model (`kl_coef`, off by default as in DAPO) is available
@@ -31,7 +32,6 @@ import dataclasses
 import random
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load_model
 from tqdm import tqdm
 
-from pipeline.advantage import is_informative, token_advantages
+from pipeline.advantage import token_advantages
 from pipeline.anchor import training_groups
 from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -48,22 +48,22 @@ from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
 from pipeline.finetune import PolicyWeights, policy_weights
+from pipeline.group_sampling import group_collector
 from pipeline.history import MetricHistory, progress_line
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
+from pipeline.lr_schedule import lr_multiplier
 from pipeline.model import load_policy, model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.reference import make_reference
 from pipeline.registry import log_and_register
-from pipeline.reward import score_trajectory
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.rollout.metrics import RolloutStats
 from pipeline.session import Placement, Trainer
-from pipeline.shaping import RewardShaping, reward_shaping
+from pipeline.shaping import reward_shaping
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
 from pipeline.train_tracking import data_hash_tags, log_samples
-from pipeline.types import Group, ScoredGroup, ToolName, TrainBatch
+from pipeline.types import ScoredGroup, ToolName, TrainBatch
 from pipeline.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
@@ -83,7 +83,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     tc = cfg.train
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
-    weights, shaping = policy_weights(tc.finetune), reward_shaping(cfg.reward)  # the variants, chosen once
+    # the variants, chosen once
+    weights, shaping, collect_groups = policy_weights(tc.finetune), reward_shaping(cfg.reward), group_collector(cfg)
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
@@ -91,7 +92,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     model = weights.prepare(model)
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay,
                                   betas=(0.9, 0.999))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (tc.warmup_steps + 1)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
     problems = read_problems(tc.train_file)
     if tc.max_train_problems:
         problems = problems[: tc.max_train_problems]
@@ -99,7 +101,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                 make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
-        return dataclasses.replace(tr, weights=weights, shaping=shaping,
+        return dataclasses.replace(tr, weights=weights, shaping=shaping, collect_groups=collect_groups,
                                    reference=make_reference(cfg, model_device(tr.model)))
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
@@ -111,83 +113,13 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     reference = make_reference(cfg, model_device(model))  # for a KL term; nothing otherwise
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
-                   weights, shaping, reference)
-
-
-def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:
-    """Rule-based rewards, then the configured shaping (TEPO sparse, or none)."""
-    rewards = tuple(
-        shaping.shape(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
-                                       max_policy_tokens=cfg.rollout.max_policy_tokens), t)
-        for t in group.trajectories
-    )
-    return ScoredGroup(group, rewards)
-
-
-@dataclasses.dataclass(frozen=True)
-class Collected:
-    """One step's rollout: the groups to train on, every group scored, and the rollout metrics."""
-
-    kept: list[ScoredGroup]
-    seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
-    metrics: dict[str, float]
-    dropped: list[ScoredGroup] = dataclasses.field(default_factory=list)  # seen, not kept (all rewards agree)
+                   weights, shaping, reference, collect_groups)
 
 
 def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """The groups to train on and the rollout metrics (`collect_groups` without the dropped groups)."""
-    collected = collect_groups(tr)
+    """The groups to train on and the rollout metrics (the step's sampling without the dropped groups)."""
+    collected = tr.collect_groups(tr)
     return collected.kept, collected.metrics
-
-
-def collect_groups(tr: Trainer) -> Collected:
-    """Sample, score and (DAPO) keep informative groups until the batch is full or rounds run out."""
-    tc, algo = tr.cfg.train, tr.cfg.train.algorithm
-    kept: list[ScoredGroup] = []
-    seen: list[ScoredGroup] = []
-    dropped: list[ScoredGroup] = []
-    rounds: list[RolloutStats] = []
-    for _ in range(tc.max_gen_rounds):
-        result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
-        scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
-        seen += scored
-        for g in scored:
-            (kept if is_informative(g) or not algo.dynamic_sampling else dropped).append(g)
-        rounds.append(result.stats)
-        if len(kept) >= tc.prompts_per_step:
-            break
-    return Collected(kept, seen, RolloutStats.merge(rounds).as_metrics() | reward_metrics(seen)
-                     | tool_choice_metrics(seen)
-                     | {"train/kept_group_fraction": len(kept) / len(seen), "train/generation_rounds": len(rounds)},
-                     dropped)
-
-
-def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
-    rewards = [r for g in groups for r in g.rewards]
-    out = {
-        "reward/mean": float(np.mean([r.total for r in rewards])),
-        "reward/std": float(np.std([r.total for r in rewards])),
-        "reward/accuracy": float(np.mean([r.correct for r in rewards])),
-        "reward/format_error_rate": float(np.mean([not r.format_ok for r in rewards])),
-    }
-    by_source: dict[str, list[bool]] = defaultdict(list)
-    for g in groups:
-        by_source[g.group.problem.source] += [r.correct for r in g.rewards]
-    return out | {f"reward/accuracy/{s}": float(np.mean(v)) for s, v in by_source.items()}
-
-
-def tool_choice_metrics(groups: list[ScoredGroup]) -> dict[str, float]:
-    """`tool_choice/<source>/<tool>`: calls per trajectory of each tool on each problem source.
-
-    The overall calls per trajectory hide the failure that matters in a tool mix: a policy that
-    starts answering fact questions with code while keeping the total number of calls. Per source,
-    that collapse shows on the step it begins."""
-    calls: dict[tuple[str, str], list[int]] = defaultdict(list)
-    tools = sorted({c.tool for g in groups for t in g.group.trajectories for c in t.tool_calls})
-    for g in groups:
-        for tool in tools:
-            calls[g.group.problem.source, tool] += [t.calls_of(tool) for t in g.group.trajectories]
-    return {f"tool_choice/{source}/{tool}": float(np.mean(v)) for (source, tool), v in calls.items()}
 
 
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
@@ -238,7 +170,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
         bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
         for step in bar:
             started = time.perf_counter()
-            collected = collect_groups(tr)                        # sample with tools, reward, dynamic sampling
+            collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
             sampled = time.perf_counter()
             groups = training_groups(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
             update_metrics = place.train_step(tr, groups)           # advantages, loss, optimiser step

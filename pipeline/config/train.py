@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
+from pipeline.lr_schedule import LrDecay
 
 
 class DAPOLoss(StageConfig):
@@ -68,7 +69,12 @@ class TrainConfig(StageConfig):
     train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
     steps: int = Field(4, ge=1, description="Training steps (one rollout batch each; ppo_epochs x ppo_mini_batches optimiser steps per batch).")
     prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
-    max_gen_rounds: int = Field(3, ge=1, description="Dynamic sampling: most rollout rounds spent filling one batch.")
+    max_gen_rounds: int = Field(3, ge=1, description=(
+        "Dynamic sampling: most rollout rounds spent filling one batch (with refill_dropped_groups: at most "
+        "prompts_per_step x max_gen_rounds problems drawn)."))
+    refill_dropped_groups: bool = Field(False, description=(
+        "Dynamic sampling: replace a dropped group with the next problem inside the running rollout, instead of "
+        "a further round after it (single process, continuous schedule; pipeline.group_sampling)."))
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     ppo_mini_batches: int = Field(
         1, ge=1, description="Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups."
@@ -76,6 +82,10 @@ class TrainConfig(StageConfig):
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
     lr: float = Field(1e-6, gt=0.0, lt=1.0, description="AdamW peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    lr_decay: LrDecay = Field("constant", description=(
+        "After warm-up: constant (DAPO), or linear / cosine decay over the run's steps to min_lr_ratio x lr "
+        "(pipeline.lr_schedule)."))
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="The decay's floor, a share of lr (unused when constant).")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
@@ -101,4 +111,11 @@ class TrainConfig(StageConfig):
         if self.anchor_dropped_tokens and not (self.algorithm.kl_coef > 0 and self.algorithm.dynamic_sampling):
             raise ValueError("train.anchor_dropped_tokens > 0 needs train.algorithm.kl_coef > 0 and "
                              "train.algorithm.dynamic_sampling true (it anchors dropped groups with the KL term)")
+        return self
+
+    @model_validator(mode="after")
+    def _refill_needs_dropping(self) -> TrainConfig:
+        if self.refill_dropped_groups and not self.algorithm.dynamic_sampling:
+            raise ValueError("train.refill_dropped_groups needs train.algorithm.dynamic_sampling true "
+                             "(it replaces the groups dynamic sampling drops)")
         return self

@@ -9,6 +9,10 @@ batch. Nobody waits for the slowest tool of a batch (TAPO and ToRL do).
 Budgets, as in ToRL/TAPO: C answered tool calls (later calls are answered "tool budget
 exhausted"), `max_turns` generation segments, policy-token and total-token limits.
 Malformed calls get an error message as their tool output, never an exception.
+
+A rollout can grow while it runs (`refill`): when a problem's group finishes, a callback may
+name further problems, whose sequences join the running batch at once. Dynamic sampling uses
+it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.group_sampling`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -36,8 +41,11 @@ NO_OUTPUT = "[no output] print() the values you need"
 
 @dataclass(frozen=True)
 class RolloutResult:
-    groups: list[Group]  # one per problem, in input order
+    groups: list[Group]  # one per problem, in draw order: the input problems, then any a refill added
     stats: RolloutStats
+
+
+Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
 
 
 def cut_middle(text: str, limit: int) -> str:
@@ -98,9 +106,10 @@ class RolloutEngine:
         self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
 
-    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
+    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+                refill: Refill | None = None) -> RolloutResult:
         """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
-        return self._runner.run(self.arollout(problems, n, temperature=temperature))
+        return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill))
 
     def close(self) -> None:
         """Close the tool clients and the engine's event loop."""
@@ -115,7 +124,13 @@ class RolloutEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
+    async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+                       refill: Refill | None = None) -> RolloutResult:
+        """`n` trajectories per problem; with `refill`, each finished group is handed to it (on the
+        event loop, in the order groups finish) and the problems it returns are sampled too."""
+        if refill is not None and self.cfg.schedule != "continuous":
+            raise ValueError("a refilled rollout needs rollout.schedule: continuous (turn-synchronous rounds "
+                             "cannot take new sequences mid-turn)")
         params = SamplingParams(
             temperature=self.cfg.temperature if temperature is None else temperature,
             top_p=self.cfg.top_p,
@@ -125,17 +140,17 @@ class RolloutEngine:
         self.calls += 1
         rollout_seed = self.seed * 1_000_003 + self.calls
         decoder = self.backend.decoder(params, seed=rollout_seed)
-        seqs = [self._new_sequence(p) for p in problems for _ in range(n)]
-        for index, seq in enumerate(seqs):  # one generator per sequence, fixed by (rollout, index)
-            seq.rng.manual_seed(rollout_seed * 100_003 + index)
-        run = SCHEDULES[self.cfg.schedule](self, seqs, asyncio.get_running_loop())
+        draws = _Draws(self, n, rollout_seed)
+        draws.add(problems)
+        run = SCHEDULES[self.cfg.schedule](self, draws, asyncio.get_running_loop(), refill)
         t0 = time.perf_counter()
         # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
-        with tqdm(total=len(seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
+        with tqdm(total=len(draws.seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
             decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
             await run.drain()
-        trajectories = [s.to_trajectory(self.tokenizer.decode(s.response_ids, skip_special_tokens=True)) for s in seqs]
-        groups = [Group(p, tuple(trajectories[i * n:(i + 1) * n])) for i, p in enumerate(problems)]
+        if run.error is not None:
+            raise run.error
+        groups = [draws.group(k) for k in range(len(draws.problems))]
         stats = RolloutStats.collect(groups, decoder_stats, run.tool_results, time.perf_counter() - t0)
         return RolloutResult(groups, stats)
 
@@ -147,18 +162,52 @@ class RolloutEngine:
         return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]
 
 
+class _Draws:
+    """A rollout's problems in draw order and their sequences, `n` each; a sequence's generator is seeded
+    by its position, so its tokens depend on which problems were drawn before it, not on timing."""
+
+    def __init__(self, engine: RolloutEngine, n: int, rollout_seed: int) -> None:
+        self.engine, self.n, self.rollout_seed = engine, n, rollout_seed
+        self.problems: list[Problem] = []
+        self.seqs: list[Sequence] = []
+        self.group_of: dict[int, int] = {}  # id(seq) -> index of its problem
+        self.unfinished: list[int] = []  # per problem: its sequences still running
+        self._groups: dict[int, Group] = {}
+
+    def add(self, problems: list[Problem]) -> list[Sequence]:
+        new = [self.engine._new_sequence(p) for p in problems for _ in range(self.n)]
+        for index, seq in enumerate(new, start=len(self.seqs)):  # one generator per sequence
+            seq.rng.manual_seed(self.rollout_seed * 100_003 + index)
+            self.group_of[id(seq)] = index // self.n
+        self.problems += problems
+        self.seqs += new
+        self.unfinished += [self.n] * len(problems)
+        return new
+
+    def group(self, k: int) -> Group:
+        """Problem k's finished group (built once)."""
+        if k not in self._groups:
+            decode = self.engine.tokenizer.decode
+            seqs = self.seqs[k * self.n:(k + 1) * self.n]
+            self._groups[k] = Group(self.problems[k], tuple(
+                s.to_trajectory(decode(s.response_ids, skip_special_tokens=True)) for s in seqs))
+        return self._groups[k]
+
+
 class _Run:
     """The scheduler one rollout shares between the decoder thread and the event loop."""
 
-    def __init__(self, engine: RolloutEngine, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
-        self.engine, self.loop = engine, loop
-        self.ready: deque[Sequence] = deque(seqs)
+    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
+                 refill: Refill | None = None) -> None:
+        self.engine, self.draws, self.loop, self.refill = engine, draws, loop, refill
+        self.ready: deque[Sequence] = deque(draws.seqs)
         self.cond = threading.Condition()
-        self.open = len(seqs)
+        self.open = len(draws.seqs)
         self.tasks: set[asyncio.Task] = set()
         self.tool_results: list[tuple[ToolName, ToolResult]] = []
         self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
         self.bar: tqdm | None = None  # set by the engine for the length of the rollout
+        self.error: BaseException | None = None  # raised by the refill callback (re-raised by the engine)
 
     # --- called from the decoder thread -------------------------------------------------
     def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
@@ -236,9 +285,32 @@ class _Run:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         self._mark_finished(seq, reason)
+        k = self.draws.group_of[id(seq)]
         with self.cond:
-            self.open -= 1
+            self.draws.unfinished[k] -= 1
+            closes_group = self.draws.unfinished[k] == 0
+            if not (closes_group and self.refill is not None):
+                self.open -= 1
+                self.cond.notify()
+                return
+        # `open` stays up until the refill has queued its sequences, or the decoder could stop first
+        self.loop.call_soon_threadsafe(self._refill_after, k)
+
+    def _refill_after(self, k: int) -> None:
+        problems: list[Problem] = []
+        try:
+            if self.error is None:
+                problems = list(self.refill(self.draws.group(k)))
+        except BaseException as err:  # noqa: BLE001 - a loop callback's exception would only be logged
+            self.error = err
+        with self.cond:
+            new = self.draws.add(problems)
+            self.ready.extend(new)
+            self.open += len(new) - 1
             self.cond.notify()
+        if new and self.bar is not None:
+            self.bar.total += len(new)
+            self.bar.refresh()
 
     def _mark_finished(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
@@ -251,8 +323,9 @@ class _TurnSynchronousRun(_Run):
     every sequence of the turn has finished or received its tool result (the slowest tool
     sets the pace). Kept to reproduce the anchors and to measure what continuous scheduling gains."""
 
-    def __init__(self, engine: RolloutEngine, seqs: list[Sequence], loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(engine, seqs, loop)
+    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
+                 refill: Refill | None = None) -> None:
+        super().__init__(engine, draws, loop, refill)
         self.in_turn = 0  # taken by the decoder this turn and not yet parked or finished
         self.parked: list[Sequence] = []
 

@@ -12,7 +12,7 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine
 from pipeline.rollout.protocol import TapoProtocol
 from pipeline.types import Problem, ToolResult
-from tests.helpers.tiny import ScriptedLM, _Out, tiny_tokenizer
+from tests.helpers.tiny import ScriptedLM, _Out, tiny_llama, tiny_tokenizer
 
 
 class PythonEval:
@@ -235,3 +235,64 @@ def test_decoding_steps_count_the_rows_decoded_together(tok) -> None:
     metrics = result.stats.as_metrics()
     assert len(tokens) == 1 and metrics["rollout/decode_steps"] == tokens.pop() - 1
     assert metrics["rollout/rows_per_decode_step"] == 4
+
+
+# --- refill: a rollout that grows while it runs (dynamic sampling's replacements) -----------------
+
+def _by_question_engine(tok, questions: range, slow_tool_for: str | None = None, **cfg) -> RolloutEngine:
+    log: list[str] = []
+    model = _ByQuestion(tok, {f"What is 6 * {i}?": LoggedLM(tok, [f"<code>print(6 * {i})</code>",
+                                                                f"<answer>{6 * i}</answer>"], log)
+                              for i in questions})
+    tool = LoggedTool(log) if slow_tool_for == "p0" else PythonEval()
+    config = RolloutConfig(**{"max_policy_tokens": 200, "max_total_tokens": 2000, **cfg})
+    return RolloutEngine(model, tok, {"code": tool}, config)
+
+
+def test_a_refill_joins_the_running_rollout_and_groups_stay_in_draw_order(tok) -> None:
+    """p0's tool is slow. p1's group finishes first and the refill starts p2 (then p3 after p2): both
+    decode while p0 still waits on its tool, so they finish before it; the result lists draw order."""
+    eng = _by_question_engine(tok, range(4), slow_tool_for="p0")
+    finished: list[str] = []
+
+    def refill(group):
+        assert all(t.finish_reason == "answer" for t in group.trajectories)  # handed over complete
+        finished.append(group.problem.id)
+        return {"p1": [problem(2)], "p2": [problem(3)]}.get(group.problem.id, [])
+
+    result = eng.rollout([problem(0), problem(1)], 2, refill=refill)
+    assert finished == ["p1", "p2", "p3", "p0"]
+    assert [g.problem.id for g in result.groups] == ["p0", "p1", "p2", "p3"]
+    assert [t.text[-11:] for g in result.groups for t in g.trajectories][-2:] == ["18</answer>"] * 2
+    assert result.stats.trajectories == 8 and result.stats.calls_per_trajectory["code"] == 1.0
+
+
+def test_a_refilled_problem_samples_the_tokens_of_its_place_in_the_draw_order(tok) -> None:
+    """A sequence's generator is seeded by its position among the rollout's draws, so a problem that
+    joins mid-rollout samples what it would have sampled had it been drawn up front."""
+    model = tiny_llama(len(tok), seed=3)
+    model.generation_config.eos_token_id = None
+    config = RolloutConfig(max_policy_tokens=12, max_total_tokens=2000, temperature=1.0)
+    problems = [problem(i, "math") for i in range(3)]
+    up_front = RolloutEngine(model, tok, {}, config, seed=5).rollout(problems, 3)
+    refilled = RolloutEngine(model, tok, {}, config, seed=5).rollout(
+        problems[:2], 3, refill=lambda g: [problems[2]] if g.problem.id == "p0" else [])
+    ids = [[t.response_ids for t in g.trajectories] for g in up_front.groups]
+    assert [[t.response_ids for t in g.trajectories] for g in refilled.groups] == ids
+    assert len({r for group in ids for r in group}) == 9  # the rows did sample different tokens
+
+
+def test_a_failing_refill_is_raised_from_the_rollout_not_lost_on_the_event_loop(tok) -> None:
+    eng = _by_question_engine(tok, range(2))
+
+    def refill(group):
+        raise KeyError(f"no score for {group.problem.id}")
+
+    with pytest.raises(KeyError, match="no score for p"):
+        eng.rollout([problem(0), problem(1)], 1, refill=refill)
+
+
+def test_turn_synchronous_rounds_refuse_a_refill(tok) -> None:
+    eng = _by_question_engine(tok, range(1), schedule="turn-synchronous")
+    with pytest.raises(ValueError, match="rollout.schedule: continuous"):
+        eng.rollout([problem(0)], 1, refill=lambda g: [])

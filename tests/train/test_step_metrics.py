@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.train import tool_choice_metrics
+from pipeline.group_sampling import tool_choice_metrics
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
 

@@ -9,7 +9,7 @@ from pipeline.config import RunConfig
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import DAPOLoss
 from pipeline.shaping import reward_shaping
-from pipeline.train import score_group
+from pipeline.group_sampling import score_group
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
 PROBLEM = Problem("p", "What is 6 * 7?", ("42",), "calculator", "calculator", "train")

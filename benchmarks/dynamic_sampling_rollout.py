@@ -1,0 +1,124 @@
+"""A step's rollout with dynamic sampling: refilled and wide (ours) vs generation rounds of 16 rows (baseline).
+
+On 2 CPU cores a decoding step of SmolLM2-135M costs nearly as much for 4 rows as for 16 (measured
+here in the same run: the last JSON's `decode_ms_by_rows`), so a rollout lasts about as long as its
+longest row. DAPO's generation rounds then pay that tail once per round, and rows beyond
+`rollout.max_batch_sequences` decode in a thin wave behind the first. Settings (`mode@rows`):
+- baseline `rounds@16`: what learning_cpu ran through run 11 (params.yaml's 16 rows, rounds);
+- `rounds@24`: the same rounds with room for a whole 3 x 8 first round;
+- ours `refill@24`: `train.refill_dropped_groups` (pipeline.group_sampling), 24 rows.
+Each setting is a trainer built by `pipeline.train.set_up` from the SFT model of a learning_cpu run,
+with learning_cpu's RL settings, the real sandbox and search services, and its own problem stream
+and engine with the same seed (the same problems in the same order); steps only sample (no update), so
+every step samples the same SFT policy. Settings alternate their order across steps (machines here are
+noisy). Speed = kept groups per second of rollout (what a training step needs).
+Last line: one JSON object; `ratio` = ours / baseline kept groups per second.
+
+    .venv/bin/python -m benchmarks.dynamic_sampling_rollout --run runs/learning_cpu [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config
+from flows.services import running_services
+from pipeline.model import load_policy
+from pipeline.paths import REPO_ROOT
+from pipeline.rollout.kv_cache import GrowingCache
+from pipeline.train import set_up
+
+SETTINGS = {"rounds@16": (False, 16), "rounds@24": (False, 24), "refill@24": (True, 24)}
+BASELINE, OURS = "rounds@16", "refill@24"
+
+
+@dataclasses.dataclass
+class Tally:
+    seconds: float = 0.0
+    kept: int = 0
+    drawn: int = 0
+    policy_tokens: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+
+    def add(self, metrics: dict, seconds: float) -> None:
+        self.seconds += seconds
+        self.kept += round(metrics["train/kept_group_fraction"] * metrics["train/problems_drawn"])
+        self.drawn += int(metrics["train/problems_drawn"])
+        self.policy_tokens += round(metrics["rollout/mean_policy_tokens"] * metrics["rollout/trajectories"])
+        self.decode_steps += int(metrics["rollout/decode_steps"])
+        self.decode_rows += round(metrics["rollout/rows_per_decode_step"] * metrics["rollout/decode_steps"])
+
+    def figures(self, steps: int) -> dict:
+        return {"seconds_per_step": round(self.seconds / steps, 1), "kept_groups": self.kept,
+                "problems_drawn": self.drawn, "kept_groups_per_s": round(self.kept / self.seconds, 4),
+                "policy_tokens_per_s": round(self.policy_tokens / self.seconds, 1),
+                "rows_per_decode_step": round(self.decode_rows / max(self.decode_steps, 1), 2)}
+
+
+def decode_ms_by_rows(model_dir: str, rows: tuple[int, ...] = (4, 8, 16, 24, 32), context: int = 300) -> dict:
+    """Milliseconds per decoding step of B rows over a `context`-token cache (the latency argument above)."""
+    model, _ = load_policy(model_dir, "float32")
+    model.eval()
+    out = {}
+    for b in rows:
+        with torch.no_grad():
+            prefill = model(input_ids=torch.randint(0, 1000, (b, context), generator=torch.Generator().manual_seed(b)),
+                            use_cache=True, logits_to_keep=1)
+            cache = GrowingCache([(layer.keys, layer.values) for layer in prefill.cache.layers], context + 40)
+            attn, token = torch.ones(b, context, dtype=torch.long), torch.zeros(b, 1, dtype=torch.long)
+            for s in range(28):
+                if s == 4:
+                    t0 = time.perf_counter()
+                attn = torch.cat([attn, torch.ones(b, 1, dtype=torch.long)], 1)
+                step = model(input_ids=token, attention_mask=attn, position_ids=torch.full((b, 1), context + s),
+                             cache=cache, use_cache=True)
+                token = step.logits[:, -1].argmax(-1, keepdim=True)
+        out[str(b)] = round((time.perf_counter() - t0) / 24 * 1000, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", required=True, help="a learning_cpu output dir (its sft/ model and train.jsonl)")
+    parser.add_argument("--steps", type=int, default=5, help="rollout steps per setting")
+    parser.add_argument("--prompts", type=int, default=3, help="problems per step")
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
+    args = parser.parse_args()
+    run = Path(args.run)
+    sizes = dataclasses.replace(FULL, prompts=args.prompts, rl_seed=args.seed, max_gen_rounds=2)
+    latency = decode_ms_by_rows(str(run / "sft"))
+    print(f"decode ms/step by rows: {latency}", flush=True)
+    tallies = {name: Tally() for name in args.settings}
+    with running_services(rl_config(sizes, run), BOTH_TOOLS, str(REPO_ROOT / "params.yaml"),
+                          log_dir=run / "logs_dynamic_sampling") as urls:
+        trainers = {}
+        for name in args.settings:
+            refill, rows = SETTINGS[name]
+            trainers[name] = set_up(rl_config(dataclasses.replace(sizes, refill=refill, max_batch=rows), run), urls,
+                                    resume=False)
+        for k in range(args.steps):
+            for name in (args.settings if k % 2 == 0 else args.settings[::-1]):
+                t0 = time.perf_counter()
+                metrics = trainers[name].collect_groups(trainers[name]).metrics
+                tallies[name].add(metrics, time.perf_counter() - t0)
+                print(f"step {k} {name}: {time.perf_counter() - t0:.1f} s, drew {metrics['train/problems_drawn']:.0f}, "
+                      f"kept {metrics['train/kept_group_fraction']:.2f}", flush=True)
+        for tr in trainers.values():
+            tr.engine.close()
+    out = {"steps": args.steps, "prompts": args.prompts, "group": sizes.group, "seed": args.seed,
+           "decode_ms_by_rows": latency, "settings": {n: t.figures(args.steps) for n, t in tallies.items()}}
+    if BASELINE in tallies and OURS in tallies:
+        out["ratio"] = round(tallies[OURS].kept / tallies[OURS].seconds / (tallies[BASELINE].kept / tallies[BASELINE].seconds), 3)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -34,10 +34,12 @@ DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 
 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
                                       [--kl B] [--prompts P] [--mini-batches M] [--temperature T] [--code-penalty C]
-                                      [--anchor-dropped N] [--eval-checkpoint STEP]
+                                      [--anchor-dropped N] [--lr-decay constant|linear|cosine] [--min-lr-ratio R]
+                                      [--refill] [--max-batch ROWS] [--eval-checkpoint STEP]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
---rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty, --anchor-dropped) keeps the cold start (evaluation
+--rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty, --anchor-dropped, --lr-decay,
+--min-lr-ratio, --refill, --max-batch) keeps the cold start (evaluation
 of base and SFT, SFT itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """

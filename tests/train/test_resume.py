@@ -7,9 +7,10 @@ start-up around it); the child is killed after it has logged a step past a check
 the resumed run must restore the model, optimiser, scheduler, RNG states, data cursor and
 rollout seed to reproduce that step and the ones after it.
 
-Without tools every metric must match bit for bit. With the sandbox (or dynamic sampling by refill), sampled tokens (so rewards,
-accuracy, lengths, tool calls) must still match exactly, but a sequence re-enters the decoding
-batch when its tool answers (a replacement group when the dropped one is scored), so its neighbours there (and float32 rounding of its sampling
+Without tools every metric must match bit for bit. With the sandbox (or dynamic sampling by
+refill), sampled tokens (so rewards, accuracy, lengths, tool calls) must still match exactly, but
+a sequence re-enters the decoding batch when its tool answers (a replacement group joins it when
+the dropped one is scored), so its neighbours there (and float32 rounding of its sampling
 log-probs, hence of loss, KL and clip figures) depend on tool latency: those match to 1e-4.
 """
 

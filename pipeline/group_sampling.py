@@ -9,8 +9,13 @@ latency-bound decoder: benchmarks/RESULTS.md, rollout), a second round pays that
 stream joins the *running* rollout, so its rows decode beside the first round's longest rows.
 Both draw problems in stream order and stop drawing as soon as the kept groups plus the groups
 still running reach `prompts_per_step`; the rounds cap rounds (`max_gen_rounds`), the refill
-caps the problems drawn (`prompts_per_step x max_gen_rounds`). A refill is single-process and
-needs the continuous schedule (each data-parallel rank samples its own share of a step).
+caps the problems drawn (`prompts_per_step x max_gen_rounds`). A refill needs the continuous schedule.
+
+Under data parallelism (`collect_with_sharded_refill`) ranks cannot share one lazily read stream
+without a collective per dropped group, so every rank takes the step's whole window of
+`prompts_per_step x max_gen_rounds` problems, samples its round-robin share of the first
+`prompts_per_step`, and refills from its own share of the rest; the window's unused problems are
+skipped, as verl skips the surplus of an oversampled generation batch.
 """
 
 from __future__ import annotations
@@ -72,41 +77,77 @@ def collect_in_rounds(tr: Trainer) -> Collected:
     return Collected(kept, seen, step_metrics(seen, kept, rounds) | {"train/generation_rounds": len(rounds)}, dropped)
 
 
+@dataclasses.dataclass
+class RefillRule:
+    """The refill callback: each finished group is scored once; when one is dropped and the groups kept
+    or still running cannot fill `target`, the next problem `draw` gives starts (none once `cap` problems
+    have started)."""
+
+    target: int
+    cap: int
+    draw: Callable[[], list[Problem]]
+    score: Callable[[Group], ScoredGroup]
+    started: int = dataclasses.field(init=False)  # problems started so far: the first `target`, then refills
+    dropped: int = dataclasses.field(init=False, default=0)
+    scores: dict[int, ScoredGroup] = dataclasses.field(init=False, default_factory=dict)  # id(group) -> score
+
+    def __post_init__(self) -> None:
+        self.started = self.target
+
+    def __call__(self, group: Group) -> list[Problem]:
+        self.scores[id(group)] = scored = self.score(group)
+        if is_informative(scored):
+            return []
+        self.dropped += 1
+        if self.started - self.dropped >= self.target or self.started >= self.cap:
+            return []
+        new = self.draw()
+        self.started += len(new)
+        return new
+
+    def scored(self, groups: list[Group]) -> list[ScoredGroup]:
+        return [self.scores.get(id(g)) or self.score(g) for g in groups]
+
+
 def collect_with_refill(tr: Trainer) -> Collected:
     """One rollout that replaces each dropped group with the stream's next problem while it runs."""
     tc = tr.cfg.train
-    target, cap = tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds
-    scores: dict[int, ScoredGroup] = {}  # id(group) -> its score: each finished group is scored once
-    drawn, n_dropped = target, 0
+    rule = RefillRule(tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds, lambda: tr.stream.take(1),
+                      lambda g: score_group(g, tr.cfg, tr.shaping))
+    result = tr.engine.rollout(tr.stream.take(rule.target), tr.cfg.rollout.group_size, refill=rule)
+    return kept_and_dropped(rule.scored(result.groups), result.stats)
 
-    def replace_if_dropped(group: Group) -> list[Problem]:
-        nonlocal drawn, n_dropped
-        scores[id(group)] = scored = score_group(group, tr.cfg, tr.shaping)
-        if is_informative(scored):
-            return []
-        n_dropped += 1
-        if drawn - n_dropped >= target or drawn >= cap:  # kept + still running can fill the batch, or the cap
-            return []
-        drawn += 1
-        return tr.stream.take(1)
 
-    result = tr.engine.rollout(tr.stream.take(target), tr.cfg.rollout.group_size, refill=replace_if_dropped)
-    seen = [scores.get(id(g)) or score_group(g, tr.cfg, tr.shaping) for g in result.groups]
+def collect_with_sharded_refill(tr: Trainer) -> Collected:
+    """`collect_with_refill` across data-parallel ranks: the step's window of problems is taken whole
+    (the same on every rank), each rank refills from its own share of the window's reserve, and the
+    groups come back from every rank in window order."""
+    tc = tr.cfg.train
+    window = tr.stream.take(tc.prompts_per_step * tc.max_gen_rounds)  # the unused part is skipped
+
+    def rank_rule(target: int, reserve: list[Problem]) -> RefillRule:
+        spare = list(reversed(reserve))
+        return RefillRule(target, target + len(reserve), lambda: [spare.pop()],
+                          lambda g: score_group(g, tr.cfg, tr.shaping))
+
+    result = tr.engine.refilled_rollout(window, tc.prompts_per_step, tr.cfg.rollout.group_size, rank_rule)
+    # scored again here: the other ranks' groups arrive unscored (scoring is cheap next to sampling)
+    return kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
+
+
+def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats) -> Collected:
     kept = [g for g in seen if is_informative(g)]
     dropped = [g for g in seen if not is_informative(g)]
-    return Collected(kept, seen, step_metrics(seen, kept, [result.stats]), dropped)
+    return Collected(kept, seen, step_metrics(seen, kept, [stats]), dropped)
 
 
 def group_collector(cfg: RunConfig) -> Callable[[Trainer], Collected]:
     """The step's sampling, chosen once at set-up (`train.refill_dropped_groups`)."""
     if not cfg.train.refill_dropped_groups:
         return collect_in_rounds
-    if cfg.distributed.enabled:
-        raise ValueError("train.refill_dropped_groups is single-process: with distributed.enabled each rank "
-                         "samples its own share of a step's problems (set it false: generation rounds)")
     if cfg.rollout.schedule != "continuous":
         raise ValueError("train.refill_dropped_groups needs rollout.schedule: continuous")
-    return collect_with_refill
+    return collect_with_sharded_refill if cfg.distributed.enabled else collect_with_refill
 
 
 def step_metrics(seen: list[ScoredGroup], kept: list[ScoredGroup], rollouts: list[RolloutStats]) -> dict[str, float]:

@@ -74,7 +74,9 @@ class TrainConfig(StageConfig):
         "prompts_per_step x max_gen_rounds problems drawn)."))
     refill_dropped_groups: bool = Field(False, description=(
         "Dynamic sampling: replace a dropped group with the next problem inside the running rollout, instead of "
-        "a further round after it (single process, continuous schedule; pipeline.group_sampling)."))
+        "a further round after it (continuous schedule; under data parallelism each rank refills from its share of "
+        "the step's window of prompts_per_step x max_gen_rounds problems and the unused ones are skipped; "
+        "pipeline.group_sampling)."))
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     ppo_mini_batches: int = Field(
         1, ge=1, description="Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups."

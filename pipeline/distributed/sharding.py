@@ -6,17 +6,20 @@ least-loaded rank); every rank computes the same assignment from the same inputs
 
 `ShardedRolloutEngine` samples only this rank's problems, then all-gathers the groups, so
 every rank sees the whole batch in the original order: scoring, dynamic sampling and the
-stream cursor stay in lock-step across ranks without any change to the training loop.
+stream cursor stay in lock-step across ranks without any change to the training loop. A
+refilled rollout (`refilled_rollout`) is given a window of problems: each rank starts its share
+of the window's head and refills from its share of the rest, with no collective until the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 
 import torch.distributed as dist
 
-from pipeline.rollout.engine import RolloutEngine, RolloutResult
+from pipeline.rollout.engine import Refill, RolloutEngine, RolloutResult
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.types import Problem, TrainBatch
 
@@ -35,6 +38,15 @@ def assign_groups(costs: list[float], world: int) -> list[list[int]]:
 def problem_shard(n_problems: int, rank: int, world: int) -> list[int]:
     """Problems this rank samples: round-robin (each problem's whole group on one rank)."""
     return list(range(rank, n_problems, world))
+
+
+def window_shares(target: int, size: int, rank: int, world: int) -> tuple[list[int], list[int]]:
+    """A refilled step's window of `size` problems: the ones this rank starts (its round-robin share of
+    the first `target`) and its reserve (its round-robin share of the rest, in order, among the ranks
+    that start any: a rank with nothing running has no group to replace)."""
+    active = min(target, world)
+    reserve = problem_shard(size - target, rank, active) if rank < active else []
+    return problem_shard(target, rank, world), [target + i for i in reserve]
 
 
 def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
@@ -69,22 +81,39 @@ def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
 class ShardedRolloutEngine(RolloutEngine):
     """A `RolloutEngine` whose `rollout` samples this rank's share and returns everyone's."""
 
-    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None) -> RolloutResult:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        mine = problem_shard(len(problems), rank, world)
-        if mine:
-            local = super().rollout([problems[i] for i in mine], n, temperature=temperature)
-        else:  # fewer problems than ranks: nothing to sample here this round
-            local = RolloutResult([], RolloutStats(trajectories=0, wall_s=0.0, generator_busy_s=0.0,
-                                                   generator_idle_s=0.0, policy_tokens=0))
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, (mine, local.groups, local.stats))
-        groups: list = [None] * len(problems)
-        for indices, part, _ in gathered:
-            for i, g in zip(indices, part, strict=True):
-                groups[i] = g
-        return RolloutResult(groups, merge_stats([stats for _, _, stats in gathered]))
+    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+                refill: Refill | None = None) -> RolloutResult:
+        if refill is not None:
+            raise ValueError("a sharded rollout refills through refilled_rollout (each rank from its own reserve)")
+        mine = problem_shard(len(problems), dist.get_rank(), dist.get_world_size())
+        local = super().rollout([problems[i] for i in mine], n, temperature=temperature) if mine else EMPTY
+        return gathered_in_order(mine, local, len(problems))
 
+    def refilled_rollout(self, window: list[Problem], target: int, n: int,
+                         rank_refill: Callable[[int, list[Problem]], Refill]) -> RolloutResult:
+        """Sample this rank's share of `window[:target]`, refilled (`rank_refill(its share, its reserve)`)
+        from its round-robin share of `window[target:]`; every rank's groups, in window order."""
+        mine, reserve = window_shares(target, len(window), dist.get_rank(), dist.get_world_size())
+        refill = rank_refill(len(mine), [window[i] for i in reserve])
+        local = super().rollout([window[i] for i in mine], n, refill=refill) if mine else EMPTY
+        drawn = (mine + reserve)[: len(local.groups)]  # a refill draws its reserve in order
+        return gathered_in_order(drawn, local, len(window))
+
+
+EMPTY = RolloutResult([], RolloutStats(trajectories=0, wall_s=0.0, generator_busy_s=0.0, generator_idle_s=0.0,
+                                       policy_tokens=0))  # fewer problems than ranks: nothing sampled here
+
+
+def gathered_in_order(indices: list[int], local: RolloutResult, size: int) -> RolloutResult:
+    """Collective: every rank's groups (group j of a rank is problem `indices[j]` of `size`), in problem
+    order, with the merged statistics."""
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (indices, local.groups, local.stats))
+    groups: list = [None] * size
+    for rank_indices, part, _ in everyone:
+        for i, g in zip(rank_indices, part, strict=True):
+            groups[i] = g
+    return RolloutResult([g for g in groups if g is not None], merge_stats([stats for _, _, stats in everyone]))
 
 
 def rank_rows(batch: TrainBatch, rows: list[int]) -> TrainBatch:

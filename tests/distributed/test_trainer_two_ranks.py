@@ -42,3 +42,25 @@ def test_final_model_is_a_hugging_face_directory(trained) -> None:
     r, tmp = trained
     model = AutoModelForCausalLM.from_pretrained(tmp / "policy", dtype=torch.float32)
     assert torch.equal(torch.cat([p.detach().flatten() for p in model.parameters()]), r["after"])
+
+
+@pytest.mark.slow
+def test_refill_across_ranks_draws_from_the_window_in_order(two_rank_run: Path) -> None:
+    steps = torch.load(two_rank_run / "refill.pt", weights_only=False)
+    drawn = []
+    for i, step in enumerate(steps):
+        assert step["collector"] == "collect_with_sharded_refill"
+        (seen, kept), other = step["seen_kept"][0], step["seen_kept"][1]
+        assert (seen, kept) == tuple(other)  # every rank saw every group, in the same order
+        assert seen[:3] == step["window"][:3]  # the step's three problems start, on ranks 0 1 0
+        assert is_subsequence(seen[3:], step["window"][3:])  # refills: the window's reserve, in order
+        assert len(kept) <= 3 and step["cursor"] == 6 * (i + 1)  # the window is consumed whole
+        assert step["metrics"]["train/problems_drawn"] == len(seen)
+        assert step["metrics"]["rollout/trajectories"] == 2 * len(seen)
+        drawn.append(len(seen))
+    assert max(drawn) > 3  # some rank replaced a dropped group
+
+
+def is_subsequence(part: list, whole: list) -> bool:
+    rest = iter(whole)
+    return all(any(x == y for y in rest) for x in part)

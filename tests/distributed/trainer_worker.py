@@ -1,12 +1,14 @@
 """One rank of the end-to-end test: `pipeline.train`'s own set_up / collect_batch / placement step
-with `distributed.enabled`, a DeepSpeed checkpoint, the final export, then a resumed run.
+with `distributed.enabled`, a DeepSpeed checkpoint, the final export, then a resumed run; then the
+same set-up with dynamic sampling by refill (each rank refilling from its share of a window).
 
 The steps are the ones `pipeline.train.run` makes (its MLflow and metric files are left out).
-Rank 0 writes what every rank saw to OUT/trainer.pt.
+Rank 0 writes what every rank saw to OUT/trainer.pt and OUT/refill.pt.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -62,6 +64,28 @@ def main(params: Path, out: Path) -> None:
               "world": dist.get_world_size()}
     if dist.get_rank() == 0:
         torch.save(result, out / "trainer.pt")
+    refilled(params, out)
+
+
+def refilled(params: Path, out: Path) -> None:
+    """Three steps with `train.refill_dropped_groups` (window of 3 x 2 problems): per step, the window,
+    the problems every rank saw in order, the kept ones and the cursor."""
+    cfg = load_config(params, overrides={
+        "train.algorithm.dynamic_sampling": True, "train.refill_dropped_groups": True, "train.max_gen_rounds": 2,
+        "train.checkpoint_dir": str(out / "refill_run"), "train.output_dir": str(out / "refill_policy")})
+    tr = set_up(cfg, {}, resume=False)
+    steps = []
+    for _ in range(3):
+        window = [p.id for p in copy.deepcopy(tr.stream).take(6)]
+        collected = tr.collect_groups(tr)
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, ([g.group.problem.id for g in collected.seen],
+                                          [g.group.problem.id for g in collected.kept]))
+        tr.placement.train_step(tr, collected.kept)
+        steps.append({"window": window, "seen_kept": everyone, "cursor": tr.stream.cursor,
+                      "collector": tr.collect_groups.__name__, "metrics": collected.metrics})
+    if dist.get_rank() == 0:
+        torch.save(steps, out / "refill.pt")
 
 
 if __name__ == "__main__":

@@ -132,7 +132,9 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
 
     result = tr.engine.refilled_rollout(window, tc.prompts_per_step, tr.cfg.rollout.group_size, rank_rule)
     # scored again here: the other ranks' groups arrive unscored (scoring is cheap next to sampling)
-    return kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
+    collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
+    collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
+    return collected
 
 
 def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats) -> Collected:

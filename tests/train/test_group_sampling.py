@@ -91,6 +91,7 @@ def test_sharded_refill_draws_from_the_window_in_order_and_skips_the_rest(tmp_pa
             assert all(is_informative(g) for g in kept) and not any(is_informative(g) for g in collected.dropped)
             assert len(kept) <= 3 and (len(kept) == 3 or len(seen) == 6)
             assert collected.metrics["rollout/trajectories"] == 2 * len(seen)
+            assert collected.metrics["train/problems_skipped"] == 6 - len(seen)
             drawn_per_step.append(len(seen))
         assert max(drawn_per_step) > 3 and min(drawn_per_step) < 6  # refills happened, and not always to the cap
     finally:

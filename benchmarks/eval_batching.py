@@ -28,15 +28,12 @@ from pathlib import Path
 
 import redis
 
-from benchmarks.learning_cpu import BOTH_TOOLS, evaluate_model
+from benchmarks.learning_cpu import BOTH_TOOLS, FULL, evaluate_model
 from flows.services import running_services
 from pipeline.config import RunConfig, load_config
 from pipeline.jsonl import iter_json_lines
 from pipeline.paths import REPO_ROOT
 from pipeline.services import redis_service
-
-EVAL_TOKENS = 192  # learning_cpu's max policy tokens
-
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,7 +72,8 @@ def main() -> None:
             for name, (chunk, batch) in settings.items():
                 redis.Redis.from_url(cache.url).flushdb()
                 t0 = time.perf_counter()
-                per_type = evaluate_model(setting(cfg, chunk, batch), urls, str(model), test, work / name, EVAL_TOKENS)
+                per_type = evaluate_model(setting(cfg, chunk, batch), urls, str(model), test, work / name,
+                                          FULL.eval_tokens)
                 seconds[name] = time.perf_counter() - t0
                 accuracy[name] = round(per_type["mix"]["accuracy"], 3)
                 print(f"{name} (chunk {chunk}, batch {batch}): {seconds[name]:.1f} s, mix accuracy {accuracy[name]}",

@@ -131,7 +131,8 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
                           lambda g: score_group(g, tr.cfg, tr.shaping))
 
     result = tr.engine.refilled_rollout(window, tc.prompts_per_step, tr.cfg.rollout.group_size, rank_rule)
-    # scored again here: the other ranks' groups arrive unscored (scoring is cheap next to sampling)
+    # scored again here: every group, this rank's too, comes back from the all-gather as a new object, so the
+    # rules' scores (keyed by object) do not carry over; scoring is cheap next to sampling
     collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
     collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
     return collected

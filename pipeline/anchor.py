@@ -46,7 +46,7 @@ def dropped_openings(dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGr
             for g in dropped]
 
 
-def training_groups(kept: list[ScoredGroup], dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGroup]:
-    """What a step trains on: the kept groups, then the dropped groups' openings. A step that kept no
-    group makes no update (as without the anchor): a KL-only step would move the policy on no reward."""
-    return kept + dropped_openings(dropped, n_tokens) if kept else []
+def step_openings(kept: list[ScoredGroup], dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGroup]:
+    """The dropped groups' openings a step trains on beside its kept groups. None when nothing was kept:
+    a KL-only step would move the policy on no reward (a step without the anchor makes no update then either)."""
+    return dropped_openings(dropped, n_tokens) if kept else []

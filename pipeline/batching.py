@@ -7,12 +7,15 @@ denominator of the loss (TAPO's code zeroes their advantage but still counts the
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from pipeline.types import ScoredGroup, TrainBatch
+
+T = TypeVar("T")
 
 
 def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pad_id: int) -> TrainBatch:
@@ -35,16 +38,26 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
     return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()))
 
 
-def mini_batch_groups(groups: list[ScoredGroup], n: int) -> list[list[ScoredGroup]]:
-    """Whole groups, in order, as min(n, len(groups)) mini-batches whose sizes differ by at most one.
+def mini_batch_groups(kept: list[ScoredGroup], n: int,
+                      anchored: Sequence[ScoredGroup] = ()) -> list[list[ScoredGroup]]:
+    """Whole groups, in order, as min(n, len(kept)) mini-batches whose sizes differ by at most one, each
+    followed by its share of the `anchored` openings (`pipeline.anchor`), split the same way.
 
-    A group is never split: its rows share their prompt's pass and their advantages are relative to each other."""
-    k = min(n, len(groups))
+    A group is never split: its rows share their prompt's pass and their advantages are relative to each other.
+    The openings are spread over the mini-batches rather than appended to the last: a mini-batch of openings
+    alone would be an optimiser step on the KL term only, on no reward."""
+    k = min(n, len(kept))
     if k < 1:
-        raise ValueError(f"mini_batch_groups needs n >= 1 and at least one group (got n={n}, {len(groups)} groups)")
-    size, extra = divmod(len(groups), k)
+        raise ValueError(f"mini_batch_groups needs n >= 1 and at least one kept group (got n={n}, {len(kept)} groups)")
+    shares = zip(even_parts(kept, k), even_parts(anchored, k), strict=True)
+    return [list(part) + list(anchors) for part, anchors in shares]
+
+
+def even_parts(items: Sequence[T], k: int) -> list[Sequence[T]]:
+    """`items` in order as k consecutive parts whose sizes differ by at most one (empty parts when fewer than k)."""
+    size, extra = divmod(len(items), k)
     bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [groups[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [items[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def unique_rows(keys: list[Hashable]) -> tuple[list[int], list[int]]:

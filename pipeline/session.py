@@ -6,7 +6,7 @@ once at set-up; the loop calls its functions and never asks which one it has.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from pipeline.types import ScoredGroup
 
 @dataclass(frozen=True)
 class Placement:
-    train_step: Callable[[Trainer, list[ScoredGroup]], dict[str, float]]  # advantages, loss, optimiser step
+    # (kept groups, dropped groups' openings) -> advantages, loss, optimiser steps
+    train_step: Callable[[Trainer, list[ScoredGroup], Sequence[ScoredGroup]], dict[str, float]]
     save_checkpoint: Callable[[Trainer], Any]  # collective under data parallelism
     save_final_model: Callable[[Trainer, Path], None]
     is_main: Callable[[], bool]  # only the main process logs and writes metrics

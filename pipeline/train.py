@@ -23,6 +23,7 @@ Departures from the papers, and why:
 7. Each rollout batch makes ppo_epochs x ppo_mini_batches optimiser steps; a mini-batch holds whole
    groups and is normalised by its own policy tokens (verl's ppo_mini_batch_size; TRL makes one step
    per generation batch unless it repeats the batch). The logged update metrics are their mean.
+   The anchored openings of 6. are spread over the mini-batches, so none trains on the KL term alone.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import dataclasses
 import random
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ from safetensors.torch import load_model
 from tqdm import tqdm
 
 from pipeline.advantage import token_advantages
-from pipeline.anchor import training_groups
+from pipeline.anchor import step_openings
 from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
@@ -138,11 +139,12 @@ def prepared_batch(tr: Trainer, groups: list[ScoredGroup]) -> TrainBatch:
     return tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
 
 
-def train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
+def train_step(tr: Trainer, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup] = ()) -> dict[str, float]:
+    """The update on the kept groups and the dropped groups' openings (`anchored`, KL only)."""
     if not kept:
         return {"train/skipped": 1.0}
     tc = tr.cfg.train
-    batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
+    batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True)
     loss = make_policy_loss(tc.algorithm)
     updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
@@ -172,11 +174,10 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             started = time.perf_counter()
             collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
             sampled = time.perf_counter()
-            groups = training_groups(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
-            update_metrics = place.train_step(tr, groups)           # advantages, loss, optimiser step
+            anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
+            update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
             seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-            anchored = {"train/anchored_groups": float(len(groups) - len(collected.kept))}
-            last = collected.metrics | update_metrics | anchored | seconds
+            last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
             history.log(step, last)
             if bar.disable and place.is_main():
                 print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -82,14 +83,15 @@ def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: 
     return dataclasses.replace(batch, old_logprobs_BT=old_BT * batch.loss_mask_BT)
 
 
-def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup]) -> dict[str, float]:
+def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup],
+                             anchored: Sequence[ScoredGroup] = ()) -> dict[str, float]:
     """`pipeline.train.train_step` across ranks: each mini-batch's whole groups spread over the ranks,
     with the mini-batch's global token denominator."""
     if not kept:  # identical on every rank: the rollouts were all-gathered
         return {"train/skipped": 1.0}
     backend = DeepSpeedBackend(tr.model)
     tc = tr.cfg.train
-    batches = [local_batch(tr, backend, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches)]
+    batches = [local_batch(tr, backend, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
     # Rows run padded here: the packed prefix tree's dense [P, P] mask is measured on CPU only, and this
     # path is for GPUs, where an arbitrary mask rules out the flash-attention kernel (not measured there).
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.advantage import group_advantages, token_advantages
-from pipeline.anchor import dropped_openings, opening, training_groups
+from pipeline.anchor import dropped_openings, opening, step_openings
 from pipeline.batching import make_train_batch
 from pipeline.config.reward import TepoDense, TepoOff
 from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
@@ -60,18 +60,19 @@ def test_an_opening_is_the_first_tokens_without_tool_calls() -> None:
 
 def test_only_dropped_groups_are_cut_and_only_when_something_was_kept() -> None:
     kept, dropped = [scored([1.0, 0.0], 0)], [scored([0.0, 0.0], 10)]
-    groups = training_groups(kept, dropped, 4)
-    assert groups[0] is kept[0] and len(groups) == 2
-    assert [len(t.response_ids) for t in groups[1].group.trajectories] == [4, 4]
-    assert groups[1].rewards == dropped[0].rewards
-    assert training_groups(kept, dropped, 0) == kept  # the anchor is off
-    assert training_groups([], dropped, 4) == []  # no informative group: no update, as without the anchor
+    openings = step_openings(kept, dropped, 4)
+    assert len(openings) == 1
+    assert [len(t.response_ids) for t in openings[0].group.trajectories] == [4, 4]
+    assert openings[0].rewards == dropped[0].rewards
+    assert step_openings(kept, dropped, 0) == []  # the anchor is off
+    assert step_openings([], dropped, 4) == []  # no informative group: no update, as without the anchor
     assert dropped_openings(dropped, 0) == []
 
 
 @pytest.mark.parametrize("tepo", [TepoOff(), TepoDense()])
 def test_an_opening_has_zero_advantage(tepo) -> None:
-    groups = training_groups([scored([1.0, 0.0], 0)], [scored([0.1, 0.1, 0.1], 10)], 6)
+    kept = [scored([1.0, 0.0], 0)]
+    groups = kept + step_openings(kept, [scored([0.1, 0.1, 0.1], 10)], 6)
     advantages = token_advantages(groups, DAPOLoss(), tepo)
     assert all(np.all(a == 0.0) for a in advantages[2:]) and np.abs(advantages[0]).sum() > 0
 
@@ -99,7 +100,7 @@ def step_gradient(groups: list[ScoredGroup], reference_seed: int) -> tuple[torch
 def test_openings_train_the_kl_term_alone() -> None:
     kept, dropped = [scored([1.0, 0.0], 0)], [scored([0.0, 0.0], 10)]
     alone, n_kept = step_gradient(kept, reference_seed=1)
-    anchored, n_all = step_gradient(training_groups(kept, dropped, 6), reference_seed=1)
+    anchored, n_all = step_gradient(kept + step_openings(kept, dropped, 6), reference_seed=1)
     assert n_all == n_kept + 2 * 3  # each opening's 3 sampled tokens (the tool output inside the cut is masked)
     # Reference == policy: an opening adds no gradient (zero advantage, KL at its minimum), only tokens to the
     # denominator (DAPO's token mean over the batch). Not to 1e-12: the attention softmax runs in float32 even
@@ -107,7 +108,7 @@ def test_openings_train_the_kl_term_alone() -> None:
     torch.testing.assert_close(anchored * n_all, alone * n_kept, atol=1e-6, rtol=0)
     # A policy that has moved away from the reference: the openings pull it back.
     alone, _ = step_gradient(kept, reference_seed=2)
-    anchored, _ = step_gradient(training_groups(kept, dropped, 6), reference_seed=2)
+    anchored, _ = step_gradient(kept + step_openings(kept, dropped, 6), reference_seed=2)
     assert float((anchored * n_all - alone * n_kept).norm()) > 1e-3
 
 

@@ -25,6 +25,17 @@ def test_mini_batches_keep_groups_whole_and_in_order() -> None:
         mini_batch_groups(groups, 0)
 
 
+def test_openings_are_spread_over_the_mini_batches() -> None:
+    kept, anchored = ["k0", "k1", "k2"], ["a0", "a1"]  # kept groups, dropped groups' openings (KL only)
+    assert mini_batch_groups(kept, 2, anchored) == [["k0", "k1", "a0"], ["k2", "a1"]]
+    assert mini_batch_groups(kept, 3, anchored) == [["k0", "a0"], ["k1", "a1"], ["k2"]]
+    assert mini_batch_groups(kept, 1, anchored) == [kept + anchored]
+    # Never a mini-batch of openings alone (an optimiser step on the KL term only): as many as there are kept groups.
+    assert mini_batch_groups(["k0"], 2, anchored) == [["k0", "a0", "a1"]]
+    with pytest.raises(ValueError, match="0 groups"):
+        mini_batch_groups([], 2, anchored)
+
+
 def adam_steps(optimizer: torch.optim.Optimizer) -> int:
     return int(next(iter(optimizer.state.values()))["step"])
 

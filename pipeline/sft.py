@@ -93,13 +93,17 @@ def to_batch(traces: list[Trace], pad_id: int) -> TrainBatch:
     return TrainBatch(ids, attn, mask, zeros, zeros, n_policy_tokens=int(mask.sum()))
 
 
-def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, micro_size: int) -> float:
-    """Cross-entropy over mask-1 tokens, normalised once by the batch's mask-1 count."""
+def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, micro_size: int,
+             share_prefixes: bool = True) -> float:
+    """Cross-entropy over mask-1 tokens, normalised once by the batch's mask-1 count. A micro-batch's rows
+    run as their prefix tree where that costs less (`pipeline.shared_prefix`): the system turn every trace
+    opens with (~280 tokens of TAPO's both-tool prompt) then runs once, not once per row."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for micro in micro_batches(batch, micro_size):
-        logprobs_BT, _ = token_logprobs_and_entropy(model, micro, temperature=0.0, with_entropy=False)
+        logprobs_BT, _ = token_logprobs_and_entropy(model, micro, temperature=0.0, with_entropy=False,
+                                                    share_prefixes=share_prefixes)
         loss = -(logprobs_BT * micro.loss_mask_BT).sum() / max(batch.n_policy_tokens, 1)
         loss.backward()
         total += float(loss.detach())

@@ -59,8 +59,24 @@ def cut_middle(text: str, limit: int) -> str:
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
                   tools: tuple[ToolName, ...]) -> list[int]:
     """The chat-templated prompt (system rules for the offered tools, then the question)."""
-    prompt = tokenizer.apply_chat_template(protocol.messages(problem, tools), add_generation_prompt=True, tokenize=True)
-    return list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    return _chat_ids(tokenizer, protocol.messages(problem, tools), add_generation_prompt=True)
+
+
+def system_turn_length(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
+                       tools: tuple[ToolName, ...], prompt_ids: list[int]) -> int:
+    """How many leading tokens of `prompt_ids` are the system turn alone, as the template renders it
+    (0 when there is none, or when the full prompt does not start with exactly those tokens)."""
+    messages = protocol.messages(problem, tools)
+    if messages[0]["role"] != "system":
+        return 0
+    turn = _chat_ids(tokenizer, messages[:1], add_generation_prompt=False)
+    return len(turn) if len(turn) < len(prompt_ids) and prompt_ids[:len(turn)] == turn else 0
+
+
+def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool
+              ) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 class HFBackend:
@@ -156,7 +172,9 @@ class RolloutEngine:
 
     def _new_sequence(self, problem: Problem) -> Sequence:
         tools = tools_for(problem, tuple(self.tools))
-        return Sequence(problem=problem, tools=tools, prompt_ids=encode_prompt(self.tokenizer, self.protocol, problem, tools))
+        prompt = encode_prompt(self.tokenizer, self.protocol, problem, tools)
+        return Sequence(problem=problem, tools=tools, prompt_ids=prompt,
+                        shared_prefix_len=system_turn_length(self.tokenizer, self.protocol, problem, tools, prompt))
 
     def encode_output(self, text: str) -> list[int]:
         return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]

@@ -20,9 +20,11 @@ caches are bounded by `max_parked_kv_tokens`; a sequence over the bound re-prefi
 Sequences admitted together with the same context (a group's G fresh samples, or samples that
 wrote the same call and got the same tool output) are prefilled once and share that cache. The
 batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py): a decoding step writes one column
-in place instead of copying the whole cache. Beyond that,
-unlike vLLM's prefix cache, nothing is shared between sequences: a general cross-sequence cache
-would need a block allocator, which vLLM already is.
+in place instead of copying the whole cache. Every prompt also opens with the same system turn (the
+rules and tool examples: 280 of the 315 tokens of a TAPO prompt offering both tools), which is
+prefilled once per rollout; each fresh row starts from its cache (`Sequence.shared_prefix_len`).
+Beyond that, unlike vLLM's prefix cache, nothing is shared between sequences: a general
+cross-sequence cache would need a block allocator, which vLLM already is.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from pipeline.rollout.sequence import Sequence
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H, T, D]
 SAMPLE_CHUNK_ELEMENTS = 2**20  # logits sampled together (see sample_tokens): 21 rows of a 49k vocabulary
 STOP_TAIL_TOKENS = 16  # tokens decoded to look for a stop string that spans token boundaries
+MIN_SHARED_PREFIX_TOKENS = 16  # a shorter system turn is prefilled with each row: not worth a cache
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class DecoderStats:
     idle_s: float = 0.0
     sampled_tokens: int = 0
     prefill_tokens: int = 0
-    reused_tokens: int = 0  # context tokens served from a parked sequence's own KV cache
+    reused_tokens: int = 0  # context tokens served from a cache: a parked row's own, or the shared system turn's
     steps: int = 0
 
 
@@ -96,6 +99,7 @@ class HFDecoder:
         self.max_parked_kv_tokens = max_parked_kv_tokens
         self._parked: dict[int, tuple[Sequence, KV]] = {}  # id(seq) -> its cache of context_ids[:-1]
         self._parked_tokens = 0
+        self._prefixes: dict[tuple[int, ...], KV] = {}  # a system turn's tokens -> its cache ([H, T, D] per layer)
         self._pieces: dict[int, str] = {}  # token id -> its text alone (see _may_end_a_stop)
 
     @torch.no_grad()
@@ -129,6 +133,7 @@ class HFDecoder:
         self._drop_finished_parked()
         seqs = [seq for seq, _ in new]
         pasts = [self._take_parked(seq) for seq in seqs]
+        pasts = [self._shared_prefix(seq, stats) if past is None else past for seq, past in zip(seqs, pasts)]
         past_len = max((_kv_len(p) for p in pasts if p is not None), default=0)
         suffixes = [seq.context_ids[_kv_len(p) if p is not None else 0:] for seq, p in zip(seqs, pasts)]
         width = max(len(s) for s in suffixes)
@@ -165,6 +170,20 @@ class HFDecoder:
         batch.rows += seqs
         batch.stops += [stops for _, stops in new]
         self._retire_stopped(batch, list(range(len(batch.rows) - len(new), len(batch.rows))), scheduler)
+
+    def _shared_prefix(self, seq: Sequence, stats: DecoderStats) -> KV | None:
+        """The cache of the row's system turn (prefilled on first use), for a row without its own cache."""
+        n = seq.shared_prefix_len
+        if n < MIN_SHARED_PREFIX_TOKENS or len(seq.context_ids) <= n:
+            return None
+        key = tuple(seq.prompt_ids[:n])
+        if key not in self._prefixes:
+            out = self.model(input_ids=torch.tensor([key], device=self.device),
+                             attention_mask=torch.ones((1, n), dtype=torch.long, device=self.device),
+                             position_ids=torch.arange(n, device=self.device)[None], use_cache=True, logits_to_keep=1)
+            self._prefixes[key] = [(k[0], v[0]) for k, v in _kv(out.cache)]
+            stats.prefill_tokens += n
+        return self._prefixes[key]
 
     # --- parked caches ------------------------------------------------------------------
     def _park(self, batch: _Batch, i: int, fed: int) -> None:

@@ -16,6 +16,9 @@ class Sequence:
     problem: Problem
     tools: tuple[ToolName, ...]
     prompt_ids: list[int]
+    # Leading prompt tokens every prompt offering these tools shares (the system turn): the hf decoder
+    # prefills them once per rollout and starts each fresh row from a copy of their cache. 0 = none.
+    shared_prefix_len: int = 0
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

@@ -31,6 +31,8 @@ class PerQuestionLM(ScriptedLM):
 
     def _next_token(self, context: list[int]) -> int:
         text = self.tok.decode(context)
+        if USER_OPEN not in text:  # the prompts' shared system turn alone (prefilled once): no question yet
+            return super()._next_token(context)
         start = text.find(USER_OPEN) + len(USER_OPEN)
         question = text[start:text.find(TURN_CLOSE, start)]
         if question in self.crash_on:

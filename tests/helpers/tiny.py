@@ -71,6 +71,8 @@ class ScriptedLM(torch.nn.Module):
 
     def _next_token(self, context: list[int]) -> int:
         text = self.tok.decode(context)
+        if self.header not in text:  # the prompts' shared system turn alone (prefilled once): logits go unread
+            return self.tok.eos_token_id
         response = text[text.rfind(self.header) + len(self.header):]
         k = response.count(self.output_open)
         emitted = response[response.rfind(self.output_close) + len(self.output_close):] if k else response

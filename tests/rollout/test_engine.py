@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine
+from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine, encode_prompt, system_turn_length
 from pipeline.rollout.protocol import TapoProtocol
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import ScriptedLM, _Out, tiny_llama, tiny_tokenizer
@@ -204,7 +204,10 @@ class _ByQuestion(torch.nn.Module):
         for b in range(input_ids.shape[0]):
             context = keys[b, 0, :, 0][attention_mask[b].bool()].long()
             text = self.tok.decode(context)
-            model = next(m for q, m in self.models.items() if q in text)
+            model = next((m for q, m in self.models.items() if q in text), None)
+            if model is None:  # the shared system turn alone, prefilled once for every row: its logits go unread
+                rows.append(self.tok.eos_token_id)
+                continue
             if input_ids.shape[1] > 1 and "<response>" in text[text.rfind("assistant"):]:
                 model.log.append("resumed")
             rows.append(model._next_token(context.tolist()))
@@ -224,6 +227,17 @@ def test_tapo_system_prompt_lists_and_shows_exactly_the_offered_tools(tools) -> 
         assert shown == (tool in tools), (tool, prompt)
     assert prompt.count("Question:") == max(len(tools), 1)
     assert ("Examples:" in prompt) == (len(tools) > 1)  # a one-tool prompt is unchanged: "Example:"
+
+
+@pytest.mark.parametrize("tools", [("search", "code"), ("code",)])
+def test_the_shared_prefix_is_the_system_turn_every_prompt_opens_with(tok, tools) -> None:
+    protocol = TapoProtocol()
+    prompts = [encode_prompt(tok, protocol, problem(i), tools) for i in (1, 2)]
+    n = system_turn_length(tok, protocol, problem(1), tools, prompts[0])
+    assert n == system_turn_length(tok, protocol, problem(2), tools, prompts[1]) > 0
+    assert prompts[0][:n] == prompts[1][:n] and prompts[0][n] == prompts[1][n]  # the turn ends; the user's begins
+    assert tok.decode(prompts[0][:n]).endswith("<|im_end|>\n") and "What is 6 * 1?" in tok.decode(prompts[0][n:])
+    assert system_turn_length(tok, protocol, problem(1), tools, prompts[0][:n]) == 0  # nothing after it: no prefix
 
 
 def test_decoding_steps_count_the_rows_decoded_together(tok) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.rollout.hf_backend import HFDecoder, SamplingParams, inverse_cdf_sample
+from pipeline.rollout.hf_backend import MIN_SHARED_PREFIX_TOKENS, HFDecoder, SamplingParams, inverse_cdf_sample
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
@@ -146,6 +146,47 @@ def test_group_copies_of_a_prompt_are_prefilled_once_and_sample_independently() 
         n = len(seq.prompt_ids)
         expected = [logits[n - 1 + i, t].item() for i, t in enumerate(seq.response_ids)]
         assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(expected), atol=1e-4)
+
+
+def _system_turn_rows(tok, system: list[int], questions: list[list[int]], shared: bool) -> list[Sequence]:
+    return [Sequence(problem=Problem("p", "q", ("a",), "math", "s", "train"), tools=(), prompt_ids=system + q,
+                     shared_prefix_len=len(system) if shared else 0) for q in questions]
+
+
+def test_fresh_rows_start_from_one_prefill_of_their_shared_system_turn() -> None:
+    """Rows whose prompts open with the same system turn, admitted at different times and again after tool
+    outputs (no parked caches): that turn is prefilled once, with the tokens and log-probs of full prefills."""
+    tok = tiny_tokenizer()
+    model = tiny_llama(len(tok), seed=11)
+    model.generation_config.eos_token_id = None
+    system = tok("<|im_start|>system\nThe quick brown fox jumps over the lazy dog 0123456789.<|im_end|>\n")["input_ids"]
+    assert len(system) >= MIN_SHARED_PREFIX_TOKENS
+    questions = [tok(q)["input_ids"] for q in ("What is 6 * 7?", "0123", "capital of Australia")]
+    params = SamplingParams(temperature=0.0, top_p=1.0, max_policy_tokens=8, max_total_tokens=512)
+
+    shared, plain = (_system_turn_rows(tok, system, questions, flag) for flag in (True, False))
+    shared_stats = HFDecoder(model, tok, params, max_batch=2).run(StaggeredScheduler(shared, every=3))
+    plain_stats = HFDecoder(model, tok, params, max_batch=2).run(StaggeredScheduler(plain, every=3))
+    assert shared_stats.prefill_tokens == len(system) + sum(map(len, questions))
+    assert plain_stats.prefill_tokens == sum(len(system) + len(q) for q in questions)
+    assert shared_stats.reused_tokens == len(questions) * len(system)
+    for a, b in zip(shared, plain, strict=True):
+        assert a.response_ids == b.response_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
+
+    outputs = [tok(t)["input_ids"] for t in ("<output>42</output>", "ok")]
+    shared, plain = (_system_turn_rows(tok, system, questions, flag) for flag in (True, False))
+    shared_stats = HFDecoder(model, tok, params, max_batch=2).run(ToolRoundsScheduler(shared, 2, outputs))
+    plain_stats = HFDecoder(model, tok, params, max_batch=2).run(ToolRoundsScheduler(plain, 2, outputs))
+    admissions = 3 * len(questions)  # each row: its prompt, then after each of 2 tool outputs
+    assert plain_stats.prefill_tokens - shared_stats.prefill_tokens == (admissions - 1) * len(system)
+    for a, b in zip(shared, plain, strict=True):
+        assert a.response_ids == b.response_ids and a.loss_mask == b.loss_mask
+        with torch.no_grad():  # the log-probs of one full forward pass
+            logits = model(torch.tensor([a.context_ids])).logits[0].log_softmax(-1)
+        n = len(a.prompt_ids)
+        expected = [logits[n - 1 + i, t].item() if m else 0.0 for i, (t, m) in enumerate(zip(a.response_ids, a.loss_mask))]
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(expected), atol=1e-4, rtol=0)
 
 
 def test_inverse_cdf_sampling_follows_the_distribution() -> None:

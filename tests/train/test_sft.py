@@ -42,3 +42,25 @@ def test_sft_loss_decreases() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = [sft_step(model, opt, batch, micro_size=1) for _ in range(15)]
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_traces_sharing_their_system_turn_train_as_a_prefix_tree_to_the_same_step() -> None:
+    """Rows that open alike run their shared tokens once: the step's loss and the updated weights are those
+    of the padded rows (float64)."""
+    tok = tiny_tokenizer()
+    system = tok("<|im_start|>system\nThe quick brown fox jumps over the lazy dog.<|im_end|>\n")["input_ids"]
+    traces = []
+    for i, text in enumerate(("<code>print(6 * 7)</code>", "<answer>42</answer>", "<search>capital</search>")):
+        ids = system + tok(f"What is {i}?")["input_ids"] + tok(text)["input_ids"]
+        traces.append(Trace(f"t{i}", tuple(ids), tuple([0] * (len(ids) - 6) + [1] * 6)))
+    batch = to_batch(traces, tok.pad_token_id)
+    batch = dataclasses.replace(batch, loss_mask_BT=batch.loss_mask_BT.double())
+    results = []
+    for share in (True, False):
+        model = tiny_llama(len(tok), seed=4, dtype=torch.float64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        results.append((sft_step(model, opt, batch, micro_size=3, share_prefixes=share),
+                        torch.cat([p.detach().flatten() for p in model.parameters()])))
+    (tree_loss, tree_weights), (padded_loss, padded_weights) = results
+    assert abs(tree_loss - padded_loss) < 1e-9
+    torch.testing.assert_close(tree_weights, padded_weights, atol=1e-7, rtol=0)

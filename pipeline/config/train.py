@@ -79,7 +79,9 @@ class TrainConfig(StageConfig):
         "pipeline.group_sampling)."))
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     ppo_mini_batches: int = Field(
-        1, ge=1, description="Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups."
+        1, ge=1, description=(
+            "Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups (at most "
+            "one per kept group; the anchored openings of dropped groups are spread over them).")
     )
     micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
     lr: float = Field(1e-6, gt=0.0, lt=1.0, description="AdamW peak learning rate.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from pipeline.data.calculator import generate
@@ -44,9 +45,10 @@ def test_sft_loss_decreases() -> None:
     assert losses[-1] < 0.5 * losses[0]
 
 
-def test_traces_sharing_their_system_turn_train_as_a_prefix_tree_to_the_same_step() -> None:
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_traces_sharing_their_system_turn_train_as_a_prefix_tree_to_the_same_step(checkpointing: bool) -> None:
     """Rows that open alike run their shared tokens once: the step's loss and the updated weights are those
-    of the padded rows (float64)."""
+    of the padded rows (float64), with or without gradient checkpointing (the `sft` stage's default)."""
     tok = tiny_tokenizer()
     system = tok("<|im_start|>system\nThe quick brown fox jumps over the lazy dog.<|im_end|>\n")["input_ids"]
     traces = []
@@ -58,6 +60,8 @@ def test_traces_sharing_their_system_turn_train_as_a_prefix_tree_to_the_same_ste
     results = []
     for share in (True, False):
         model = tiny_llama(len(tok), seed=4, dtype=torch.float64)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         results.append((sft_step(model, opt, batch, micro_size=3, share_prefixes=share),
                         torch.cat([p.detach().flatten() for p in model.parameters()])))

@@ -97,7 +97,7 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
              share_prefixes: bool = True) -> float:
     """Cross-entropy over mask-1 tokens, normalised once by the batch's mask-1 count. A micro-batch's rows
     run as their prefix tree where that costs less (`pipeline.shared_prefix`): the system turn every trace
-    opens with (~280 tokens of TAPO's both-tool prompt) then runs once, not once per row."""
+    opens with (274 tokens of TAPO's both-tool prompt, SmolLM2) then runs once, not once per row."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0

@@ -21,7 +21,7 @@ Sequences admitted together with the same context (a group's G fresh samples, or
 wrote the same call and got the same tool output) are prefilled once and share that cache. The
 batch cache is a `GrowingCache` (pipeline/rollout/kv_cache.py): a decoding step writes one column
 in place instead of copying the whole cache. Every prompt also opens with the same system turn (the
-rules and tool examples: 280 of the 315 tokens of a TAPO prompt offering both tools), which is
+rules and tool examples: 274 of ~313 tokens of a TAPO prompt offering both tools, SmolLM2), which is
 prefilled once per rollout; each fresh row starts from its cache (`Sequence.shared_prefix_len`).
 Beyond that, unlike vLLM's prefix cache, nothing is shared between sequences: a general
 cross-sequence cache would need a block allocator, which vLLM already is.

@@ -35,6 +35,7 @@ from pipeline.jsonl import iter_json_lines
 from pipeline.paths import REPO_ROOT
 from pipeline.services import redis_service
 
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default="runs/learning_cpu", help="a learning_cpu output dir (test.jsonl, models)")

@@ -1,7 +1,7 @@
 """Admitting fresh prompts to the hf decoder: the shared system turn prefilled once (ours) vs with every prompt.
 
 Every TAPO prompt offering both tools opens with the same system turn (rules and one example per tool,
-~280 of ~315 tokens with SmolLM2's template). Ours: each `Sequence` carries `shared_prefix_len` (what the
+274 of ~313 tokens with SmolLM2's template). Ours: each `Sequence` carries `shared_prefix_len` (what the
 rollout engine sets), and the decoder prefills that turn once and starts each fresh row from a copy of its
 cache. Baseline: the same sequences with `shared_prefix_len = 0`, each prompt prefilled whole (the decoder
 before this change). Both arms decode the real SmolLM2-135M (`models/sft`, else `models/base`) greedily,

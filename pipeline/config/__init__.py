@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from pipeline.config.base import StageConfig
 from pipeline.config.sections import (
@@ -70,6 +70,13 @@ class RunConfig(StageConfig):
     train: TrainConfig = Field(default_factory=TrainConfig, description="RL training.")
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig, description="Benchmark evaluation.")
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Multi-process training.")
+
+    @model_validator(mode="after")
+    def _autocast_over_float32(self) -> RunConfig:
+        if self.train.autocast != "none" and self.model.dtype != "float32":
+            raise ValueError(f"train.autocast {self.train.autocast} needs model.dtype float32 (got {self.model.dtype}): "
+                             "mixed precision keeps float32 weights and optimiser state and casts only the forward")
+        return self
 
 
 def _format_errors(err: ValidationError, source: str) -> str:

@@ -34,7 +34,7 @@ from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
 from pipeline.loss import make_policy_loss
-from pipeline.model import model_device
+from pipeline.model import AUTOCAST, model_device
 from pipeline.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
@@ -71,14 +71,15 @@ def local_groups(kept: list[ScoredGroup], rank: int, world: int) -> tuple[list[S
     return ([kept[i] for i in mine], 1.0) if mine else (kept[:1], 0.0)
 
 
-def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: int, temperature: float) -> TrainBatch:
+def recompute_old_logprobs(backend: DeepSpeedBackend, batch: TrainBatch, micro: int, temperature: float,
+                           autocast: torch.dtype | None) -> TrainBatch:
     """Like `pipeline.train.recompute_old_logprobs`, with as many forwards on every rank (ZeRO-3 gathers in each)."""
     parts = micro_batches(batch, micro)
     n_passes = backend.all_reduce_max(len(parts))
     backend.model.eval()
     with torch.no_grad():
         out = [token_logprobs_and_entropy(backend.model, parts[min(i, len(parts) - 1)], temperature,
-                                          with_entropy=False)[0] for i in range(n_passes)]
+                                          with_entropy=False, autocast=autocast)[0] for i in range(n_passes)]
     old_BT = padded_cat(out[: len(parts)], batch.input_ids_BT.shape[1])
     return dataclasses.replace(batch, old_logprobs_BT=old_BT * batch.loss_mask_BT)
 
@@ -94,7 +95,8 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup],
     batches = [local_batch(tr, backend, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
     # Rows run padded here: the packed prefix tree's dense [P, P] mask is measured on CPU only, and this
     # path is for GPUs, where an arbitrary mask rules out the flash-attention kernel (not measured there).
-    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature)
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature,
+                              autocast=AUTOCAST[tc.autocast])
     loss = make_policy_loss(tc.algorithm)
     updates = [apply_policy_gradient(backend, batch, loss, settings, weight)
                for _ in range(tc.ppo_epochs) for batch, weight in batches]
@@ -113,7 +115,8 @@ def local_batch(tr: Trainer, backend: DeepSpeedBackend, groups: list[ScoredGroup
     batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.cfg.reward.tepo),
                              tr.tokenizer.pad_token_id).to(model_device(backend.module))
     if tc.logprobs_source == "recompute":
-        batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature)
+        batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature,
+                                       AUTOCAST[tc.autocast])
     return tr.reference.attach(batch, tc.micro_batch_size, tr.cfg.rollout.temperature), weight  # a local frozen copy
 
 

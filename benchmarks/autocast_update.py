@@ -1,0 +1,96 @@
+"""Seconds per training update in bf16 mixed precision (`train.autocast`) vs float32, on real groups.
+
+Ours runs the update's forward (policy, and the KL reference's no-grad pass) under `torch.autocast`
+to bf16, with float32 weights, gradients, optimiser state and output head; the baseline is the same
+update in float32 throughout (what the trainer ran before, and still runs by default). Both sides run
+the same `policy_gradient_step` (DAPO loss with a KL term, one micro-batch per group as a prefix tree,
+lr 0) on the same groups, alternately in one process.
+
+The price of the cast is measured too: the rollout samples in float32, so the update's log-probs
+differ from the sampler's even before any step. Per side: the mean and 95th percentile of
+|log pi_update - log pi_sampler| over the trained tokens, and the share of tokens whose importance
+ratio already lies outside DAPO's clip range [1 - 0.2, 1 + 0.28] from that difference alone.
+
+The groups are real: the learning_cpu SFT model samples them (its RL stage's rollout settings, the
+real sandbox and search service) for `--groups` problems per source of its training mix.
+
+    python benchmarks/autocast_update.py --run runs/learning_cpu [--groups 3] [--reps 2] [--threads 2]
+Last line: one JSON object; "ratio" = float32 seconds / autocast seconds over all the groups (update +
+reference pass; higher is better); per source each side's seconds; per side the log-prob mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.shared_prefix_update import group_batch, sample_groups  # noqa: E402
+from benchmarks.update_bench import timed_update  # noqa: E402
+from pipeline.model import load_policy  # noqa: E402
+from pipeline.paths import REPO_ROOT  # noqa: E402
+from pipeline.types import TrainBatch  # noqa: E402
+from pipeline.update import token_logprobs_and_entropy  # noqa: E402
+
+SIDES = {"float32": None, "autocast": torch.bfloat16}
+EPS_LOW, EPS_HIGH = 0.2, 0.28  # DAPO's clip range (params.yaml)
+
+
+def sampler_gaps(model: torch.nn.Module, batch: TrainBatch, autocast: torch.dtype | None) -> torch.Tensor:
+    """|log pi_update - log pi_sampler| at the trained tokens, before any step (same weights)."""
+    with torch.no_grad():
+        logprobs, _ = token_logprobs_and_entropy(model, batch, 1.0, with_entropy=False, share_prefixes=True,
+                                                 autocast=autocast)
+    scored = batch.loss_mask_BT.bool()
+    return (logprobs - batch.old_logprobs_BT)[scored].float()
+
+
+def mismatch(gaps: torch.Tensor) -> dict[str, float]:
+    ratio = gaps.exp()
+    return {"mean_abs_logprob_gap": round(float(gaps.abs().mean()), 5),
+            "p95_abs_logprob_gap": round(float(gaps.abs().quantile(0.95)), 5),
+            "outside_clip_range": round(float(((ratio < 1 - EPS_LOW) | (ratio > 1 + EPS_HIGH)).float().mean()), 5),
+            "tokens": int(gaps.numel())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, default=REPO_ROOT / "runs" / "learning_cpu",
+                        help="a learning_cpu output directory (its sft/ model and train.jsonl)")
+    parser.add_argument("--groups", type=int, default=3, help="groups sampled per source")
+    parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    groups, _ = sample_groups(args.run, args.groups, args.seed, reps=0)
+    model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
+    seconds: dict[str, dict[str, float]] = {}
+    gaps: dict[str, list[torch.Tensor]] = {side: [] for side in SIDES}
+    for i, group in enumerate(groups):
+        batch = group_batch(group, tokenizer.pad_token_id, args.seed + i)
+        best = {side: float("inf") for side in SIDES}
+        for _ in range(args.reps):
+            for side, autocast in SIDES.items():  # alternate, so drift on a noisy machine hits both sides
+                r = timed_update(model, batch, len(batch), autocast=autocast)
+                best[side] = min(best[side], r["update_s"] + r["reference_s"])
+        for side, autocast in SIDES.items():
+            gaps[side].append(sampler_gaps(model, batch, autocast))
+        row = {side: round(s, 2) for side, s in best.items()} | {"tokens": int(batch.attention_mask_BT.sum())}
+        print(group.problem.source, group.problem.id, row, flush=True)
+        per_source = seconds.setdefault(group.problem.source, dict.fromkeys(SIDES, 0.0) | {"groups": 0})
+        per_source.update({side: round(per_source[side] + best[side], 2) for side in SIDES})
+        per_source["groups"] += 1
+    totals = {side: sum(s[side] for s in seconds.values()) for side in SIDES}
+    print(json.dumps({"ratio": round(totals["float32"] / totals["autocast"], 3), "seconds": seconds,
+                      "sampler_mismatch": {side: mismatch(torch.cat(g)) for side, g in gaps.items()},
+                      "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}))
+
+
+if __name__ == "__main__":
+    main()

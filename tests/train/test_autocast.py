@@ -1,0 +1,88 @@
+"""train.autocast: the training forward in bf16 mixed precision, with float32 weights, optimiser state and head."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.config import ConfigError, load_config
+from pipeline.config.train import DAPOLoss
+from pipeline.loss import make_policy_loss
+from pipeline.paths import REPO_ROOT
+from pipeline.reference import FrozenReference
+from pipeline.types import TrainBatch
+from pipeline.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from tests.helpers.tiny import tiny_llama
+from tests.train.test_loss import _random_batch
+from tests.train.test_shared_prefix import _agreeing_group
+
+BF16 = torch.bfloat16
+# (batch, share_prefixes): a group whose rows run as one packed prefix tree, and random rows run padded
+PATHS = [pytest.param(lambda: _agreeing_group(64), True, id="prefix-tree"),
+         pytest.param(lambda: _random_batch(64), False, id="padded")]
+
+
+def _output_dtypes(model: torch.nn.Module) -> dict[str, list[torch.dtype]]:
+    seen: dict[str, list[torch.dtype]] = {"body": [], "head": []}
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda _m, _a, out: seen["body"].append(out.dtype))
+    model.lm_head.register_forward_hook(lambda _m, _a, out: seen["head"].append(out.dtype))
+    return seen
+
+
+@pytest.mark.parametrize(("make_batch", "share"), PATHS)
+def test_the_body_runs_in_bf16_and_the_head_in_float32(make_batch, share: bool) -> None:
+    model, batch = tiny_llama(64, seed=4), make_batch()
+    seen = _output_dtypes(model)
+    token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share, autocast=BF16)
+    assert seen == {"body": [BF16], "head": [torch.float32]}
+    assert "forward" not in model.lm_head.__dict__  # the head's full-precision wrapper is gone afterwards
+    token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share)
+    assert seen == {"body": [BF16, torch.float32], "head": [torch.float32, torch.float32]}
+
+
+@pytest.mark.parametrize(("make_batch", "share"), PATHS)
+def test_autocast_logprobs_are_near_the_full_precision_ones(make_batch, share: bool) -> None:
+    model, batch = tiny_llama(64, seed=4), make_batch()
+    with torch.no_grad():
+        full, _ = token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share)
+        mixed, entropy = token_logprobs_and_entropy(model, batch, 1.0, share_prefixes=share, autocast=BF16)
+    scored = batch.loss_mask_BT.bool()
+    gap = (mixed - full)[scored].abs()
+    assert mixed.dtype == entropy.dtype == torch.float32
+    assert 0 < float(gap.max()) < 0.05, gap  # cast for real, and close
+    assert torch.all(mixed[~scored] == 0)
+
+
+def _step(model: torch.nn.Module, batch: TrainBatch, kl_coef: float = 0.0) -> dict[str, float]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    settings = UpdateSettings(4, 1e9, 1.0, share_prefixes=True, autocast=BF16)
+    metrics = policy_gradient_step(model, optimizer, batch, make_policy_loss(DAPOLoss(kl_coef=kl_coef)), settings)
+    assert all(s["exp_avg"].dtype == torch.float32 for s in optimizer.state.values())
+    return metrics
+
+
+def test_an_autocast_step_moves_every_parameter_and_keeps_them_float32() -> None:
+    model, batch = tiny_llama(64, seed=4), _agreeing_group(64)
+    before = [p.detach().clone() for p in model.parameters()]
+    _step(model, batch)
+    after = list(model.parameters())
+    assert all(p.dtype == torch.float32 for p in after)
+    assert all(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_the_reference_runs_in_the_update_precision_so_kl_starts_at_zero() -> None:
+    """The policy starts as the reference: in the same precision their log-probs agree exactly; a float32
+    reference against a bf16 policy would report (and penalise) the cast's noise as KL."""
+    batch = _agreeing_group(64)
+    same = FrozenReference(tiny_llama(64, seed=4), autocast=BF16).attach(batch, 4, 1.0)
+    assert _step(tiny_llama(64, seed=4), same, kl_coef=1.0)["train/ref_kl"] == 0.0
+    full = FrozenReference(tiny_llama(64, seed=4)).attach(batch, 4, 1.0)
+    assert _step(tiny_llama(64, seed=4), full, kl_coef=1.0)["train/ref_kl"] > 0.0
+
+
+def test_autocast_needs_float32_weights() -> None:
+    assert load_config(REPO_ROOT / "params.yaml", {"train.autocast": "bfloat16"}).train.autocast == "bfloat16"
+    with pytest.raises(ConfigError, match="train.autocast bfloat16 needs model.dtype float32"):
+        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "bfloat16", "model.dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="train.autocast"):
+        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "float16"})

@@ -16,7 +16,8 @@ dense, [P, P] for P packed tokens, so attention costs more than in a padded batc
 whose rows share little runs padded instead (`shared_prefix.packing_pays`, a FLOP estimate; on a
 GPU, where dense masks behave differently, not measured). The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
-Log-probs and gradients are those of one full pass per row (tested).
+Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.autocast`) the
+forward runs in bf16 mixed precision with the head and all state in float32 (`forward_precision`).
 """
 
 from __future__ import annotations
@@ -96,11 +97,11 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
 def forward_precision(autocast: torch.dtype | None, device: torch.device) -> contextlib.AbstractContextManager:
     """The training forward's precision: autocast to `autocast` (None: the weights' own dtype, no context).
 
-    Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's forward and backward 1.45x faster
+    Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's update 1.53x faster
     (benchmarks/autocast_update.py); the price is that the update's log-probs differ from the sampler's
-    full-precision ones by ~0.02 nats a token (the head in full precision, see `_head_only_at`), noise the
-    importance ratio carries. Only the training forward is cast: decoding one token at a time is bound by
-    memory traffic and small-matrix overhead, and measured no faster in bf16."""
+    float32 ones by ~0.014 nats a token on average (the head kept in float32, see `_head_only_at`), noise
+    the importance ratio carries. Only the training forward is cast: decoding one token at a time is bound
+    by memory traffic and small-matrix overhead, and measured no faster in bf16."""
     if autocast is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=autocast)

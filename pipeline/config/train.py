@@ -96,9 +96,9 @@ class TrainConfig(StageConfig):
     autocast: Literal["none", "bfloat16"] = Field("none", description=(
         "Mixed precision of the training forward (policy, reference, recomputed old log-probs): bfloat16 runs its "
         "matrix products under torch.autocast; weights, gradients, optimiser state and the output head stay in "
-        "model.dtype (float32), and rollouts are sampled in it. On a CPU with AVX512-BF16 the update is ~1.45x "
-        "faster; the update's log-probs then differ from the sampler's by ~0.02 nats a token, noise the "
-        "importance ratio carries (pipeline.update.forward_precision)."))
+        "model.dtype (float32), and rollouts are sampled in it. On a CPU with AVX512-BF16 the update is ~1.5x "
+        "faster; the update's log-probs then differ from the sampler's by ~0.014 nats a token on average, "
+        "noise the importance ratio carries (pipeline.update.forward_precision)."))
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
     output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")

@@ -117,13 +117,18 @@ def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Te
     peft's adapters, and model-specific logit post-processing (e.g. soft-capping) all apply."""
     head = model.get_output_embeddings()
     handle = head.register_forward_pre_hook(lambda _head, args: (args[0][rows_N, cols_N], *args[1:]))
-    if torch.is_autocast_enabled(rows_N.device.type):
+    in_full_precision = torch.is_autocast_enabled(rows_N.device.type)
+    if in_full_precision:
+        own_forward = head.__dict__.get("forward")  # e.g. accelerate's device hook, which wraps the class's
         head.forward = _outside_autocast(head)  # an instance attribute: shadows the class's forward
     try:
         yield
     finally:
         handle.remove()
-        head.__dict__.pop("forward", None)
+        if in_full_precision:
+            del head.forward
+            if own_forward is not None:
+                head.forward = own_forward
 
 
 def _outside_autocast(head: torch.nn.Module) -> Callable[..., torch.Tensor]:

@@ -40,6 +40,20 @@ def test_the_body_runs_in_bf16_and_the_head_in_float32(make_batch, share: bool) 
     assert seen == {"body": [BF16, torch.float32], "head": [torch.float32, torch.float32]}
 
 
+def test_a_head_with_its_own_forward_gets_it_back() -> None:
+    """A wrapper already installed on the head (accelerate puts its device hook there) runs inside ours and stays."""
+    model, calls = tiny_llama(64, seed=4), []
+    original = model.lm_head.forward
+
+    def own(hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(hidden.dtype)
+        return original(hidden)
+
+    model.lm_head.forward = own
+    token_logprobs_and_entropy(model, _agreeing_group(64), 1.0, share_prefixes=True, autocast=BF16)
+    assert calls == [torch.float32] and model.lm_head.forward is own
+
+
 @pytest.mark.parametrize(("make_batch", "share"), PATHS)
 def test_autocast_logprobs_are_near_the_full_precision_ones(make_batch, share: bool) -> None:
     model, batch = tiny_llama(64, seed=4), make_batch()

@@ -97,7 +97,7 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
 def forward_precision(autocast: torch.dtype | None, device: torch.device) -> contextlib.AbstractContextManager:
     """The training forward's precision: autocast to `autocast` (None: the weights' own dtype, no context).
 
-    Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's update 1.53x faster
+    Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's update 1.5x faster
     (benchmarks/autocast_update.py); the price is that the update's log-probs differ from the sampler's
     float32 ones by ~0.014 nats a token on average (the head kept in float32, see `_head_only_at`), noise
     the importance ratio carries. Only the training forward is cast: decoding one token at a time is bound

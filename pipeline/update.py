@@ -117,15 +117,15 @@ def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Te
     peft's adapters, and model-specific logit post-processing (e.g. soft-capping) all apply."""
     head = model.get_output_embeddings()
     handle = head.register_forward_pre_hook(lambda _head, args: (args[0][rows_N, cols_N], *args[1:]))
-    in_full_precision = torch.is_autocast_enabled(rows_N.device.type)
-    if in_full_precision:
+    head_outside_autocast = torch.is_autocast_enabled(rows_N.device.type)
+    if head_outside_autocast:
         own_forward = head.__dict__.get("forward")  # e.g. accelerate's device hook, which wraps the class's
         head.forward = _outside_autocast(head)  # an instance attribute: shadows the class's forward
     try:
         yield
     finally:
         handle.remove()
-        if in_full_precision:
+        if head_outside_autocast:
             del head.forward
             if own_forward is not None:
                 head.forward = own_forward

@@ -16,6 +16,7 @@ import uvicorn
 
 from sandbox.code.app import ServerSettings, create_app
 from sandbox.code.jail import isolation_unavailable_reason
+from sandbox.code.limits import bounded_protocol
 from sandbox.code.pool import PoolSettings
 
 UID_RANGE_START = 2_000_000  # above any system or login uid; no passwd entries needed
@@ -39,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-memory-mb", type=int, default=2048, help="Cap on a request's memory_mb.")
     parser.add_argument("--output-limit-kib", type=int, default=64, help="Cap on stdout and on stderr.")
     parser.add_argument("--tmp-size-mib", type=int, default=32, help="Size of each snippet's private /tmp.")
+    parser.add_argument("--header-timeout-s", type=float, default=10.0,
+                        help="Close a connection whose request head has not arrived within this (slowloris).")
+    parser.add_argument("--body-timeout-s", type=float, default=30.0, help="Answer 408 to a body slower than this.")
     parser.add_argument("--uid-base", type=int, default=None,
                         help="Worker slot i runs snippets as uid base+i (default: derived from the port, so "
                              "two sandboxes on one host never share a uid).")
@@ -54,6 +58,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--workers must be between 1 and 256, got {args.workers}")
     if args.queue_size < 1 or args.output_limit_kib < 1 or args.tmp_size_mib < 1:
         parser.error("--queue-size, --output-limit-kib and --tmp-size-mib must be positive")
+    if not (0 < args.header_timeout_s < 3600 and 0 < args.body_timeout_s < 3600):
+        parser.error("--header-timeout-s and --body-timeout-s must be between 0 and 3600 seconds")
     return args
 
 
@@ -71,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers, queue_size=args.queue_size, isolated=isolated, uid_base=args.uid_base,
         tmp_size_mib=args.tmp_size_mib, output_limit_bytes=args.output_limit_kib * 1024,
     )
-    app = create_app(ServerSettings(pool, args.max_timeout_s, args.max_memory_mb))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on")
+    app = create_app(ServerSettings(pool, args.max_timeout_s, args.max_memory_mb, args.body_timeout_s))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on",
+                http=bounded_protocol(args.header_timeout_s))
     return 0
 
 

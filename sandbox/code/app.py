@@ -1,10 +1,12 @@
 """HTTP face of the sandbox: `POST /run`, SandboxFusion's `POST /run_code`, `GET /health`.
 
 Validation happens here, before anything reaches a worker: malformed bodies are 422
-(FastAPI), bodies over 1 MiB are 413 before they are read, code (and stdin) over 64 KiB is
-413, and a full queue is 429 with `Retry-After`. Requested limits are capped at the
-server's maxima. Responses are serialised directly (no encoder pass) because this path
-runs thousands of times per training step.
+(including NaN or infinite numbers, and bad `files`/`fetch_files`: see `sandbox.code.files`),
+bodies over 1 MiB are 413 however they are sent (`sandbox.code.limits`), code (and stdin)
+over 64 KiB is 413, and a full queue is 429 with `Retry-After`. Requested limits are capped
+at the server's maxima. Error bodies never echo the input, so any body can be answered.
+Responses are serialised directly (no encoder pass) because this path runs thousands of
+times per training step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
-from sandbox.code import fusion
+from sandbox.code import files, fusion
+from sandbox.code.limits import BodyLimits
 from sandbox.code.pool import PoolFull, PoolSettings, WorkerPool
 from sandbox.code.protocol import Job, Outcome
 
@@ -32,13 +35,14 @@ class ServerSettings:
     pool: PoolSettings
     max_timeout_s: float
     max_memory_mb: int
+    body_timeout_s: float = 30.0
 
 
 class RunRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     code: str = Field(..., description="Python source to run as a fresh program.")
-    timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit; capped by the server.")
+    timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="Wall-clock limit; capped by the server.")
     memory_mb: int = Field(512, gt=0, description="Memory the snippet may add; capped by the server.")
 
 
@@ -50,20 +54,14 @@ def _too_large(what: str, size: int, limit: int) -> Response:
     return _json({"detail": f"{what} is {size} bytes; the limit is {limit} bytes"}, 413)
 
 
-class BodySizeLimit:
-    """Pure ASGI (no per-request task or copy): refuse a declared body over the limit unread."""
+def _invalid(exc: ValidationError | files.FileRequestError) -> Response:
+    if isinstance(exc, files.FileRequestError):
+        return _json({"detail": [{"type": "value_error", "loc": ["body"], "msg": str(exc)}]}, 422)
+    return _json({"detail": exc.errors(include_url=False, include_context=False, include_input=False)}, 422)
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                    response = _too_large("request body", int(value), self.limit)
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+def _text_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def create_app(settings: ServerSettings) -> FastAPI:
@@ -78,7 +76,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
             await pool.close()
 
     app = FastAPI(title="tapo code sandbox", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimits, limit=MAX_BODY_BYTES, timeout_s=settings.body_timeout_s)
+    max_input_bytes = settings.pool.tmp_size_mib << 20
 
     async def execute(job: Job) -> Outcome | Response:
         try:
@@ -96,8 +95,8 @@ def create_app(settings: ServerSettings) -> FastAPI:
         try:
             request = RunRequest.model_validate_json(await http_request.body())
         except ValidationError as exc:
-            return _json({"detail": exc.errors(include_url=False, include_context=False, include_input=False)}, 422)
-        size = len(request.code.encode("utf-8", "surrogatepass"))
+            return _invalid(exc)
+        size = _text_size(request.code)
         if size > MAX_CODE_BYTES:
             return _too_large("code", size, MAX_CODE_BYTES)
         outcome = await execute(capped(request.code, request.timeout_s, request.memory_mb))
@@ -105,19 +104,26 @@ def create_app(settings: ServerSettings) -> FastAPI:
 
     app.router.add_route("/run", run, methods=["POST"])
 
-    @app.post("/run_code")
-    async def run_code(request: fusion.RunCodeRequest) -> Response:
+    async def run_code(http_request: Request) -> Response:
+        try:
+            request = fusion.RunCodeRequest.model_validate_json(await http_request.body())
+            input_files = files.check_input_files(request.files, max_input_bytes)
+            fetch_files = files.unique_fetch_names(request.fetch_files)
+        except (ValidationError, files.FileRequestError) as exc:
+            return _invalid(exc)
         if request.language != "python":
             return _json(fusion.unsupported_language(request.language))
         for what, text in (("code", request.code), ("stdin", request.stdin or "")):
-            size = len(text.encode("utf-8", "surrogatepass"))
+            size = _text_size(text)
             if size > MAX_CODE_BYTES:
                 return _too_large(what, size, MAX_CODE_BYTES)
         memory_mb = request.memory_limit_MB if request.memory_limit_MB > 0 else settings.max_memory_mb
         job = capped(request.code, request.run_timeout, memory_mb, stdin=request.stdin or "",
-                     files={k: v or "" for k, v in request.files.items()}, fetch_files=tuple(request.fetch_files))
+                     files=input_files, fetch_files=fetch_files)
         outcome = await execute(job)
         return outcome if isinstance(outcome, Response) else _json(fusion.response(outcome))
+
+    app.router.add_route("/run_code", run_code, methods=["POST"])
 
     @app.get("/health")
     async def health() -> Response:

@@ -1,10 +1,13 @@
-"""The forked request process: lock down, run the snippet, report, exit.
+"""The forked request process: read its job, lock down, run the snippet, report, exit.
 
-Runs between `os.fork()` in the worker and `os._exit`; it never returns into the worker's
-code. The report is one JSON line on fd 3, written after the snippet finished. A snippet
-that ends the process itself (`os._exit(0)`) leaves no report, and the worker says so;
-a snippet could also write a fake report to fd 3, but that can only misstate its own
-outcome, which it could do as easily by printing, and it reaches nothing outside itself.
+Forked from the zygote (`sandbox.code.zygote`), not from the worker, so it starts from a
+memory image that holds nothing of any request but its own: the worker puts the job (the
+compiled code, its source and limits, marshalled) in a memfd that only this process reads.
+It runs between `os.fork()` and `os._exit`, never returning into the zygote's code. The
+report is one JSON line on fd 3, written after the snippet finished. A snippet that ends the
+process itself (`os._exit(0)`) leaves no report, and the worker says so; a snippet could
+also write a fake report to fd 3, but that can only misstate its own outcome, which it
+could do as easily by printing, and it reaches nothing outside itself.
 """
 
 from __future__ import annotations
@@ -13,40 +16,70 @@ import builtins
 import io
 import json
 import linecache
+import marshal
 import os
 import sys
 import traceback
 from dataclasses import dataclass
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from sandbox.code import jail, policy
+
+if TYPE_CHECKING:
+    from sandbox.code.zygote import ZygoteSetup
 
 STATUS_FD = 3
 
 
 @dataclass(frozen=True)
-class ChildSetup:
-    """Everything the child needs, prepared by the worker before the fork."""
+class ChildJob:
+    """What the worker sends one child, through the job memfd."""
 
     code: CodeType
     source: str
-    stdin_fd: int
-    stdout_fd: int
-    stderr_fd: int
-    status_fd: int
-    limits: jail.ChildLimits
-    uid: int | None
-    seccomp_program: object
-    workdir: str
+    timeout_s: float
+    memory_mb: int
+
+    def dumps(self) -> bytes:
+        return marshal.dumps((self.code, self.source, self.timeout_s, self.memory_mb))
+
+    @classmethod
+    def loads(cls, data: bytes) -> ChildJob:
+        return cls(*marshal.loads(data))
 
 
-def _wire_fds(setup: ChildSetup) -> None:
-    # Sources are all >= 3 (the worker's 0-2 are taken), so 0-2 are filled before fd 3 is.
-    os.dup2(setup.stdin_fd, 0)
-    os.dup2(setup.stdout_fd, 1)
-    os.dup2(setup.stderr_fd, 2)
-    os.dup2(setup.status_fd, STATUS_FD)
-    os.closerange(STATUS_FD + 1, 1 << 20)  # the worker's channel, pipes, /proc handle: gone
+def _read_job(fd: int) -> ChildJob:
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    os.close(fd)
+    return ChildJob.loads(data)
+
+
+def _virtual_memory_bytes(status_fd: int) -> int:
+    """VmSize of the zygote, which this fresh child still equals: the memory budget's baseline."""
+    for line in os.pread(status_fd, 8192, 0).decode().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("VmSize missing from the status file")
+
+
+def limits_for(job: ChildJob, baseline_bytes: int, tmp_size_mib: int) -> jail.ChildLimits:
+    return jail.ChildLimits(
+        cpu_s=int(job.timeout_s) + 1,
+        address_space_bytes=baseline_bytes + job.memory_mb * (1 << 20),
+        file_size_bytes=tmp_size_mib << 20,
+        open_files=64,
+        tasks=32,
+    )
+
+
+def _wire_fds(stdin_fd: int, stdout_fd: int, stderr_fd: int, report_fd: int) -> None:
+    # Sources are all >= 3 (the zygote's 0-2 are taken), so 0-2 are filled before fd 3 is.
+    os.dup2(stdin_fd, 0)
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.dup2(report_fd, STATUS_FD)
+    os.closerange(STATUS_FD + 1, 1 << 20)  # the zygote's socket, status file and pidfd: gone
 
 
 def _fresh_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
@@ -58,7 +91,7 @@ def _fresh_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     return out, err
 
 
-def _run(setup: ChildSetup, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
+def _run(setup: ChildJob, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
     snippet_globals: dict = {"__name__": "__main__", "__builtins__": builtins}
     policy.install_import_guard(snippet_globals)
     linecache.cache[policy.SNIPPET_FILENAME] = (len(setup.source), None, setup.source.splitlines(True), policy.SNIPPET_FILENAME)
@@ -86,18 +119,21 @@ def _run(setup: ChildSetup, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dic
     return report
 
 
-def child_main(setup: ChildSetup) -> None:
+def child_main(setup: ZygoteSetup, fds: list[int], status_fd: int) -> None:
     """Never returns. Exit code 0/1 mirrors a normal interpreter; the report says why."""
     try:
-        os.setsid()  # own process group: the worker kills the whole group at the deadline
-        _wire_fds(setup)
+        job_fd, stdin_fd, stdout_fd, stderr_fd, report_fd = fds
+        os.setsid()  # own session and process group, apart from the zygote's
+        job = _read_job(job_fd)
+        limits = limits_for(job, _virtual_memory_bytes(status_fd), setup.tmp_size_mib)
+        _wire_fds(stdin_fd, stdout_fd, stderr_fd, report_fd)
         os.chdir(setup.workdir)
-        jail.lock_down_child(setup.limits, setup.uid, setup.seccomp_program)
+        jail.lock_down_child(limits, setup.uid, setup.seccomp_program)
         out, err = _fresh_streams()
     except BaseException as exc:  # noqa: BLE001 - never run a snippet without the lock-down
         os.write(2, f"sandbox lock-down failed: {exc!r}\n".encode())
         os._exit(70)
-    report = _run(setup, out, err)
+    report = _run(job, out, err)
     try:
         os.write(STATUS_FD, json.dumps(report).encode() + b"\n")
     finally:

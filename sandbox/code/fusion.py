@@ -11,7 +11,9 @@ this service unchanged. Mapping of our statuses onto its vocabulary:
 
 Departures: only `language: "python"` runs (others get "SandboxError" as SandboxFusion
 answers for a language it cannot run); `compile_timeout` is accepted and ignored;
-`memory_limit_MB: -1` means the server's maximum rather than unlimited.
+`memory_limit_MB: -1` means the server's maximum rather than unlimited; `files` and
+`fetch_files` are bounded (see `sandbox.code.files`), and a file asked for under several
+spellings of one path is returned once, under the first.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ class RunCodeRequest(BaseModel):
 
     code: str = Field(..., description="Program source.")
     language: str = Field(..., description="Only 'python' runs here.")
-    compile_timeout: float = Field(10.0, ge=0, description="Accepted for compatibility; Python has no compile step.")
-    run_timeout: float = Field(10.0, gt=0, description="Wall-clock limit in seconds; capped by the server.")
+    compile_timeout: float = Field(10.0, ge=0, allow_inf_nan=False, description="Accepted for compatibility; Python has no compile step.")
+    run_timeout: float = Field(10.0, gt=0, allow_inf_nan=False, description="Wall-clock limit in seconds; capped by the server.")
     memory_limit_MB: int = Field(-1, description="Memory budget; -1 = the server's maximum.")
     stdin: str | None = Field(None, description="Text fed to standard input (at most 64 KiB).")
-    files: dict[str, str | None] = Field(default_factory=dict, description="Relative path -> base64 content, written before the run.")
-    fetch_files: list[str] = Field(default_factory=list, description="Relative paths returned base64 after the run.")
+    files: dict[str, str | None] = Field(default_factory=dict, description="Relative path -> base64 content, written before the run (at most 64 files).")
+    fetch_files: list[str] = Field(default_factory=list, description="Relative paths returned base64 after the run (at most 64; one per normalised path, 1 MiB each, 4 MiB in all).")
 
 
 def response(outcome: Outcome) -> dict:

@@ -31,11 +31,12 @@ _libc.syscall.restype = ctypes.c_long
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 2, 4, 38
 
 JAIL_TMP = "/tmp"
 # Where the new root is assembled: a tmpfs mounted over the host's /mnt inside the worker's
@@ -71,33 +72,63 @@ def die_with_parent() -> None:
 
 def mount_tmpfs(target: str, size_mib: int) -> None:
     """A private writable scratch space: size- and inode-limited, and nothing in it can be executed."""
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={size_mib}m,mode=1777,nr_inodes=4096")
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+           f"size={size_mib}m,mode=1777,nr_inodes={TMP_INODES}")
 
 
-def wipe_tmp(size_mib: int) -> None:
-    """Replace the jail's /tmp with an empty tmpfs (faster and surer than deleting files)."""
+TMP_INODES = 4096
+
+
+@dataclass(frozen=True)
+class TmpState:
+    """What a fresh /tmp looks like to `tmp_is_pristine`: every way a snippet can leave something
+    behind (a file, a directory, an xattr, a used inode) changes one of these."""
+
+    free_inodes: int
+    free_blocks: int
+    mtime_ns: int
+    ctime_ns: int
+
+
+def tmp_state() -> TmpState:
+    fs, info = os.statvfs(JAIL_TMP), os.stat(JAIL_TMP)
+    return TmpState(fs.f_ffree, fs.f_bfree, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def wipe_tmp(size_mib: int) -> TmpState:
+    """Replace the jail's /tmp with an empty tmpfs (faster and surer than deleting files, and it
+    resets the inode counter, so a snippet cannot learn how many files earlier ones made).
+    Returns the fresh state, against which the next request's leftovers are judged."""
     _check(_libc.umount2(JAIL_TMP.encode(), MNT_DETACH), f"umount {JAIL_TMP}")
     mount_tmpfs(JAIL_TMP, size_mib)
     _restore_python_under_tmp(Path("/"))
+    return tmp_state()
 
 
 # A Python installation that lives under /tmp (say a checkout cloned there) would be hidden
 # by the snippet's private /tmp: it is also bound read-only under _HIDDEN, outside /tmp, and
 # bound back on top of every fresh /tmp from there (the host's copy is gone after pivot_root).
+# The directories leading to it are root's, mode 0755 whatever the umask, so no snippet can
+# write beside it; and whether /tmp needs wiping is decided by `TmpState`, never by names.
 _HIDDEN = ".python-under-tmp"
 _python_under_tmp: tuple[str, ...] = ()
-
-
-def python_tmp_entries() -> frozenset[str]:
-    """Top-level names in /tmp that belong to the Python installation, not to a snippet."""
-    return frozenset(Path(p).relative_to(JAIL_TMP).parts[0] for p in _python_under_tmp)
 
 
 def _restore_python_under_tmp(root: Path) -> None:
     for path in _python_under_tmp:
         target = root / path.lstrip("/")
-        target.mkdir(parents=True, exist_ok=True)
+        _make_root_dirs(root / JAIL_TMP.lstrip("/"), target)
         _bind_read_only(str(root / _HIDDEN / path.lstrip("/")), str(target))
+
+
+def _make_root_dirs(base: Path, target: Path) -> None:
+    """mkdir -p below `base` with mode 0755 regardless of the umask (Path.mkdir applies it)."""
+    current = base
+    for part in target.relative_to(base).parts:
+        current = current / part
+        if not current.exists():
+            current.mkdir()
+        os.chmod(current, 0o755)
 
 
 def _bind_read_only(source: str, target: str) -> None:
@@ -250,14 +281,45 @@ def prepare_worker_process() -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (_WORKER_CPU_LIMIT_S, _WORKER_CPU_LIMIT_S))
 
 
+def parent_death_signal() -> int:
+    value = ctypes.c_int(0)
+    _check(_libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0), "prctl(PR_GET_PDEATHSIG)")
+    return value.value
+
+
 def lock_down_child(limits: ChildLimits, uid: int | None, program: ctypes.Structure) -> None:
     """Everything between fork and the snippet's first instruction, in this order on purpose:
     rlimits while still privileged (raising is impossible afterwards), then the uid, then the
-    filter last because it forbids calls that come before it. Dumpable=0, no_new_privs and
-    SIGXFSZ ignored are inherited from the worker (`prepare_worker_process`); dropping the uid
-    also resets dumpable to the kernel's suid_dumpable default."""
-    die_with_parent()
+    parent-death signal (the kernel clears it on every uid change, so arming it earlier is a
+    no-op), then the filter last because it forbids calls that come before it. Dumpable=0,
+    no_new_privs and SIGXFSZ ignored are inherited from the worker (`prepare_worker_process`);
+    dropping the uid also resets dumpable to the kernel's suid_dumpable default."""
     apply_rlimits(limits)
     if uid is not None:
         drop_privileges(uid)
+    die_with_parent()
+    if parent_death_signal() != signal.SIGKILL:
+        raise JailError("the parent-death signal did not survive the lock-down")
     load_seccomp(program)
+
+
+def _syscall(name: str, *args: int) -> int:
+    numbers = {"x86_64": {"setns": 308, "pidfd_open": 434}, "aarch64": {"setns": 268, "pidfd_open": 434}}
+    nr = numbers[os.uname().machine][name]
+    return int(_libc.syscall(ctypes.c_long(nr), *(ctypes.c_long(a) for a in args)))
+
+
+def new_pid_namespace_for_children(own_pidfd: int) -> None:
+    """Make this process's next child the first process (pid 1) of a fresh PID namespace.
+
+    unshare(CLONE_NEWPID) works only while the namespace for children is still the caller's
+    own, so it is first reset to that with setns on a pidfd of the caller itself. The child
+    sees no other process, and when it dies the kernel kills everything left in its namespace;
+    its pid is always 1, so pids carry nothing from one request to the next."""
+    _check(_syscall("setns", own_pidfd, CLONE_NEWPID), "setns(CLONE_NEWPID)")
+    _unshare(CLONE_NEWPID)
+
+
+def unshare_pid_namespace() -> None:
+    """The next child of this process becomes pid 1 of a new PID namespace (used once, for the zygote)."""
+    _unshare(CLONE_NEWPID)

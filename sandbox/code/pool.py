@@ -5,7 +5,16 @@ server, which runs an event loop and may hold threads) started with a scrubbed e
 so no server variable (API keys, service URLs) ever reaches a snippet. A request waits for
 an idle worker; when `queue_size` requests already wait, it is refused at once (HTTP 429).
 A worker that stops answering (killed, crashed, or past its deadline plus a grace period)
-is killed and replaced in the background, and the request gets an error outcome.
+is killed and replaced in the background, and the request gets an error outcome; so is one
+that says, with its answer, that it can no longer serve cleanly (a descriptor left open, a
+/tmp it could not restore, too much memory, a lost zygote, a child it could not reap).
+Replacements are counted by reason in `/health`.
+
+Killing a worker kills its zygote (parent-death signal), and the zygote is pid 1 of the
+worker's PID namespace, so the kernel then kills every snippet of that worker. The pool
+waits (through a pidfd on the zygote) until that namespace is gone before it starts the
+slot's replacement, which reuses the slot's uid; a zygote that does not go within
+`supervise.REAP_TIMEOUT_S` is counted in `/health` as `unreaped`.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ import collections
 import json
 import logging
 import os
+import select
 import shutil
+import signal
 import site
 import socket
 import subprocess
@@ -25,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.code import protocol
+from sandbox.code.supervise import REAP_TIMEOUT_S
 
 log = logging.getLogger("sandbox.code")
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -72,19 +84,37 @@ class _WorkerProcess:
     def __init__(self, slot: int, process: subprocess.Popen, reader: asyncio.StreamReader,
                  writer: asyncio.StreamWriter, scratch: str) -> None:
         self.slot, self.process, self.reader, self.writer, self.scratch = slot, process, reader, writer, scratch
+        self.zygote_pidfd = -1
 
-    async def request(self, job: protocol.Job) -> protocol.Outcome:
+    def watch_zygote(self, pid: int) -> None:
+        """Hold a pidfd on the zygote (a child of our worker, so its pid cannot be reused yet)."""
+        self.zygote_pidfd = os.pidfd_open(pid)
+
+    async def request(self, job: protocol.Job) -> tuple[protocol.Outcome, str | None]:
         self.writer.write(protocol.encode(protocol.job_message(job)))
         await self.writer.drain()
         return protocol.outcome_from_message(await protocol.recv_async(self.reader))
 
-    def kill(self) -> None:
+    def kill(self) -> bool:
+        """Kill the worker and its zygote; True once every snippet of theirs is gone."""
         self.writer.close()
         if self.process.poll() is None:
-            self.process.kill()  # its snippet dies with it (PR_SET_PDEATHSIG)
+            self.process.kill()
         self.process.wait()
+        gone = True
+        if self.zygote_pidfd >= 0:
+            try:  # it dies with the worker anyway (parent-death signal); this only makes it sooner
+                signal.pidfd_send_signal(self.zygote_pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            # Readable once the zygote has exited, which as pid 1 of the namespace is after the
+            # kernel has killed and reaped everything else in it.
+            gone = bool(select.select([self.zygote_pidfd], [], [], REAP_TIMEOUT_S)[0])
+            os.close(self.zygote_pidfd)
+            self.zygote_pidfd = -1
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        return gone
 
 
 class WorkerPool:
@@ -96,6 +126,8 @@ class WorkerPool:
         self._busy = 0
         self._served = 0
         self._restarts = 0
+        self._replaced: collections.Counter[str] = collections.Counter()
+        self._unreaped = 0
         self._by_status: collections.Counter[str] = collections.Counter()
         self._respawns: set[asyncio.Task] = set()
 
@@ -107,7 +139,7 @@ class WorkerPool:
         if failures:
             for worker in results:
                 if isinstance(worker, _WorkerProcess):
-                    worker.kill()
+                    self._kill(worker)
             raise WorkerStartError(str(failures[0])) from failures[0]
         for worker in results:
             self._all[worker.slot] = worker
@@ -141,6 +173,7 @@ class WorkerPool:
         if not hello.get("ready"):
             worker.kill()
             raise WorkerStartError(f"worker {slot} could not isolate itself: {hello.get('error')}")
+        worker.watch_zygote(hello["zygote_pid"])
         return worker
 
     async def run(self, job: protocol.Job) -> protocol.Outcome:
@@ -153,29 +186,39 @@ class WorkerPool:
             self._waiting -= 1
         self._busy += 1
         try:
-            outcome = await asyncio.wait_for(worker.request(job), job.timeout_s + _ANSWER_GRACE_S)
+            outcome, retire = await asyncio.wait_for(worker.request(job), job.timeout_s + _ANSWER_GRACE_S)
         except asyncio.CancelledError:
             # Its answer would arrive as the reply to the next request: the worker cannot be reused.
-            self._replace(worker)
+            self._replace(worker, "cancelled")
             raise
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.error("worker %d failed (%r); replacing it", worker.slot, exc)
-            self._replace(worker)
+            self._replace(worker, "timeout" if isinstance(exc, asyncio.TimeoutError) else "crashed")
             outcome = protocol.Outcome("error", "", "", f"SandboxError: the worker running this snippet failed ({type(exc).__name__})", 0.0)
         else:
-            self._idle.put_nowait(worker)
+            if retire is None:
+                self._idle.put_nowait(worker)
+            else:
+                log.warning("worker %d retired (%s); replacing it", worker.slot, retire)
+                self._replace(worker, retire)
         finally:
             self._busy -= 1
         self._served += 1
         self._by_status[outcome.status] += 1
         return outcome
 
-    def _replace(self, worker: _WorkerProcess) -> None:
-        worker.kill()
+    def _replace(self, worker: _WorkerProcess, reason: str) -> None:
+        self._replaced[reason] += 1
         self._all.pop(worker.slot, None)
+        self._kill(worker)
         task = asyncio.get_running_loop().create_task(self._respawn(worker.slot))
         self._respawns.add(task)
         task.add_done_callback(self._respawns.discard)
+
+    def _kill(self, worker: _WorkerProcess) -> None:
+        if not worker.kill():
+            self._unreaped += 1
+            log.error("worker %d: its zygote did not exit within %.0f s of SIGKILL", worker.slot, REAP_TIMEOUT_S)
 
     async def _respawn(self, slot: int) -> None:
         delay = 0.5
@@ -196,13 +239,18 @@ class WorkerPool:
         return {
             "workers": len(self._all), "busy": self._busy, "idle": self._idle.qsize(), "queue": self._waiting,
             "queue_size": self.settings.queue_size, "served": self._served, "restarts": self._restarts,
+            "replaced": dict(self._replaced), "unreaped": self._unreaped,
             "by_status": {status: self._by_status.get(status, 0) for status in protocol.STATUSES},
             "isolation": "full" if self.settings.isolated else "degraded",
+            "pid_namespace": "per-snippet" if self.settings.isolated else "none",
+            # No cgroup is delegated to this service here, so memory is bounded per snippet by
+            # RLIMIT_AS plus the size-limited /tmp, and what RLIMIT_AS cannot count (memfd) is denied.
+            "memory_limit": {"mode": "rlimit", "memfd": "denied", "tmp_mib": self.settings.tmp_size_mib},
         }
 
     async def close(self) -> None:
         for task in list(self._respawns):
             task.cancel()
         for worker in list(self._all.values()):
-            worker.kill()
+            self._kill(worker)
         self._all.clear()

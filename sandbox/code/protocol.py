@@ -93,5 +93,7 @@ def job_message(job: Job) -> dict:
     return message
 
 
-def outcome_from_message(message: dict) -> Outcome:
-    return Outcome(**message)
+def outcome_from_message(message: dict) -> tuple[Outcome, str | None]:
+    """The outcome, and the reason the worker retired after it (None if it can go on serving)."""
+    retire = message.pop("retire", None)
+    return Outcome(**message), retire

@@ -1,15 +1,20 @@
-"""The worker's side of one request: pipes, the watch loop, and what the run amounts to.
+"""The worker's side of one request: pipes, the watch loop, files, and what the run amounts to.
 
 `watch` polls the child's output pipes and its pidfd in one loop, so output is drained
 while the child runs (a full pipe would otherwise stall it until the deadline) and the
 output cap is enforced as bytes arrive. At the deadline or over the cap it SIGKILLs the
-child's whole process group. Because the seccomp filter forbids creating processes, the
-group is the child and its threads: nothing can outlive the kill.
+child through its pidfd (no pid reuse race). The child is pid 1 of its own PID namespace
+and the filter forbids creating processes, so the kill ends its threads and anything else
+in that namespace; a child that still has not exited `REAP_TIMEOUT_S` later is reported
+as unreaped, and the worker retires.
+
+Every descriptor a request opens is owned by a `ChildPipes` (or the caller's ExitStack)
+from the moment it exists, so no error path leaves one open. Input and output files are
+bounded in count, depth and bytes (`FileLimits`) and deduplicated by normalised path.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import select
@@ -21,39 +26,57 @@ from dataclasses import dataclass, field
 from sandbox.code.protocol import Job, Outcome
 
 _READ_CHUNK = 1 << 16
-_MAX_FETCH_BYTES = 1 << 20
 
 
 @dataclass
 class ChildPipes:
-    stdin_r: int
-    stdout_r: int
-    stdout_w: int
-    stderr_r: int
-    stderr_w: int
-    status_r: int
-    status_w: int
+    """The request's four pipes. `close()` closes whatever is still open; safe to call twice."""
+
+    stdin_r: int = -1
+    stdout_r: int = -1
+    stdout_w: int = -1
+    stderr_r: int = -1
+    stderr_w: int = -1
+    status_r: int = -1
+    status_w: int = -1
 
     @classmethod
-    def open(cls, stdin: str) -> ChildPipes:
-        stdin_r, stdin_w = os.pipe()
-        # The server caps stdin at 64 KiB, the default pipe capacity; non-blocking so that a
-        # larger input is cut at the capacity instead of hanging the worker.
-        os.set_blocking(stdin_w, False)
+    def open(cls, stdin: bytes) -> ChildPipes:
+        pipes = cls()
         try:
-            os.write(stdin_w, stdin.encode())
-        except BlockingIOError:
-            pass
-        finally:
-            os.close(stdin_w)
-        return cls(stdin_r, *os.pipe(), *os.pipe(), *os.pipe())
+            pipes.stdin_r, stdin_w = os.pipe()
+            try:
+                # The server caps stdin at 64 KiB, the default pipe capacity; non-blocking so that a
+                # larger input is cut at the capacity instead of hanging the worker.
+                os.set_blocking(stdin_w, False)
+                os.write(stdin_w, stdin)
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(stdin_w)
+            pipes.stdout_r, pipes.stdout_w = os.pipe()
+            pipes.stderr_r, pipes.stderr_w = os.pipe()
+            pipes.status_r, pipes.status_w = os.pipe()
+        except BaseException:
+            pipes.close()
+            raise
+        return pipes
+
+    def child_ends(self) -> list[int]:
+        return [self.stdin_r, self.stdout_w, self.stderr_w, self.status_w]
 
     def close_child_ends(self) -> None:
-        for fd in (self.stdin_r, self.stdout_w, self.stderr_w, self.status_w):
-            os.close(fd)
+        for name in ("stdin_r", "stdout_w", "stderr_w", "status_w"):
+            self._close(name)
 
-    def close_parent_ends(self) -> None:
-        for fd in (self.stdout_r, self.stderr_r, self.status_r):
+    def close(self) -> None:
+        for name in ("stdin_r", "stdout_r", "stdout_w", "stderr_r", "stderr_w", "status_r", "status_w"):
+            self._close(name)
+
+    def _close(self, name: str) -> None:
+        fd = getattr(self, name)
+        if fd >= 0:
+            setattr(self, name, -1)
             os.close(fd)
 
 
@@ -61,12 +84,16 @@ class ChildPipes:
 class ChildRun:
     """Raw facts about a finished child, before classification."""
 
-    wait_status: int
+    wait_status: int = 0
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     report: bytearray = field(default_factory=bytearray)
     timed_out: bool = False
     over_output: bool = False
+    exited: bool = True
+
+
+REAP_TIMEOUT_S = 5.0  # a SIGKILLed process that is still there after this is reported, not waited for
 
 
 def _drain(fd: int, into: bytearray, cap: int) -> bool:
@@ -83,57 +110,47 @@ def _drain(fd: int, into: bytearray, cap: int) -> bool:
     return True
 
 
-def _kill_group(pid: int) -> None:
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except ProcessLookupError:
-            pass
-
-
-def kill_and_reap(pid: int) -> None:
-    _kill_group(pid)
+def kill(pidfd: int) -> None:
     try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
         pass
 
 
-def watch(pid: int, pipes: ChildPipes, deadline: float, output_cap: int) -> ChildRun:
-    """Supervise the child until it exits or is killed; always reaps it."""
-    pidfd = os.pidfd_open(pid)
-    buffers = {pipes.stdout_r: bytearray(), pipes.stderr_r: bytearray(), pipes.status_r: bytearray()}
+def exited_within(pidfd: int, timeout_s: float) -> bool:
+    return bool(select.select([pidfd], [], [], timeout_s)[0])
+
+
+def watch(pidfd: int, pipes: ChildPipes, deadline: float, output_cap: int) -> ChildRun:
+    """Supervise the child until it exits or is killed (then wait for it, at most REAP_TIMEOUT_S)."""
+    run = ChildRun()
+    buffers = {pipes.stdout_r: run.stdout, pipes.stderr_r: run.stderr, pipes.status_r: run.report}
     poller = select.poll()
     for fd in (*buffers, pidfd):
         os.set_blocking(fd, False)
         poller.register(fd, select.POLLIN)
-    timed_out = over_output = exited = False
-    try:
-        while not exited:
-            remaining_ms = (deadline - time.monotonic()) * 1000
-            if remaining_ms <= 0:
-                timed_out = True
-                break
-            for fd, _ in poller.poll(max(1, int(remaining_ms) + 1)):
-                if fd == pidfd:
-                    exited = True
-                elif not _drain(fd, buffers[fd], output_cap):
-                    poller.unregister(fd)
-            if len(buffers[pipes.stdout_r]) > output_cap or len(buffers[pipes.stderr_r]) > output_cap:
-                over_output = True
-                break
-        if not exited:
-            _kill_group(pid)
-        _, wait_status = os.waitpid(pid, 0)
-        for fd, buffer in buffers.items():  # the writers are gone: read what is left, up to EOF
-            while len(buffer) <= output_cap and select.select([fd], [], [], 0)[0] and _drain(fd, buffer, output_cap):
-                pass
-        over_output = over_output or max(len(buffers[pipes.stdout_r]), len(buffers[pipes.stderr_r])) > output_cap
-    finally:
-        os.close(pidfd)
-        pipes.close_parent_ends()
-    return ChildRun(wait_status, buffers[pipes.stdout_r], buffers[pipes.stderr_r], buffers[pipes.status_r],
-                    timed_out, over_output)
+    exited = False
+    while not exited:
+        remaining_ms = (deadline - time.monotonic()) * 1000
+        if remaining_ms <= 0:
+            run.timed_out = True
+            break
+        for fd, _ in poller.poll(max(1, int(remaining_ms) + 1)):
+            if fd == pidfd:
+                exited = True
+            elif not _drain(fd, buffers[fd], output_cap):
+                poller.unregister(fd)
+        if len(run.stdout) > output_cap or len(run.stderr) > output_cap:
+            run.over_output = True
+            break
+    if not exited:
+        kill(pidfd)
+        run.exited = exited_within(pidfd, REAP_TIMEOUT_S)
+    for fd, buffer in buffers.items():  # the writers are gone: read what is left, up to EOF
+        while len(buffer) <= output_cap and select.select([fd], [], [], 0)[0] and _drain(fd, buffer, output_cap):
+            pass
+    run.over_output = run.over_output or max(len(run.stdout), len(run.stderr)) > output_cap
+    return run
 
 
 def _text(data: bytearray, cap: int) -> str:
@@ -153,7 +170,10 @@ def _unreported_end(wait_status: int) -> tuple[str, str, int | None]:
         code = os.WEXITSTATUS(wait_status)
         return "error", f"SystemExit: the snippet ended the process itself (os._exit({code}))", code
     sig = os.WTERMSIG(wait_status)
-    if sig == signal.SIGXCPU:
+    # A snippet is pid 1 of its namespace, and the kernel does not deliver a default-action
+    # SIGXCPU to such a process: its CPU limit ends it at the hard limit, with SIGKILL. Nothing
+    # else sends that signal (the worker's own kills are classified before this).
+    if sig in (signal.SIGXCPU, signal.SIGKILL):
         return "timeout", "TimeoutError: CPU time limit exceeded", None
     if sig == signal.SIGSEGV:
         return "error", "Segmentation fault (SIGSEGV): often a C stack overflow from very deep recursion", -sig
@@ -179,43 +199,6 @@ def classify(run: ChildRun, job: Job, duration_ms: float, fetched: dict[str, str
         return Outcome("ok", stdout, stderr, None, duration_ms, 0, fetched)
     status = "memory" if report.get("memory") else "error"
     return Outcome(status, stdout, stderr, str(report.get("error")), duration_ms, int(report.get("exit_code", 1)), fetched)
-
-
-def _safe_relative(root: str, name: str) -> str:
-    path = os.path.normpath(os.path.join(root, name))
-    if "\0" in name or os.path.isabs(name) or not path.startswith(root.rstrip("/") + "/"):
-        raise ValueError(f"file name {name!r} must be a relative path inside the working directory")
-    return path
-
-
-def write_input_files(root: str, files: dict[str, str], uid: int | None) -> None:
-    for name, content in files.items():
-        path = _safe_relative(root, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
-            handle.write(base64.b64decode(content or ""))
-        if uid is not None:
-            os.chown(path, uid, uid)
-
-
-def read_output_files(root: str, names: tuple[str, ...]) -> dict[str, str]:
-    """Fetch files the snippet wrote. No symlinks followed, regular files only, 1 MiB each."""
-    fetched: dict[str, str] = {}
-    for name in names:
-        try:
-            path = _safe_relative(root, name)
-            if os.path.realpath(path) != path:
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except (ValueError, OSError):
-            continue
-        try:
-            info = os.fstat(fd)
-            if os.path.stat.S_ISREG(info.st_mode) and info.st_size <= _MAX_FETCH_BYTES:
-                fetched[name] = base64.b64encode(os.read(fd, _MAX_FETCH_BYTES)).decode()
-        finally:
-            os.close(fd)
-    return fetched
 
 
 def empty_directory(path: str) -> None:

@@ -1,19 +1,25 @@
-"""A pre-warmed worker: imports the scientific stack once, jails itself, forks per request.
+"""A pre-warmed worker: imports the scientific stack once, jails itself, serves requests.
 
 Started by the server as `python -m sandbox.code.worker SETTINGS_JSON` with the channel
 socket on a passed descriptor. Start-up, in order: die with the server, import and
 exercise the allowed packages (lazy submodules included, so snippets rarely touch the
-disk), enter the jail (root only), compile the seccomp filter, freeze the heap for the
-garbage collector (so children don't copy pages just by collecting), say "ready".
+disk), compile the seccomp filter, freeze the heap for the garbage collector (so children
+don't copy pages just by collecting), enter the jail (root only), fork the zygote
+(`sandbox.code.zygote`, pid 1 of the worker's own PID namespace) before touching any
+request, say "ready".
 
 Per request: compile and policy-check without forking; write input files into the private
-/tmp; fork; watch the child's stdout/stderr/report pipes and its pidfd with poll until it
-exits, overflows its output cap or hits the wall-clock deadline (then SIGKILL its process
-group); classify; wipe /tmp. One request at a time per worker.
+/tmp; put the job in a memfd and have the zygote fork a child for it; watch the child's
+stdout/stderr/report pipes and its pidfd with poll until it exits, overflows its output cap
+or hits the wall-clock deadline (then SIGKILL it); classify; wipe /tmp. One request at a
+time per worker. After each request the worker checks that it can still serve (no
+descriptor left open, a pristine /tmp, bounded memory, a live zygote, every child reaped);
+if not, its answer says `retire` with the reason and it exits, and the server replaces it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -22,8 +28,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sandbox.code import jail, policy, protocol, seccomp, supervise
-from sandbox.code.child import ChildSetup, child_main
+from sandbox.code import files, jail, policy, protocol, seccomp, supervise
+from sandbox.code.child import ChildJob
+from sandbox.code.zygote import Zygote, ZygoteLost, ZygoteSetup, start_zygote
 
 
 @dataclass(frozen=True)
@@ -89,30 +96,35 @@ def prefer_huge_pages() -> int:
     return advised
 
 
+class WorkerRetired(Exception):
+    """The worker can no longer serve cleanly; the reason goes to the server, which replaces it."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+_MAX_RSS_GROWTH_BYTES = 1 << 30  # the worker's own memory (answers, files) must not creep past this
+
+
 class Worker:
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, zygote: Zygote, status_fd: int) -> None:
         self.settings = settings
-        self.program = seccomp.build_filter()
-        # Opened before the jail hides /proc: the baseline for the per-request memory budget.
-        self._status_fd = os.open("/proc/self/status", os.O_RDONLY)
+        self.zygote = zygote
+        self._status_fd = status_fd  # the worker's own /proc status, opened before the jail hid /proc
         self.workdir = jail.JAIL_TMP if settings.isolated else settings.degraded_tmp
         # Degraded but still root (e.g. a container without CAP_SYS_ADMIN): still drop the uid.
         self.snippet_uid = settings.uid if settings.isolated or os.geteuid() == 0 else None
+        self._pristine_tmp = jail.tmp_state() if settings.isolated else None
+        self._free_fd = _lowest_free_fd()
+        self._baseline_rss = self._rss_bytes()
+        self.retired: str | None = None
 
-    def _virtual_memory_bytes(self) -> int:
+    def _rss_bytes(self) -> int:
         for line in os.pread(self._status_fd, 8192, 0).decode().splitlines():
-            if line.startswith("VmSize:"):
+            if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("VmSize missing from /proc/self/status")
-
-    def limits(self, job: protocol.Job) -> jail.ChildLimits:
-        return jail.ChildLimits(
-            cpu_s=int(job.timeout_s) + 1,
-            address_space_bytes=self._virtual_memory_bytes() + job.memory_mb * (1 << 20),
-            file_size_bytes=self.settings.tmp_size_mib << 20,
-            open_files=64,
-            tasks=32,
-        )
+        return 0
 
     def handle(self, job: protocol.Job) -> protocol.Outcome:
         started = time.perf_counter()
@@ -121,75 +133,126 @@ class Worker:
             return protocol.Outcome(prepared.status, "", prepared.stderr, prepared.error,
                                     (time.perf_counter() - started) * 1000, return_code=1)
         try:
-            supervise.write_input_files(self.workdir, job.files, self._owner_uid())
-            run = self._fork_and_watch(job, prepared.code)
-            fetched = supervise.read_output_files(self.workdir, job.fetch_files)
+            try:
+                files.write_input_files(self.workdir, job.files, self.snippet_uid)
+                run = self._run_child(job, prepared.code)
+                fetched = files.read_output_files(self.workdir, job.fetch_files)
+            finally:
+                self._wipe_tmp()
         except (ValueError, OSError) as exc:  # bad file names or contents from the request
             return protocol.Outcome("error", "", "", f"SandboxError: {exc}", (time.perf_counter() - started) * 1000)
-        finally:
-            self._wipe_tmp()
         duration_ms = (time.perf_counter() - started) * 1000
         return supervise.classify(run, job, duration_ms, fetched, self.settings.output_limit_bytes)
 
-    @staticmethod
-    def reseed_for_next_child() -> None:
-        """Fresh entropy for numpy's global generator, inherited by the next child only.
-
-        Every child is a copy of this worker, so without it all requests would draw the same
-        "random" numbers. Done here, between requests, because seeding inside the child costs
-        ~1.5 ms of copied pages per request. (`random` reseeds itself in each child: CPython
-        registers that as an at-fork hook.)"""
-        import numpy
-
-        numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
-
-    def _owner_uid(self) -> int | None:
-        return self.snippet_uid
-
-    def _fork_and_watch(self, job: protocol.Job, code) -> supervise.ChildRun:
-        pipes = supervise.ChildPipes.open(job.stdin)
-        setup = ChildSetup(code, job.code, pipes.stdin_r, pipes.stdout_w, pipes.stderr_w, pipes.status_w,
-                           self.limits(job), self._owner_uid(), self.program, self.workdir)
-        pid = os.fork()
-        if pid == 0:
-            child_main(setup)  # never returns; the exit below is a second fence
-            os._exit(70)
-        pipes.close_child_ends()
-        try:
-            return supervise.watch(pid, pipes, time.monotonic() + job.timeout_s, self.settings.output_limit_bytes)
-        except BaseException:
-            supervise.kill_and_reap(pid)  # never leave a snippet running behind a failed watch
-            raise
+    def _run_child(self, job: protocol.Job, code) -> supervise.ChildRun:
+        # Everything opened here is closed on every path out (the ExitStack), errors included.
+        with contextlib.ExitStack() as opened:
+            job_fd = os.memfd_create("job", os.MFD_CLOEXEC)
+            opened.callback(os.close, job_fd)
+            os.write(job_fd, ChildJob(code, job.code, job.timeout_s, job.memory_mb).dumps())
+            pipes = supervise.ChildPipes.open(job.stdin.encode("utf-8", "surrogatepass"))
+            opened.callback(pipes.close)
+            try:
+                pidfd = self.zygote.spawn([job_fd, *pipes.child_ends()])
+            except ZygoteLost as exc:
+                raise WorkerRetired("zygote", str(exc)) from exc
+            opened.callback(os.close, pidfd)
+            pipes.close_child_ends()
+            run = supervise.watch(pidfd, pipes, time.monotonic() + job.timeout_s, self.settings.output_limit_bytes)
+            if not run.exited:
+                raise WorkerRetired("unreaped", "a killed snippet did not exit")
+            try:
+                run.wait_status = self.zygote.wait_status()
+            except ZygoteLost as exc:
+                raise WorkerRetired("unreaped", str(exc)) from exc
+            return run
 
     def _wipe_tmp(self) -> None:
         if not self.settings.isolated:
             os.chmod(self.workdir, 0o700)  # degraded: the snippet may own the directory and have changed it
-        # An empty /tmp is already clean: the snippet's uid cannot change the root-owned,
-        # sticky directory itself, and it has exited. Remounting costs more than the check.
-        ours = jail.python_tmp_entries() if self.settings.isolated else frozenset()
-        with os.scandir(self.workdir) as entries:
-            if all(entry.name in ours for entry in entries):
-                return
-        if self.settings.isolated:
-            jail.wipe_tmp(self.settings.tmp_size_mib)
-        else:
             supervise.empty_directory(self.workdir)
+            return
+        # Skipping the remount is safe only if nothing at all changed: counts of free inodes and
+        # blocks and the directory's times (no names are exempt; see jail.TmpState).
+        if jail.tmp_state() != self._pristine_tmp:
+            self._pristine_tmp = jail.wipe_tmp(self.settings.tmp_size_mib)
+
+    def check_can_serve(self) -> None:
+        """Raise WorkerRetired if this worker must not take another request."""
+        if _lowest_free_fd() != self._free_fd:
+            raise WorkerRetired("descriptors", "a request left a descriptor open")
+        if self.settings.isolated and jail.tmp_state() != self._pristine_tmp:
+            raise WorkerRetired("tmp", "the private /tmp could not be restored")
+        if self._rss_bytes() > self._baseline_rss + _MAX_RSS_GROWTH_BYTES:
+            raise WorkerRetired("memory", "the worker's memory grew past its bound")
 
 
-def _ready_message(settings: WorkerSettings) -> dict:
-    return {"ready": True, "pid": os.getpid(), "slot": settings.slot, "isolated": settings.isolated}
+def _lowest_free_fd() -> int:
+    fd = os.dup(0)
+    os.close(fd)
+    return fd
+
+
+def _ready_message(settings: WorkerSettings, zygote: Zygote) -> dict:
+    return {"ready": True, "pid": os.getpid(), "slot": settings.slot, "isolated": settings.isolated,
+            "zygote_pid": zygote.pid}
+
+
+def _answer(worker: Worker, message: dict) -> bytes:
+    """One request's reply. A function of its own, so nothing of it outlives the reply."""
+    retire = None
+    try:
+        message["fetch_files"] = tuple(message.get("fetch_files", ()))
+        outcome = worker.handle(protocol.Job(**message))
+    except WorkerRetired as exc:
+        retire, outcome = exc.reason, _failure(f"SandboxError: the worker running this snippet had to stop ({exc})")
+    except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
+        outcome = _failure(f"SandboxError: {type(exc).__name__}: {exc}")
+    if retire is None:
+        try:
+            worker.check_can_serve()
+        except WorkerRetired as exc:
+            retire = exc.reason
+    reply = dict(outcome.__dict__)
+    if retire is not None:
+        worker.retired = reply["retire"] = retire
+    return protocol.encode(reply)
+
+
+def _failure(error: str) -> protocol.Outcome:
+    return protocol.Outcome("error", "", "", error, 0.0)
 
 
 def serve(worker: Worker, channel: socket.socket) -> None:
-    while (message := protocol.recv_blocking(channel)) is not None:
-        message["fetch_files"] = tuple(message.get("fetch_files", ()))
-        job = protocol.Job(**message)
-        try:
-            outcome = worker.handle(job)
-        except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
-            outcome = protocol.Outcome("error", "", "", f"SandboxError: {type(exc).__name__}: {exc}", 0.0)
-        channel.sendall(protocol.encode(outcome.__dict__))
-        worker.reseed_for_next_child()  # after answering: off the request's latency
+    while worker.retired is None and (message := protocol.recv_blocking(channel)) is not None:
+        channel.sendall(_answer(worker, message))
+
+
+def _start(settings: WorkerSettings, channel: socket.socket) -> Worker:
+    jail.die_with_parent()
+    jail.prepare_worker_process()
+    warm_imports()
+    os.environ.pop("PYTHONPATH", None)  # only needed to find this package; snippets need no repo path
+    program = seccomp.build_filter()
+    status_fd = os.open("/proc/self/status", os.O_RDONLY)
+    gc.collect()
+    gc.freeze()  # the collector must not touch (and so copy) the warm heap in every child
+    prefer_huge_pages()  # reads /proc, so before the jail hides it
+    proc_dir_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if settings.isolated:
+            jail.enter_worker_jail(jail.JailLayout(settings.python_paths, settings.tmp_size_mib))
+            jail.unshare_pid_namespace()  # the zygote becomes pid 1 of the worker's PID namespace
+        workdir = jail.JAIL_TMP if settings.isolated else settings.degraded_tmp
+        uid = settings.uid if settings.isolated or os.geteuid() == 0 else None
+        setup = ZygoteSetup(program, uid, workdir, settings.tmp_size_mib, pid_namespaces=settings.isolated)
+        zygote = start_zygote(setup, proc_dir_fd, (channel.fileno(), status_fd), ZYGOTE_ANSWER_TIMEOUT_S)
+    finally:
+        os.close(proc_dir_fd)
+    return Worker(settings, zygote, status_fd)
+
+
+ZYGOTE_ANSWER_TIMEOUT_S = 10.0
 
 
 def main(argv: list[str]) -> int:
@@ -197,21 +260,11 @@ def main(argv: list[str]) -> int:
     settings = WorkerSettings(**{**raw, "python_paths": tuple(raw["python_paths"])})
     channel = socket.socket(fileno=settings.channel_fd)
     try:
-        jail.die_with_parent()
-        jail.prepare_worker_process()
-        warm_imports()
-        os.environ.pop("PYTHONPATH", None)  # only needed to find this package; snippets need no repo path
-        worker = Worker(settings)
-        gc.collect()
-        gc.freeze()  # the collector must not touch (and so copy) the warm heap in every child
-        prefer_huge_pages()  # reads /proc, so before the jail hides it
-        if settings.isolated:
-            jail.enter_worker_jail(jail.JailLayout(settings.python_paths, settings.tmp_size_mib))
+        worker = _start(settings, channel)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which refuses to start
         channel.sendall(protocol.encode({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 1
-    worker.reseed_for_next_child()
-    channel.sendall(protocol.encode(_ready_message(settings)))
+    channel.sendall(protocol.encode(_ready_message(settings, worker.zygote)))
     serve(worker, channel)
     return 0
 

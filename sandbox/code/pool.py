@@ -60,6 +60,7 @@ class PoolSettings:
     tmp_size_mib: int
     output_limit_bytes: int
     start_timeout_s: float = 120.0
+    seccomp: str = "allow-list"  # "census": allow every call (only for measuring, see syscall_census)
 
 
 def worker_environment() -> dict[str, str]:
@@ -88,7 +89,7 @@ class _WorkerProcess:
 
     def watch_zygote(self, pid: int) -> None:
         """Hold a pidfd on the zygote (a child of our worker, so its pid cannot be reused yet)."""
-        self.zygote_pidfd = os.pidfd_open(pid)
+        self.zygote_pid, self.zygote_pidfd = pid, os.pidfd_open(pid)
 
     async def request(self, job: protocol.Job) -> tuple[protocol.Outcome, str | None]:
         self.writer.write(protocol.encode(protocol.job_message(job)))
@@ -156,7 +157,7 @@ class WorkerPool:
             "slot": slot, "channel_fd": child_end.fileno(), "isolated": self.settings.isolated,
             "uid": self.settings.uid_base + slot, "tmp_size_mib": self.settings.tmp_size_mib,
             "output_limit_bytes": self.settings.output_limit_bytes, "python_paths": list(jail_python_paths()),
-            "degraded_tmp": scratch,
+            "degraded_tmp": scratch, "seccomp": self.settings.seccomp,
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "sandbox.code.worker", json.dumps(settings)],

@@ -1,18 +1,30 @@
 """The sandbox's seccomp filter, compiled once per worker with libseccomp (ctypes).
 
-Default allow, with an errno for every call that creates processes, reaches the network,
-changes what the process can see or is, or talks to the kernel's more exotic interfaces.
-A deny list (not an allow list) because numpy, sympy and the interpreter use a wide and
-version-dependent set of ordinary calls; everything dangerous that an unprivileged uid
-could still do is on the list. Calls from a foreign ABI (i386 `int 0x80`, x32) kill the
-process: libseccomp's default for a non-native architecture.
+An allow-list. `ALLOWED_SYSCALLS` are the calls snippets were measured to make on the real
+workloads (numpy, sympy, scipy, mpmath and the rest of the allowed stack, threads, files in
+/tmp, stdin, signals and timers, errors and limits: `python -m sandbox.code.syscall_census`),
+plus a few that glibc makes on rarer paths. Everything else answers ENOSYS, which libraries
+treat as "this kernel lacks it" and fall back from (clone3 -> clone, faccessat2 -> faccessat,
+openat2 -> openat). `DENIED_SYSCALLS` answer EPERM instead, so a snippet that tries to create
+a process, open a socket, change identity or reach another process reads a plain
+PermissionError; they are on no allow-list in any case. Left out on purpose, among others:
+io_setup/io_submit and io_uring_* (host-wide aio quota, kernel attack surface), inotify_*
+and fanotify_* (watching what other workers' snippets open in the shared site-packages),
+listmount/statmount (the mount table), sync/syncfs/sync_file_range, userfaultfd,
+perf_event_open, bpf, keyctl/add_key/request_key, memfd_create and memfd_secret (memory that
+RLIMIT_AS does not count), System V and POSIX IPC, ptrace and process_vm_*, *xattr setters,
+setuid and friends, namespaces and mounts, and personality.
 
-`clone` is denied only without CLONE_THREAD, so threads work but processes don't; `clone3`
-answers ENOSYS rather than EPERM, which makes glibc fall back to `clone` for threads
-(with EPERM, `threading.Thread.start()` fails).
+Argument checks: `clone` only with CLONE_THREAD (threads yes, processes no); `clone3`
+answers ENOSYS so glibc falls back to `clone`; `open`/`openat` never with O_TMPFILE (an
+unnamed inode in /tmp that no directory records, so the worker could not tell /tmp was
+used); `ioctl` only for the terminal and descriptor queries Python's I/O makes;
+`prctl` only for reading settings and naming threads. Calls from a foreign ABI (i386
+`int 0x80`, x32) kill the process: libseccomp's default for a non-native architecture.
 
 The program is exported as raw BPF once, so each request installs it with a single prctl
-instead of recompiling it.
+instead of recompiling it. `census=True` builds the measurement filter instead: everything
+allowed except `DENIED_SYSCALLS` (never used to serve).
 """
 
 from __future__ import annotations
@@ -23,8 +35,37 @@ import errno
 import os
 
 SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_CMP_EQ = 4
 SCMP_CMP_MASKED_EQ = 7
 CLONE_THREAD = 0x00010000
+O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (O_TMPFILE is this | O_DIRECTORY)
+
+ALLOWED_SYSCALLS = (
+    # memory
+    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "mincore", "msync", "mbind",  # mbind: OpenBLAS
+    # descriptors and files (the only writable filesystem is the snippet's private /tmp)
+    "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
+    "close", "close_range", "lseek", "dup", "dup2", "dup3", "fcntl", "flock", "fsync", "fdatasync",
+    "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2",
+    "getdents64", "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "truncate", "ftruncate", "fallocate",
+    "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
+    "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "umask", "utimensat", "fadvise64",
+    "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
+    "sendfile", "copy_file_range", "splice", "tee", "pipe", "pipe2",
+    "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait",
+    "eventfd2", "timerfd_create", "timerfd_settime", "timerfd_gettime",
+    # threads, signals, time
+    "futex", "set_robust_list", "get_robust_list", "set_tid_address", "rseq", "gettid", "sched_yield",
+    "sched_getaffinity", "sched_getparam", "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min",
+    "rt_sigaction", "rt_sigprocmask", "rt_sigreturn", "rt_sigpending", "rt_sigtimedwait", "rt_sigsuspend",
+    "sigaltstack", "kill", "tgkill", "tkill", "pause", "nanosleep", "clock_nanosleep", "clock_gettime",
+    "clock_getres", "gettimeofday", "time", "getitimer", "setitimer", "alarm", "times", "getrusage",
+    "restart_syscall", "exit", "exit_group", "wait4", "waitid",
+    # identity and limits, read-only (the uid is already dropped; setting them is denied)
+    "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
+    "getpgrp", "getpgid", "getsid", "getpriority", "getrlimit", "prlimit64", "uname", "sysinfo", "getcpu",
+    "getrandom", "capget", "arch_prctl", "membarrier",
+)
 
 DENIED_SYSCALLS = (
     # new processes and programs
@@ -32,26 +73,41 @@ DENIED_SYSCALLS = (
     # network and IPC endpoints
     "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
     "sendto", "sendmsg", "sendmmsg", "recvfrom", "recvmsg", "recvmmsg",
-    # System V and POSIX IPC objects outlive the process that made them: a channel between
-    # requests, and across workers of the same IPC namespace
+    # System V and POSIX IPC objects outlive the process that made them
     "shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop",
     "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify",
     "mq_getsetattr",
     # other processes
     "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open", "pidfd_getfd",
     "pidfd_send_signal", "kcmp", "process_madvise",
+    # identity
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups", "setfsuid", "setfsgid",
+    "capset", "setsid", "setpgid", "setpriority", "setrlimit",
     # namespaces, mounts, roots
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsmount",
     "fsconfig", "fspick", "open_tree", "move_mount", "mount_setattr",
-    # kernel attack surface rarely needed by numeric code
+    # kernel attack surface and shared kernel state
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter",
-    "io_uring_register", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
+    "io_uring_register", "io_setup", "io_submit", "io_destroy", "io_getevents", "io_pgetevents", "io_cancel",
+    "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "syslog",
     "personality", "mknod", "mknodat", "open_by_handle_at", "name_to_handle_at", "acct",
-    "quotactl", "lookup_dcookie", "vhangup", "iopl", "ioperm", "uselib", "memfd_secret",
+    "quotactl", "lookup_dcookie", "vhangup", "iopl", "ioperm", "uselib", "memfd_secret", "memfd_create",
+    "inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "fanotify_init", "fanotify_mark",
+    "sync", "syncfs", "sync_file_range", "listmount", "statmount",
+    "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     # clocks and host identity
     "clock_settime", "clock_adjtime", "settimeofday", "adjtimex", "sethostname", "setdomainname",
 )
+
+# ioctl requests Python's own I/O makes (isatty, buffer sizing, non-blocking and close-on-exec flags).
+_TCGETS, _TIOCGWINSZ, _FIONREAD, _FIONBIO, _FIONCLEX, _FIOCLEX = 0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451
+ALLOWED_IOCTLS = (_TCGETS, _TIOCGWINSZ, _FIONREAD, _FIONBIO, _FIONCLEX, _FIOCLEX)
+# prctl options that only read state or name a thread.
+_PR_GET_PDEATHSIG, _PR_GET_DUMPABLE, _PR_SET_NAME, _PR_GET_NAME, _PR_GET_SECCOMP, _PR_CAPBSET_READ = 2, 3, 15, 16, 21, 23
+_PR_GET_NO_NEW_PRIVS, _PR_GET_THP_DISABLE = 39, 42
+ALLOWED_PRCTLS = (_PR_GET_PDEATHSIG, _PR_GET_DUMPABLE, _PR_SET_NAME, _PR_GET_NAME, _PR_GET_SECCOMP,
+                  _PR_CAPBSET_READ, _PR_GET_NO_NEW_PRIVS, _PR_GET_THP_DISABLE)
 
 
 class _ArgCmp(ctypes.Structure):
@@ -86,7 +142,7 @@ def _load_libseccomp() -> ctypes.CDLL:
 
 def _add_rule(lib: ctypes.CDLL, ctx: int, action: int, name: str, *conditions: _ArgCmp) -> bool:
     number = lib.seccomp_syscall_resolve_name(name.encode())
-    if number < 0:  # not a syscall on this architecture (e.g. fork on arm64): nothing to deny
+    if number < 0:  # not a syscall on this architecture (e.g. fork on arm64), or unknown to libseccomp
         return False
     array = (_ArgCmp * len(conditions))(*conditions) if conditions else None
     result = lib.seccomp_rule_add_array(ctx, action, number, len(conditions), array)
@@ -95,8 +151,22 @@ def _add_rule(lib: ctypes.CDLL, ctx: int, action: int, name: str, *conditions: _
     return True
 
 
-def _compile(lib: ctypes.CDLL) -> bytes:
-    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+def _add_allow_list(lib: ctypes.CDLL, ctx: int) -> None:
+    for name in ALLOWED_SYSCALLS:
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, name)
+    for request in ALLOWED_IOCTLS:  # the 32-bit request number: glibc passes it as unsigned long
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, "ioctl", _ArgCmp(1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, request))
+    for option in ALLOWED_PRCTLS:
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, "prctl", _ArgCmp(0, SCMP_CMP_EQ, option, 0))
+    deny = _errno_action(errno.EPERM)
+    for name, flags_arg in (("open", 1), ("openat", 2)):
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, name, _ArgCmp(flags_arg, SCMP_CMP_MASKED_EQ, O_TMPFILE_BIT, 0))
+        _add_rule(lib, ctx, deny, name, _ArgCmp(flags_arg, SCMP_CMP_MASKED_EQ, O_TMPFILE_BIT, O_TMPFILE_BIT))
+    _add_rule(lib, ctx, SCMP_ACT_ALLOW, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
+
+
+def _compile(lib: ctypes.CDLL, census: bool) -> bytes:
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW if census else _errno_action(errno.ENOSYS))
     if not ctx:
         raise OSError("seccomp_init failed")
     try:
@@ -104,7 +174,10 @@ def _compile(lib: ctypes.CDLL) -> bytes:
         for name in DENIED_SYSCALLS:
             _add_rule(lib, ctx, deny, name)
         _add_rule(lib, ctx, deny, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0))
-        _add_rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
+        if census:  # otherwise ENOSYS is the default already (libseccomp refuses a rule that repeats it)
+            _add_rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
+        else:
+            _add_allow_list(lib, ctx)
         fd = os.memfd_create("seccomp-bpf")
         try:
             if lib.seccomp_export_bpf(ctx, fd) != 0:
@@ -116,10 +189,10 @@ def _compile(lib: ctypes.CDLL) -> bytes:
         lib.seccomp_release(ctx)
 
 
-def build_filter() -> SockFprog:
+def build_filter(census: bool = False) -> SockFprog:
     """The compiled filter as a `sock_fprog` ready for prctl(PR_SET_SECCOMP). Keep the returned
     object alive: it owns the instruction buffer."""
-    code = _compile(_load_libseccomp())
+    code = _compile(_load_libseccomp(), census)
     count = len(code) // ctypes.sizeof(_SockFilter)
     instructions = (_SockFilter * count).from_buffer_copy(code)
     program = SockFprog(count, ctypes.cast(instructions, ctypes.POINTER(_SockFilter)))

@@ -105,9 +105,10 @@ CASES = [
     Case("thread_bomb", SYS + "t = sys.modules['threading']\nwhile True:\n    t.Thread(target=sys.modules['time'].sleep, args=(60,), daemon=True).start()",
          ("error", "memory")),
     Case("multiprocessing", SYS + "sys.modules['subprocess'].Popen(['sleep', '60'])", ("error",), error_has="PermissionError"),
-    Case("kill_parent", OS + "os.kill(os.getppid(), 9)", ("error",), error_has="PermissionError"),
-    # kill(-1) reaches every process of the snippet's uid but itself: there are none.
-    Case("kill_everything", OS + "os.kill(-1, 9)\nprint('survived')", ("ok",), stdout_has="survived"),
+    # The snippet is pid 1 of its own PID namespace: its parent is not even visible (ppid 0).
+    Case("kill_parent", OS + "print(os.getppid())\nos.kill(os.getppid(), 9)\nprint('survived')", ("ok",), stdout_has="0\nsurvived"),
+    # kill(-1) reaches every process in the snippet's namespace but itself: there are none.
+    Case("kill_everything", OS + "os.kill(-1, 9)\nprint('survived')", ("error",), error_has="ProcessLookupError"),
     Case("setsid_daemon", OS + "os.setsid()\nif os.fork() == 0:\n    import time\n    time.sleep(60)", ("error",)),
     Case("ptrace_parent", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('ptrace', libc.ptrace(16, 1, 0, 0))", ("ok",), stdout_has="ptrace -1"),
     Case("unshare_user_ns", "import numpy\nlibc = numpy.ctypeslib.ctypes.CDLL(None)\nprint('unshare', libc.unshare(0x10000000))", ("ok",), stdout_has="unshare -1"),

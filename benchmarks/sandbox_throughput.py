@@ -9,7 +9,12 @@ The load generator is a minimal HTTP/1.1 keep-alive client on asyncio (one conne
 concurrent request): on 2 cores a heavier client (httpx) would take CPU from the server
 being measured. Both sides share the same machine, so figures depend on its other load.
 
-    python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3]   (from the repository root)
+    python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3] [--ref GIT_REF]   (from the repository root)
+
+With `--ref` (say `--ref main`), the sandbox of that git revision (its `sandbox/` tree, unpacked
+into a temporary directory) runs as a second server next to this one, and every point is
+measured on both, alternately, in the same run: `ref` holds its figures and `vs_ref` the
+ratios this / ref, so a change is judged under the same load.
 
 The last line is one JSON object; `ratio` = ours / baseline requests/s for the sympy snippet
 at concurrency 8, `ratio_by_concurrency` gives all three. Because other jobs may share the
@@ -25,6 +30,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.services import free_port, python_service
+from pipeline.services import ServiceProcess, free_port, python_service
 
 SNIPPETS = {
     "trivial": ("print(6 * 7)", "42\n"),
@@ -143,24 +149,46 @@ async def measure_baseline(code: str, expected: str, concurrency: int, total: in
     return _figures(latencies, time.perf_counter() - began, failures)
 
 
-async def run_all(port: int, server_pid: int, seconds: float) -> dict:
+async def run_all(servers: dict[str, tuple[int, int]], seconds: float) -> dict:
+    """`servers`: label -> (port, pid); the first label is "ours", the rest are compared with it."""
     results: dict = {}
     for name, (code, expected) in SNIPPETS.items():
         for concurrency in CONCURRENCY:
-            ours = await measure_service(port, server_pid, code, expected, concurrency, seconds)
+            point = {label: await measure_service(port, pid, code, expected, concurrency, seconds)
+                     for label, (port, pid) in servers.items()}
             base = await measure_baseline(code, expected, concurrency, BASELINE_REQUESTS[name][concurrency])
-            results[f"{name}_c{concurrency}"] = {"ours": ours, "baseline": base,
-                                                  "ratio": round(ours["rps"] / base["rps"], 1)}
-            print(f"{name:8s} c={concurrency:<3d} ours {ours['rps']:7.1f} req/s p50 {ours['p50_ms']:7.2f} ms "
-                  f"p99 {ours['p99_ms']:7.2f} ms cpu {ours['cpu_ms_per_request']:5.2f} ms/req fail {ours['failures']} | baseline {base['rps']:6.1f} req/s "
-                  f"p50 {base['p50_ms']:8.2f} ms p99 {base['p99_ms']:8.2f} ms fail {base['failures']}", flush=True)
+            ours = point["ours"]
+            results[f"{name}_c{concurrency}"] = {**point, "baseline": base, "ratio": round(ours["rps"] / base["rps"], 1)}
+            if "ref" in point:
+                results[f"{name}_c{concurrency}"]["vs_ref"] = {
+                    "rps": round(ours["rps"] / point["ref"]["rps"], 2),
+                    "cpu_ms_per_request": round(ours["cpu_ms_per_request"] / point["ref"]["cpu_ms_per_request"], 2)}
+            for label, figures in point.items():
+                print(f"{name:8s} c={concurrency:<3d} {label:4s} {figures['rps']:7.1f} req/s p50 {figures['p50_ms']:7.2f} ms "
+                      f"p99 {figures['p99_ms']:7.2f} ms cpu {figures['cpu_ms_per_request']:5.2f} ms/req fail {figures['failures']}",
+                      flush=True)
+            print(f"{name:8s} c={concurrency:<3d} baseline {base['rps']:6.1f} req/s p50 {base['p50_ms']:8.2f} ms "
+                  f"p99 {base['p99_ms']:8.2f} ms fail {base['failures']}", flush=True)
     return results
+
+
+def ref_service(ref: str, port: int, workers: int, scratch: Path) -> ServiceProcess:
+    """The sandbox server of git revision `ref`, from its own unpacked source tree."""
+    tree = scratch / "ref-tree"
+    tree.mkdir()
+    archive = subprocess.run(["git", "archive", ref, "sandbox"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    launcher = (f"import sys, runpy; sys.path.insert(0, {str(tree)!r}); "
+                "runpy.run_module('sandbox.code', run_name='__main__', alter_sys=True)")
+    command = [sys.executable, "-c", launcher, "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    return ServiceProcess("sandbox-ref", command, port, scratch / "sandbox-ref.log")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0, help="Measured seconds per (snippet, concurrency) for our service.")
+    parser.add_argument("--ref", default=None, help="Also measure the sandbox of this git revision, in the same run.")
     args = parser.parse_args()
     try:
         import uvloop
@@ -172,11 +200,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as logs:
         load_before = os.getloadavg()[0]
         with python_service("sandbox", "sandbox.code", ["--workers", str(args.workers)], port, Path(logs)) as service:
-            results = asyncio.run(run_all(port, service.process.pid, args.seconds))
+            servers = {"ours": (port, service.process.pid)}
+            if args.ref is None:
+                results = asyncio.run(run_all(servers, args.seconds))
+            else:
+                ref_port = free_port()
+                with ref_service(args.ref, ref_port, args.workers, Path(logs)) as ref:
+                    servers["ref"] = (ref_port, ref.process.pid)
+                    results = asyncio.run(run_all(servers, args.seconds))
         load_after = os.getloadavg()[0]
     trivial8 = results["trivial_c8"]["ours"]
     summary = {
-        "workers": args.workers,
+        "workers": args.workers, "ref": args.ref,
         "load_average_1min": [round(load_before, 2), round(load_after, 2)], "cores": os.cpu_count(),
         "trivial_c8_rps": trivial8["rps"], "trivial_c8_p99_ms": trivial8["p99_ms"],
         "trivial_c8_cpu_ms_per_request": trivial8["cpu_ms_per_request"],
@@ -186,10 +221,17 @@ def main() -> int:
         "ratio_by_concurrency": {c: results[f"sympy_c{c}"]["ratio"] for c in CONCURRENCY},
         "goal_trivial_300rps_p99_50ms": trivial8["rps"] >= 300 and trivial8["p99_ms"] < 50,
         "goal_ratio_20": results["sympy_c8"]["ratio"] >= 20,
-        "failures": sum(r["ours"]["failures"] + r["baseline"]["failures"] for r in results.values()),
+        "failures": sum(r["ours"]["failures"] + r["baseline"]["failures"] + r.get("ref", {}).get("failures", 0)
+                        for r in results.values()),
         "results": results,
         "median_ours_p50_ms": statistics.median(r["ours"]["p50_ms"] for r in results.values()),
     }
+    if args.ref is not None:
+        ref8 = results["trivial_c8"]["ref"]
+        summary.update({"ref_trivial_c8_rps": ref8["rps"], "ref_trivial_c8_p99_ms": ref8["p99_ms"],
+                        "ref_trivial_c8_cpu_ms_per_request": ref8["cpu_ms_per_request"],
+                        "ref_sympy_c8_rps": results["sympy_c8"]["ref"]["rps"],
+                        "vs_ref_by_point": {k: r["vs_ref"] for k, r in results.items()}})
     print(json.dumps(summary, sort_keys=True))
     return 0
 

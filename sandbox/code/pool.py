@@ -40,7 +40,9 @@ from sandbox.code.supervise import REAP_TIMEOUT_S
 
 log = logging.getLogger("sandbox.code")
 _REPO_ROOT = str(Path(__file__).resolve().parents[2])
-_ANSWER_GRACE_S = 10.0
+# Beyond the snippet's own limit, a worker may take up to two REAP_TIMEOUT_S waits (the kill,
+# the zygote's report) before it answers; past this the server gives up on it.
+_ANSWER_GRACE_S = 15.0
 
 
 class PoolFull(Exception):
@@ -210,6 +212,7 @@ class WorkerPool:
 
     def _replace(self, worker: _WorkerProcess, reason: str) -> None:
         self._replaced[reason] += 1
+        self._unreaped += reason == "unreaped"
         self._all.pop(worker.slot, None)
         self._kill(worker)
         task = asyncio.get_running_loop().create_task(self._respawn(worker.slot))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from sandbox.code import files, jail, policy, protocol, seccomp, supervise
 from sandbox.code.child import ChildJob
-from sandbox.code.zygote import Zygote, ZygoteLost, ZygoteSetup, start_zygote
+from sandbox.code.zygote import ChildNotReaped, Zygote, ZygoteLost, ZygoteSetup, start_zygote
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,10 @@ class Worker:
                 raise WorkerRetired("unreaped", "a killed snippet did not exit")
             try:
                 run.wait_status = self.zygote.wait_status()
-            except ZygoteLost as exc:
+            except ChildNotReaped as exc:
                 raise WorkerRetired("unreaped", str(exc)) from exc
+            except ZygoteLost as exc:
+                raise WorkerRetired("zygote", str(exc)) from exc
             return run
 
     def _wipe_tmp(self) -> None:
@@ -253,7 +255,7 @@ def _start(settings: WorkerSettings, channel: socket.socket) -> Worker:
     return Worker(settings, zygote, status_fd)
 
 
-ZYGOTE_ANSWER_TIMEOUT_S = 10.0
+ZYGOTE_ANSWER_TIMEOUT_S = supervise.REAP_TIMEOUT_S  # per zygote answer; within the server's grace
 
 
 def main(argv: list[str]) -> int:

@@ -54,6 +54,10 @@ class ZygoteLost(RuntimeError):
     """The zygote died or stopped answering: the worker cannot start clean children any more."""
 
 
+class ChildNotReaped(ZygoteLost):
+    """The child exited (or was killed) but the zygote did not report reaping it in time."""
+
+
 class Zygote:
     """The worker's handle on its zygote."""
 
@@ -78,6 +82,8 @@ class Zygote:
         """The wait status of the last child (sent once the zygote has reaped it)."""
         try:
             data = self.sock.recv(_STATUS_BYTES, socket.MSG_WAITALL)
+        except TimeoutError as exc:
+            raise ChildNotReaped("the zygote did not reap the child in time") from exc
         except OSError as exc:
             raise ZygoteLost(f"zygote did not reap the child: {exc!r}") from exc
         if len(data) != _STATUS_BYTES:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.services import free_port, python_service
-from tests.sandbox.support import UID_BASE, WORKERS, Sandbox
+from tests.sandbox.support import LONE_UID_BASE, UID_BASE, WORKERS, Sandbox
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +28,14 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
     service.env["TAPO_TEST_SECRET"] = secret
     with service:
         yield Sandbox(service, secret)
+
+
+@pytest.fixture(scope="session")
+def lone_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """One worker, so consecutive requests share it: what one leaves, the next would find.
+    Tests on it may kill its worker; they wait for the replacement before they end."""
+    logs: Path = tmp_path_factory.mktemp("lone-sandbox-logs")
+    service = python_service("lone-sandbox", "sandbox.code", ["--workers", "1", "--uid-base", str(LONE_UID_BASE)],
+                             free_port(), logs)
+    with service:
+        yield Sandbox(service, "")

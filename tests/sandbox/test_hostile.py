@@ -25,6 +25,15 @@ SITE = site.getsitepackages()[0]
 BENIGN = ("import math\nprint(sum(range(10)), math.comb(5, 2))", "45 10\n")
 OS = "import fractions\nos = fractions.sys.modules['os']\n"
 SYS = "import fractions\nsys = fractions.sys\n"
+# A raw system call from the snippet; prints "blocked" when the filter refused it (EPERM or ENOSYS).
+RAW = ("import numpy\nctypes = numpy.ctypeslib.ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+       "def call(nr, *args):\n    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])\n"
+       "    e = ctypes.get_errno()\n    print('blocked' if r == -1 and e in (1, 38) else f'ran {r} errno {e}')\n")
+
+
+def raw_call(name: str, nr: int, *args: int) -> Case:
+    """A system call the allow-list must keep out (x86_64 numbers)."""
+    return Case(f"syscall_{name}", RAW + f"call({nr}, {', '.join(map(str, args)) or '0'})", ("ok",), stdout_has="blocked")
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,72 @@ CASES = [
     Case("os_exit", OS + "print(42, flush=True)\nos._exit(0)", ("error",), stdout_has="42", error_has="os._exit(0)"),
     Case("quit_builtin", "quit()", ("error",), error_has="SystemExit"),
     Case("raise_systemexit_str", "raise SystemExit('all tests passed')", ("error",), error_has="all tests passed"),
+]
+
+CASES += [
+    # --- kernel interfaces shared between processes, or that count no memory: the allow-list keeps them out
+    raw_call("memfd_create", 319, 0, 0),
+    raw_call("io_setup", 206, 128, 0),
+    raw_call("io_uring_setup", 425, 8, 0),
+    raw_call("inotify_init1", 294, 0),
+    raw_call("fanotify_init", 300, 0, 0),
+    raw_call("statmount", 457, 0, 0, 0, 0),
+    raw_call("listmount", 458, 0, 0, 0, 0),
+    raw_call("sync", 162),
+    raw_call("syncfs", 306, 1),
+    raw_call("sync_file_range", 277, 1, 0, 0, 0),
+    raw_call("userfaultfd", 323, 0),
+    raw_call("perf_event_open", 298, 0, 0, -1, -1, 0),
+    raw_call("bpf", 321, 0, 0, 0),
+    raw_call("keyctl", 250, 0, 0),
+    raw_call("add_key", 248, 0, 0, 0, 0, 0),
+    raw_call("openat2", 437, -100, 0, 0, 0),
+    raw_call("clone_process", 56, 17, 0, 0, 0, 0),  # SIGCHLD only: a new process
+    raw_call("clone3", 435, 0, 0),
+    raw_call("setns", 308, 0, 0),
+    raw_call("personality", 135, 0xFFFFFFFF),
+    raw_call("process_vm_readv", 310, 1, 0, 0, 0, 0, 0),
+    raw_call("setxattr_tmp", 188, 0, 0, 0, 0, 0),
+    raw_call("unknown_number_460", 460, 0),
+    Case("os_memfd_create", OS + "os.memfd_create('x')", ("error",), error_has="PermissionError"),
+    Case("o_tmpfile", OS + "os.open('/tmp', os.O_TMPFILE | os.O_RDWR)", ("error",), error_has="PermissionError"),
+    Case("tempfile_still_works", SYS + "t = sys.modules['tempfile'].TemporaryFile()\nt.write(b'x'); t.seek(0)\nprint(t.read())", ("ok",), stdout_has="b'x'"),
+    Case("os_sync", OS + "os.sync()\nprint('sync returned')", ("ok",), stdout_has="sync returned"),  # glibc ignores the EPERM
+    # --- processes: the snippet is pid 1 of a PID namespace of its own, and must die with its parent
+    Case("pid_namespace_view", OS + "print(os.getpid(), os.getppid())", ("ok",), stdout_has="1 0"),
+    Case("parent_death_signal_armed", RAW + "v = ctypes.c_int(0)\nlibc.prctl(2, ctypes.byref(v), 0, 0, 0)\nprint('pdeathsig', v.value)",
+         ("ok",), stdout_has="pdeathsig 9"),
+    Case("clear_parent_death_signal", RAW + "print(libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno())", ("ok",), stdout_has="-1 38"),
+    Case("kill_self_as_init", OS + "os.kill(1, 9)\nos.kill(0, 19)\nprint('survived')", ("ok",), stdout_has="survived"),
+    Case("prlimit_other_pid", SYS + "r = sys.modules['resource']\nr.prlimit(2, r.RLIMIT_AS, (1, 1))", ("error",), error_has="ProcessLookupError"),
+    Case("raise_own_limits", SYS + "r = sys.modules['resource']\nr.setrlimit(r.RLIMIT_AS, (r.RLIM_INFINITY, r.RLIM_INFINITY))", ("error",)),
+    Case("nice_down", OS + "os.nice(-5)", ("error",), error_has="PermissionError"),
+    Case("setpgid", OS + "os.setpgid(0, 0)", ("error",), error_has="PermissionError"),
+    Case("non_daemon_thread_outlives_main",
+         SYS + "t = sys.modules['threading']\nt.Thread(target=lambda: sys.modules['time'].sleep(60)).start()\nprint('main done')",
+         ("ok",), stdout_has="main done"),
+    Case("daemon_thread_floods_after_main",
+         SYS + "t = sys.modules['threading']\ndef f():\n    while True:\n        sys.stdout.write('z')\nt.Thread(target=f, daemon=True).start()\nprint('main done')",
+         ("ok", "output_limit")),
+    Case("threads_burn_cpu_limit",
+         SYS + "t = sys.modules['threading']\ndef spin():\n    while True:\n        pass\nfor _ in range(4):\n    t.Thread(target=spin, daemon=True).start()\nspin()",
+         ("timeout",), timeout_s=2.0),
+    Case("segfault", "import numpy\nnumpy.ctypeslib.ctypes.string_at(0)", ("error",), error_has="SIGSEGV"),
+    Case("abort", OS + "os.abort()", ("error",)),
+    Case("stop_self", SYS + "signal = sys.modules['signal']\nsignal.raise_signal(signal.SIGSTOP)\nprint('not stopped')", ("ok",), stdout_has="not stopped"),
+    # --- descriptors and kernel memory a snippet can pin
+    Case("descriptor_exhaustion", "fs = [open('/dev/null') for _ in range(10000)]", ("error",), error_has="Too many open files"),
+    Case("pipe_grow_past_max", RAW + "import fractions\nr, w = fractions.sys.modules['os'].pipe()\nprint('grow', libc.fcntl(w, 1031, 1 << 30), ctypes.get_errno())",
+         ("ok",), stdout_has="grow -1 1"),
+    Case("shared_anonymous_mmap", SYS + "mmap = sys.modules['mmap']\nm = mmap.mmap(-1, 8 << 30)", ("error", "memory")),
+    Case("close_report_fd_and_stdout", OS + "os.close(3)\nos.close(1)\nprint('x')", ("error",)),
+    Case("binary_garbage_on_stdout", OS + "os.write(1, bytes(range(256)))", ("ok",)),
+    Case("inherited_descriptors", OS + "fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
+         "    except OSError:\n        pass\nprint('fds', fds)", ("ok",), stdout_has="fds [0, 1, 2, 3]"),
+    # --- the filesystem view
+    Case("climb_out_of_tmp", OS + "os.chdir('..')\nprint(sorted(os.listdir('.')))\nprint(open('@REPO@/params.yaml').read())", ("error",), error_has="FileNotFoundError"),
+    Case("hardlink_read_only_file", OS + "import json\nos.link(json.__file__, '/tmp/j.py')", ("error",)),
+    Case("no_proc_no_sys", OS + "print(os.path.exists('/proc/self'), os.path.exists('/sys/kernel'), os.path.exists('/dev/shm'))", ("ok",), stdout_has="False False False"),
 ]
 
 HOST_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/etc", SITE, "/usr/bin")

@@ -1,34 +1,72 @@
 """Code-interpreter sandbox: runs model-written Python, isolated by the operating system.
 
-Layout: an HTTP server (`app`, `pool`) holds a bounded queue and N pre-warmed `worker`
-processes; each worker has imported numpy, sympy and the rest of the allowed stack once,
-and forks one `child` per request that locks itself down and runs the snippet.
+Layout: an HTTP server (`app`, `limits`, `pool`) holds a bounded queue and N pre-warmed
+`worker` processes; each worker has imported numpy, sympy and the rest of the allowed stack
+once, entered its jail, and forked a `zygote` before its first request; the zygote forks
+one `child` per request, which reads its own job, locks itself down and runs the snippet.
 
-Threat model. Every snippet is assumed hostile and optimised to find anything that pays.
+Threat model. Every snippet is assumed hostile and optimised to find anything that pays,
+including channels to other requests (in a group rollout, one sample copying another's
+answer is a reward hack). The unit of isolation is the request: nothing it does outlives
+it, and nothing of one request is reachable from another.
 
 Isolated (enforced by the kernel, not by Python):
-  * Processes: a seccomp filter denies fork/vfork/clone-without-CLONE_THREAD/execve/
-    execveat, so a snippet is one process (threads allowed, bounded by RLIMIT_NPROC on a
-    per-slot uid). At the wall-clock limit, or when stdout/stderr pass the cap, the
-    worker SIGKILLs the child's process group; nothing can have escaped it.
-  * Network: each worker lives in its own network namespace holding only a loopback
-    device that is down, and the filter also denies socket(), socketpair(), connect()...
+  * Processes and lifetime: each snippet is pid 1 of a PID namespace of its own, nested in
+    its worker's, whose pid 1 is the zygote. It sees no other process (getppid() is 0,
+    kill(-1) finds nobody) and its pid is always 1. The seccomp filter refuses fork/vfork/
+    execve/clone-without-CLONE_THREAD, so a snippet is one process (threads allowed, bounded
+    by RLIMIT_NPROC on a per-slot uid). The kernel kills a namespace with its first
+    process, so: the snippet's threads die with it; every snippet of a worker dies with its
+    zygote; the zygote dies with its worker (parent-death signal, root throughout); the
+    worker with the server. The snippet's own parent-death signal is armed after its uid
+    change (the kernel clears it on one) and checked. At the wall-clock limit or over the
+    output cap the worker SIGKILLs the child through its pidfd; a child not gone 5 s later
+    is reported, its worker retires, and `/health` counts it (`unreaped`). The pool waits
+    for a killed worker's zygote (a pidfd) before it reuses the slot's uid.
+  * Other requests: the zygote is forked before the worker touches any request and never
+    receives one (it gets descriptor numbers; each child reads its job from a memfd only it
+    holds; exit statuses pass through a C buffer that is zeroed again), so a snippet's
+    memory holds no frame, object or freed buffer of another request. Random generators a
+    child would inherit (numpy's global one, sympy's) are reseeded by the zygote after each
+    fork, and `random` reseeds itself in each child. The private /tmp is replaced by a
+    fresh tmpfs unless its free inode and block counts and its directory times are exactly
+    those of a fresh one (no name is exempt), which also resets its inode numbers; O_TMPFILE
+    (an inode no directory shows) is refused. Monkeypatching builtins, modules or atexit
+    dies with the child.
+  * Secrets: workers start with a scrubbed environment (nothing from the server's, so no
+    API keys or service URLs), and the zygote and children close every inherited
+    descriptor but their own (a snippet holds exactly fds 0-3).
+  * Network: each worker lives in its own network namespace holding only a loopback device
+    that is down, and the filter also denies socket(), socketpair(), connect()...
     No Redis, no search service, no sandbox server, no outside address, no Unix sockets.
   * Filesystem: each worker pivot_roots into a tmpfs showing /usr, /lib*, the Python
     prefix and the virtualenv's site-packages read-only, four /dev nodes, an empty /etc,
-    and a 32 MiB noexec /tmp (the working directory) that is replaced by a fresh tmpfs
-    after every request. There is no /proc, /sys, /home, /root content, project source
-    (so no server code or config), and no host /tmp. Mounts are private to the worker.
+    and a 32 MiB, 4096-inode noexec /tmp (the working directory). There is no /proc, /sys,
+    /home, /root content, project source (so no server code or config), and no host /tmp.
+    Mounts are private to the worker. A Python installation under /tmp is bound back
+    read-only, below root-owned mode-0755 directories.
   * Identity: the snippet runs as uid/gid base+slot, base = 2,000,000 + 256 x port by
     default, so no two sandboxes on a host share one (no passwd entry, no groups), with
-    no_new_privs, not dumpable, no capabilities; mount/unshare/setns/ptrace/bpf/keyctl/
-    perf_event_open/io_uring/module and clock calls are denied by the filter as well.
-  * Secrets and other requests: workers start with a scrubbed environment (nothing from
-    the server's, so no API keys or service URLs); each request is a fresh fork, so
-    monkeypatching builtins, modules or atexit cannot reach the next request.
-  * Resources: RLIMIT_AS (worker baseline + memory_mb), CPU (timeout + 1 s), FSIZE,
-    NOFILE, NPROC, CORE=0, MEMLOCK=0; a bounded queue answers 429 instead of piling up;
-    a worker that stops answering is killed and replaced.
+    no_new_privs, not dumpable, no capabilities.
+  * Kernel surface: the filter is an allow-list (`seccomp`, measured on the real workloads
+    by `syscall_census`); everything else answers ENOSYS or EPERM. Out, among others:
+    mount/unshare/setns/ptrace/process_vm_*, bpf, keyctl, perf_event_open, userfaultfd,
+    io_setup and io_uring_* (host-wide aio quota), inotify/fanotify (what other workers'
+    snippets open in the shared site-packages), listmount/statmount (the mount table),
+    sync/syncfs, xattr setters, setuid and friends, clock setting, foreign syscall ABIs.
+  * Memory: RLIMIT_AS (zygote baseline + memory_mb) bounds anonymous and mapped memory; /tmp
+    is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. This host
+    gives the service no cgroup of its own, so `/health` reports `memory_limit.mode` =
+    "rlimit" (no cgroup is created or touched). Also CPU (timeout + 1 s; the kernel ends a
+    pid-1 snippet at the hard limit, reported as a timeout), FSIZE, NOFILE 64, NPROC 32,
+    CORE 0, MEMLOCK 0.
+  * The server's own cost per request is bounded before work is done (`app`, `limits`,
+    `files`): bodies over 1 MiB are 413 however they are sent, request heads must arrive
+    within 10 s and 64 KiB, bodies within 30 s (408), non-finite numbers are 422, `files`
+    and `fetch_files` are bounded in count, depth and bytes and deduplicated by normalised
+    path; a bounded queue answers 429. A worker that cannot serve cleanly (a descriptor
+    left open, a /tmp it cannot restore, memory past its bound, a lost zygote, an unreaped
+    child) or stops answering is replaced, and `/health` counts replacements by reason.
   * Exit tricks: `exit(0)`, `sys.exit`, `os._exit(0)` are reported as status "error"
     with a SystemExit reason, never as success.
 
@@ -36,9 +74,12 @@ Not isolated:
   * Kernel bugs in the calls the filter still allows (read, write, mmap, futex, ...): a
     kernel exploit escapes. Use a VM or gVisor for a stronger boundary.
   * CPU contention: snippets share the machine's cores with each other and with the
-    server; a busy snippet slows its neighbours until its deadline (no cgroup quota).
-  * Total memory: each snippet is bounded (RLIMIT_AS), the sum is not: size --workers and
+    server; a busy snippet slows its neighbours until its deadline (no cgroup quota). Timing
+    (how long a neighbour's snippet delays yours) is a noisy channel between concurrent
+    requests of different workers.
+  * Total memory: each snippet is bounded, the sum is not: size --workers and
     --max-memory-mb so that workers x (worker size + max) fits in RAM (no cgroup limit).
+    Kernel memory for a snippet's pipes and threads is bounded only by NOFILE and NPROC.
   * Information the kernel shows every process: uname, CPU flags, time, free memory via
     sysinfo(). Public Python and library files under the mounted prefixes are readable.
   * Python state inside one request (a snippet can rewrite its own report on fd 3; it
@@ -50,12 +91,15 @@ Privileges: the server must run as root and be allowed to create namespaces and 
 (it probes this at start). Otherwise it refuses to start, saying why and what is lost,
 unless `--allow-degraded` is given: then only seccomp (which still blocks sockets and new
 processes), rlimits, the scrubbed environment and a per-worker scratch directory remain,
-with no read-only view and no network namespace; snippets keep the server's uid unless it
+with no read-only view, no network or PID namespace; snippets keep the server's uid unless it
 is root, in which case they still drop to the slot uid.
 
 Departures from the anchors: TAPO's server blocks modules inside Docker; SandboxFusion
-runs a fresh interpreter per request with no isolation by default. Here the import list
-is advisory, the OS is the boundary, and the interpreter is reused through fork. The
+runs a fresh interpreter per request with no isolation by default; nsjail and isolate give
+each run a PID namespace and a cgroup. Here the import list is advisory, the OS is the
+boundary, each run gets a PID namespace and a process forked from a request-free zygote
+(the warm interpreter is reused without reusing any request's state), and memory is
+bounded by rlimits plus the refusal of what rlimits cannot count, not by a cgroup. The
 `Dockerfile.code` image is an optional outer layer; nothing here depends on it.
 Linux x86_64/aarch64 only (raw syscall numbers for pivot_root).
 """

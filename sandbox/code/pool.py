@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.code import protocol
+from sandbox.code.seccomp import SeccompMode
 from sandbox.code.supervise import REAP_TIMEOUT_S
 
 log = logging.getLogger("sandbox.code")
@@ -62,7 +63,7 @@ class PoolSettings:
     tmp_size_mib: int
     output_limit_bytes: int
     start_timeout_s: float = 120.0
-    seccomp: str = "allow-list"  # "census": allow every call (only for measuring, see syscall_census)
+    seccomp: SeccompMode = "allow-list"  # "census": allow every call (only for measuring, see syscall_census)
 
 
 def worker_environment() -> dict[str, str]:

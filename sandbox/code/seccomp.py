@@ -33,7 +33,9 @@ import ctypes
 import ctypes.util
 import errno
 import os
+from typing import Literal
 
+SeccompMode = Literal["allow-list", "census"]
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_EQ = 4
 SCMP_CMP_MASKED_EQ = 7

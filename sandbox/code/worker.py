@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from sandbox.code import files, jail, policy, protocol, seccomp, supervise
+from sandbox.code.seccomp import SeccompMode
 from sandbox.code.child import ChildJob
 from sandbox.code.zygote import ChildNotReaped, Zygote, ZygoteLost, ZygoteSetup, start_zygote
 
@@ -43,7 +44,7 @@ class WorkerSettings:
     output_limit_bytes: int
     python_paths: tuple[str, ...]
     degraded_tmp: str = ""  # per-worker scratch dir on the host, degraded mode only
-    seccomp: str = "allow-list"
+    seccomp: SeccompMode = "allow-list"
 
 
 def warm_imports() -> None:
@@ -184,7 +185,11 @@ class Worker:
         """Raise WorkerRetired if this worker must not take another request."""
         if _lowest_free_fd() != self._free_fd:
             raise WorkerRetired("descriptors", "a request left a descriptor open")
-        if self.settings.isolated and jail.tmp_state() != self._pristine_tmp:
+        try:
+            restored = not self.settings.isolated or jail.tmp_state() == self._pristine_tmp
+        except OSError:  # /tmp unmounted and not mounted again
+            restored = False
+        if not restored:
             raise WorkerRetired("tmp", "the private /tmp could not be restored")
         if self._rss_bytes() > self._baseline_rss + _MAX_RSS_GROWTH_BYTES:
             raise WorkerRetired("memory", "the worker's memory grew past its bound")

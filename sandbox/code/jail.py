@@ -10,10 +10,14 @@ Two halves:
   project sources or host /tmp exist in that view. CPython 3.11 has no `os.unshare`,
   `mount` or `pivot_root`, hence ctypes.
 * `lock_down_child` runs in every forked request process: rlimits, a per-slot
-  unprivileged uid, death with the worker, and a seccomp filter (built once per worker by
-  `sandbox.code.seccomp`) loaded with one prctl call. What fork passes on unchanged
-  (no_new_privs, not dumpable, an armed CPU limit, SIGXFSZ ignored) is set once in the
-  worker by `prepare_worker_process`, because per-request work is the service's cost.
+  unprivileged uid, then death with its parent (armed after the uid change, which clears
+  it), and a seccomp filter (built once per worker by `sandbox.code.seccomp`) loaded with
+  one prctl call. What fork passes on unchanged (no_new_privs, not dumpable, an armed CPU
+  limit, SIGXFSZ ignored) is set once in the worker by `prepare_worker_process`, because
+  per-request work is the service's cost.
+* PID namespaces: `unshare_pid_namespace` (once, so the zygote is pid 1 of the worker's)
+  and `new_pid_namespace_for_children` (before every fork of a request process, so each
+  is pid 1 of its own).
 """
 
 from __future__ import annotations

@@ -199,3 +199,44 @@ def test_keep_alive_requests_still_work_under_the_head_deadline(impatient_sandbo
         for i in range(5):
             assert client.post("/run", json={"code": f"print({i})"}).json()["stdout"] == f"{i}\n"
     assert wait_until(lambda: httpx.get(f"{impatient_sandbox.url}/health").status_code == 200)
+
+
+async def test_bodies_in_flight_are_bounded_together() -> None:
+    """Many slow uploads cannot add up: past the shared budget a new body is 503, not buffered."""
+    import asyncio
+
+    from sandbox.code.limits import BodyLimits
+
+    seen: list[bytes] = []
+
+    async def app(scope, receive, send) -> None:
+        seen.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limits = BodyLimits(app, limit=1000, timeout_s=30, max_buffered=1500)
+    release = asyncio.Event()
+
+    def slow_client(parts: list[bytes]):
+        async def receive():
+            if len(parts) == 1:
+                await release.wait()
+            part = parts.pop(0)
+            return {"type": "http.request", "body": part, "more_body": bool(parts)}
+        return receive
+
+    statuses: list[int] = []
+
+    async def send(message) -> None:
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    scope = {"type": "http", "headers": []}
+    first = asyncio.create_task(limits(scope, slow_client([b"a" * 900, b"b" * 10]), send))
+    await asyncio.sleep(0)
+    await limits(scope, slow_client([b"c" * 900, b"d"]), send)  # would pass 1500 together with the first
+    release.set()
+    await first
+    assert statuses == [503, 200], statuses
+    assert seen == [b"a" * 900 + b"b" * 10]
+    assert limits.buffered == 0

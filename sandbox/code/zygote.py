@@ -18,8 +18,9 @@ sees no other process, its pid says nothing about earlier requests, and when it 
 kernel kills whatever it left. The zygote is pid 1 of the worker's PID namespace: when it
 dies, for whatever reason, the kernel kills every snippet of that worker.
 
-After each fork (while the child runs, off the request's path) the zygote reseeds the
-random generators a child would otherwise inherit unchanged: numpy's global one and
+After each child has been reaped (off the request's path, and when no child shares the
+zygote's pages, so the writes copy nothing) the zygote reseeds the random generators a
+child would otherwise inherit unchanged: numpy's global one and
 sympy's (`random` reseeds itself in every child through CPython's at-fork hook).
 """
 
@@ -151,13 +152,15 @@ def _spawn_one(sock: socket.socket, setup: ZygoteSetup, status_fd: int, own_pidf
         socket.send_fds(sock, [b"p"], [pidfd])
     finally:
         os.close(pidfd)
-    reseed_inherited_generators()
     while _libc.waitpid(pid, ctypes.byref(status), 0) < 0 and ctypes.get_errno() == 4:  # EINTR
         pass
     try:
         sock.send(status)  # the raw C int: no Python object ever holds a child's exit status
     finally:
         status.value = 0
+    # Only now, with the child gone: a page the zygote writes while a child still shares it is
+    # copied, so the zygote does its own writing between children.
+    reseed_inherited_generators()
     return True
 
 

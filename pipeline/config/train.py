@@ -10,6 +10,17 @@ from pipeline.config.base import StageConfig
 from pipeline.lr_schedule import LrDecay
 
 
+FilterMetric = Literal["accuracy", "total"]
+
+FILTER_METRIC_HELP = (
+    "Dynamic sampling keeps a group when this differs inside it: accuracy (DAPO, and verl's filter_groups.metric "
+    "acc: 0 < #correct < G, a trajectory correct when its verifier score f_T > 0.9, so a fact answer counts when "
+    "its Levenshtein partial credit 1 - r exceeds 0.9) or total (the trained reward, length and code penalties "
+    "included). Under reward.tepo dense a group whose tool-level advantages are not all zero is kept either way "
+    "(pipeline.advantage.group_filter).")
+KL_HELP = "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate; 0 = off, no reference kept)."
+
+
 class DAPOLoss(StageConfig):
     """DAPO: token-level loss, clip-higher, no KL by default, dynamic sampling."""
 
@@ -17,7 +28,8 @@ class DAPOLoss(StageConfig):
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the importance ratio.")
     eps_high: float = Field(0.28, ge=0.0, le=1.0, description="Upper clip range (clip-higher keeps entropy up).")
     dual_clip: float = Field(10.0, gt=1.0, description="Dual-clip bound c for negative advantages.")
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards all agree and sample more.")
+    dynamic_sampling: bool = Field(True, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
         "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate); DAPO drops it (0), "
         "a small value anchors a small model's behaviour where rewards are sparse. Above 0 a frozen copy of "
@@ -25,18 +37,37 @@ class DAPOLoss(StageConfig):
 
 
 class GRPOLoss(StageConfig):
-    """GRPO: sequence-mean loss, symmetric clip, optional KL to the initial model (Dr.GRPO: std_normalize false)."""
+    """GRPO: sequence-mean loss, symmetric clip, optional KL to the initial model.
+
+    `std_normalize: false` only drops the std division; the per-sequence 1/|o_i| mean stays, and with it
+    the length bias Dr.GRPO removes: that is `DrGRPOLoss` (kind dr_grpo), not this."""
 
     kind: Literal["grpo"] = "grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
-    std_normalize: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
-    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree.")
+    std_normalize: bool = Field(True, description=(
+        "Divide advantages by the group std (false: r - mean, with GRPO's sequence mean kept; this is not "
+        "Dr.GRPO, which is kind dr_grpo)."))
+    dynamic_sampling: bool = Field(False, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
         "beta of the per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate, DeepSeekMath uses 0.04; "
         "0 = off, no reference model kept)."))
 
 
-LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
+class DrGRPOLoss(StageConfig):
+    """Dr.GRPO (Liu et al. 2025): GRPO without the std division and without the per-sequence mean; the
+    token sum is divided by sequences x rollout.max_policy_tokens (a constant, as TRL's dr_grpo divides by
+    max_completion_length), so a long sequence's tokens weigh as much as a short one's."""
+
+    kind: Literal["dr_grpo"] = "dr_grpo"
+    eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
+    dynamic_sampling: bool = Field(False, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=KL_HELP)
+
+
+AlgorithmConfig = DAPOLoss | GRPOLoss | DrGRPOLoss
+LossConfig = Annotated[AlgorithmConfig, Field(discriminator="kind")]
 
 
 class FullFinetune(StageConfig):

@@ -17,7 +17,11 @@ of near misses (0.6, 0.7, 0.8, 0) counts as all wrong and is dropped. `filter_me
 group whose trained rewards differ (length and code penalties included). Either way the filter also
 keeps what TEPO puts into the advantage, which correctness alone does not see: under TEPO dense a group
 whose tool-level advantages are not all zero (an all-correct group can carry +-1 on its calls), and
-under TEPO sparse (accuracy metric) one whose correct trajectories' entropy terms differ.
+under TEPO sparse (accuracy metric) one whose correct trajectories' entropy terms differ. Outside TEPO
+dense a group whose totals all agree is dropped whatever its verdicts (its advantage is zero on every
+token, and its tokens would only dilute the loss's denominator): under TEPO sparse with ToRL's -1 for a
+wrong answer, a correct answer without an entropy-reducing call scores -1 too. So a kept group always
+has a non-zero token advantage, and a dropped one gets none (`token_advantages`).
 """
 
 from __future__ import annotations
@@ -87,12 +91,13 @@ class InformativeFilter:
     tepo: TepoConfig
 
     def __call__(self, group: ScoredGroup) -> bool:
+        if isinstance(self.tepo, TepoDense) and any(
+                abs(a) > AGREE_TOL for calls in call_advantages(group, self.tepo) for a in calls):
+            return True  # tool-level advantages: signal whatever the outcomes
+        if rewards_agree(np.array(group.totals, dtype=np.float64)):
+            return False  # the outcome advantage is zero on every token: nothing to train on
         verdicts = _verdicts(group, self.metric, self.tepo)
-        if any(not rewards_agree(column) for column in verdicts.T):
-            return True
-        if isinstance(self.tepo, TepoDense):
-            return any(abs(a) > AGREE_TOL for calls in call_advantages(group, self.tepo) for a in calls)
-        return False
+        return any(not rewards_agree(column) for column in verdicts.T)
 
 
 def keep_every_group(group: ScoredGroup) -> bool:

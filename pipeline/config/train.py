@@ -129,12 +129,17 @@ class TrainConfig(StageConfig):
         "matrix products under torch.autocast; weights, gradients, optimiser state and the output head stay in "
         "model.dtype (float32), and rollouts are sampled in it. On a CPU with AVX512-BF16 the update is ~1.5x "
         "faster; the update's log-probs then differ from the sampler's by ~0.014 nats a token on average, "
-        "noise the importance ratio carries (pipeline.update.forward_precision)."))
+        "noise the importance ratio carries with logprobs_source rollout; logprobs_source recompute removes it "
+        "(the old log-probs then come from the update's own forward: ratio exactly 1 before the first step, "
+        "benchmarks/autocast_logprob_gap.py; pipeline.update.forward_precision)."))
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
     output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
     logprobs_source: Literal["rollout", "recompute"] = Field(
-        "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
+        "rollout", description=(
+            "Old log-probs for the importance ratio: as sampled, or recomputed before the update by the update's own "
+            "forward (one no-grad pass per mini-batch; under train.autocast this removes the sampler/trainer "
+            "precision gap exactly).")
     )
     balance_sources: bool = Field(
         False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."

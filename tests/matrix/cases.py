@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pipeline.advantage import token_advantages
+from pipeline.anchor import step_openings
 from pipeline.config import RunConfig
 from pipeline.loss import make_policy_loss
 from pipeline.types import ScoredGroup, TrainBatch
@@ -167,3 +168,19 @@ def check_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
     assert metrics["train/entropy"] > 0.0 and metrics["train/approx_kl"] >= 0.0 and metrics["train/ref_kl"] >= 0.0
     if cfg.train.logprobs_source == "recompute":  # old log-probs from the update's own forward: ratio exactly 1
         assert metrics["train/approx_kl"] == 0.0 and metrics["train/clip_low"] == metrics["train/clip_high"] == 0.0
+
+
+def collect_until_kept(tr, tries: int = 3) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
+    """The step's groups (kept, anchored openings), every collection checked; a collection that keeps nothing
+    is a step the trainer skips, so (as the training loop would) the next one is drawn, up to `tries`.
+    Identical on every rank of a data-parallel job (the groups are all-gathered)."""
+    for _ in range(tries):
+        collected = tr.collect_groups(tr)
+        anchored = step_openings(collected.kept, collected.dropped, tr.cfg.train.anchor_dropped_tokens)
+        check_rewards(tr.cfg, collected.seen)
+        check_entropies(collected.seen)
+        check_dropped_have_zero_advantage(tr, collected.dropped, anchored)
+        assert all(tr.informative(g) for g in collected.kept)
+        if collected.kept:
+            return collected.kept, anchored
+    raise AssertionError(f"no informative group in {tries} collections: the step has nothing to check")

@@ -11,15 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.anchor import step_openings
 from pipeline.config import ConfigError, load_config
 from pipeline.config.__main__ import main as config_main
 from pipeline.config.combinations import UNSUPPORTED
 from pipeline.paths import REPO_ROOT
 from pipeline.train import prepared_batch, set_up
-from tests.matrix.cases import (FACTORS, all_pairs, check_dropped_have_zero_advantage, check_entropies,
-                                check_metrics, check_rewards, check_tool_output_gets_no_gradient, overrides,
-                                pairs_of, pairwise_rows, row_id)
+from tests.matrix.cases import (FACTORS, all_pairs, check_metrics, check_tool_output_gets_no_gradient,
+                                collect_until_kept, overrides, pairs_of, pairwise_rows, row_id)
 from tests.matrix.conftest import row_config
 from tests.matrix.toy_protocols import TASKS
 
@@ -34,16 +32,10 @@ def test_the_sample_covers_every_pair_of_factor_values() -> None:
 
 def one_step(tr) -> None:
     """The step `pipeline.train.run` makes, with the invariants checked on what it trains."""
-    collected = tr.collect_groups(tr)
-    anchored = step_openings(collected.kept, collected.dropped, tr.cfg.train.anchor_dropped_tokens)
-    check_rewards(tr.cfg, collected.seen)
-    check_entropies(collected.seen)
-    check_dropped_have_zero_advantage(tr, collected.dropped, anchored)
-    assert collected.kept, "no informative group: the step has nothing to check"
-    assert all(tr.informative(g) for g in collected.kept)
-    groups = collected.kept + anchored
+    kept, anchored = collect_until_kept(tr)
+    groups = kept + anchored
     check_tool_output_gets_no_gradient(tr, prepared_batch(tr, groups), groups)
-    check_metrics(tr.cfg, tr.placement.train_step(tr, collected.kept, anchored))
+    check_metrics(tr.cfg, tr.placement.train_step(tr, kept, anchored))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=row_id)

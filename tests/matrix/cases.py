@@ -81,6 +81,18 @@ def distributed_rows(rows: list[Row]) -> list[Row]:
     return picked
 
 
+# The vLLM backend (its own environment): one tapo row (an engine start costs ~1.5 min on 2 CPU cores), TEPO off
+# (its records carry no entropies for TEPO to read: refused or computed by the trainer, not sampled here), in
+# rounds (the rollout runs apart from the trainer).
+def vllm_rows(rows: list[Row]) -> list[Row]:
+    picked = []
+    for protocol in ("tapo",):
+        match = [r for r in rows if r["protocol"] == protocol and r["tepo"] == "off"] or \
+                [r for r in rows if r["protocol"] == protocol]
+        picked.append(match[0] | {"tepo": "off", "sampling": "rounds"})
+    return picked
+
+
 def overrides(row: Row, root: Path, model_dir: Path, train_file: Path, tool_url: str) -> dict[str, Any]:
     """params.yaml overrides of one row: small and fast, every factor set explicitly."""
     algorithm = dict(ALGORITHMS[row["algorithm"]])

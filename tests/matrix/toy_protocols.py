@@ -11,10 +11,12 @@ entropy-reducing (TEPO has a signal to give).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import GenerationConfig
 
 from pipeline.config import RunConfig
 from pipeline.rollout.engine import cut_middle, encode_prompt
@@ -58,8 +60,10 @@ async def _tool_outputs(task: ProtocolTask, cfg: RunConfig, url: str) -> list[st
     return [cut_middle(r.output.strip(), cfg.rollout.max_tool_output_chars) for r in results]
 
 
-def build_protocol_model(out_dir: Path, task: ProtocolTask, cfg: RunConfig, url: str, sft_steps: int = 200) -> Path:
-    """Cold-start a tiny Llama on `task`'s two traces under its protocol (the real tool outputs); save it."""
+def build_protocol_model(out_dir: Path, task: ProtocolTask, cfg: RunConfig, url: str, sft_steps: int = 200,
+                         new_model: Callable[[int], torch.nn.Module] = lambda vocab: tiny_llama(vocab, seed=0)) -> Path:
+    """Cold-start a tiny Llama (`new_model(vocab_size)`) on `task`'s two traces under its protocol (the real
+    tool outputs); save it."""
     protocol = make_protocol(task.protocol)
     outputs = asyncio.run(_tool_outputs(task, cfg, url))
     texts = [[protocol.render_call(task.tool, call, "Use the tool."), protocol.wrap_output(output),
@@ -77,11 +81,12 @@ def build_protocol_model(out_dir: Path, task: ProtocolTask, cfg: RunConfig, url:
         mask = [0] * len(prompt) + [1] * len(call_ids) + [0] * len(output_ids) + [1] * len(answer_ids)
         traces.append(Trace(answer, tuple(prompt + call_ids + output_ids + answer_ids), tuple(mask)))
     torch.set_num_threads(1)
-    model = tiny_llama(len(tokenizer), seed=0)
+    model = new_model(len(tokenizer)).train()
     batch = to_batch(traces, tokenizer.pad_token_id)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     for _ in range(sft_steps):
         sft_step(model, optimizer, batch, micro_size=4)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -5,7 +5,9 @@ use (r - mean), which does not up-weight groups whose rewards barely differ. TEP
 broadcast outcome advantage on tool-call segments by tool-level advantages.
 
 The std is the unbiased one (ddof 1), as in verl (`torch.std`) and TRL (`Tensor.std`): at G = 4 the
-population std would make every advantage 1.15x (sqrt(4/3)) larger than theirs.
+population std would make every advantage 1.15x (sqrt(4/3)) larger than theirs. (TEPO dense's tool-level
+advantages, `pipeline.reward.tepo.tool_level_advantages`, keep their own normalisation over a group's
+pooled calls.)
 
 The filter (`group_filter`, resolved once at set-up) keeps a group on what DAPO keeps it on: its
 correctness verdicts differ (0 < #correct < G; `filter_metric: accuracy`, DAPO's and verl's

@@ -1,4 +1,4 @@
-"""RL with tools: DAPO / GRPO over tool-augmented rollouts (TAPO's training loop).
+"""RL with tools: DAPO / GRPO / Dr.GRPO over tool-augmented rollouts (TAPO's training loop).
 
 `run` reads like the algorithm: sample groups with tools -> reward -> drop uninformative
 groups -> group-relative advantages -> clipped token-level loss -> update -> log/checkpoint.

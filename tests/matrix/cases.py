@@ -173,6 +173,22 @@ def check_tool_output_gets_no_gradient(tr, batch: TrainBatch, groups: list[Score
     assert bool(trained.any()) == bool((grad[batch.loss_mask_BT == 1] != 0).any()) or tr.cfg.train.algorithm.kl_coef > 0
 
 
+def check_dropped_rows_of_the_batch_train_nothing(batch: TrainBatch, groups: list[ScoredGroup],
+                                                  anchored: list[ScoredGroup]) -> None:
+    """The batch's rows of dropped groups (their openings) have zero advantage on every token, and the kept
+    groups' rows carry some."""
+    openings = {id(g) for g in anchored}
+    row, kept_rows = 0, []
+    for g in groups:
+        n = len(g.group.trajectories)
+        if id(g) in openings:
+            assert torch.all(batch.advantages_BT[row:row + n] == 0.0)
+        else:
+            kept_rows += range(row, row + n)
+        row += n
+    assert not kept_rows or bool((batch.advantages_BT[kept_rows] != 0).any())
+
+
 def check_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
     assert metrics["train/skipped"] == 0.0
     for key in ("train/loss", "train/grad_norm", "train/entropy", "train/approx_kl", "train/ref_kl"):

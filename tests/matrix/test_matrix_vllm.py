@@ -17,8 +17,9 @@ from pipeline.anchor import step_openings
 from pipeline.group_sampling import score_group
 from pipeline.paths import REPO_ROOT
 from pipeline.train import prepared_batch, set_up
-from tests.matrix.cases import (check_dropped_have_zero_advantage, check_metrics, check_rewards,
-                                check_tool_output_gets_no_gradient, pairwise_rows, row_id, vllm_rows)
+from tests.matrix.cases import (check_dropped_have_zero_advantage, check_dropped_rows_of_the_batch_train_nothing,
+                                check_metrics, check_rewards, check_tool_output_gets_no_gradient, pairwise_rows,
+                                row_id, vllm_rows)
 from tests.matrix.conftest import row_config
 from tests.matrix.toy_protocols import TASKS, build_protocol_model
 
@@ -61,6 +62,7 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
         batch = prepared_batch(tr, kept + anchored)
         old = batch.old_logprobs_BT[batch.loss_mask_BT == 1]
         assert bool((old.isfinite() & (old <= 0)).all()) and bool((old < 0).any())  # real log-probs
+        check_dropped_rows_of_the_batch_train_nothing(batch, kept + anchored, anchored)
         check_tool_output_gets_no_gradient(tr, batch, kept + anchored)
         check_metrics(tr.cfg, tr.placement.train_step(tr, kept, anchored))
     finally:

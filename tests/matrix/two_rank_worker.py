@@ -17,7 +17,8 @@ from pipeline.config import load_config
 from pipeline.distributed import trainer as data_parallel
 from pipeline.distributed.backend import DeepSpeedBackend
 from pipeline.train import set_up
-from tests.matrix.cases import check_metrics, check_tool_output_gets_no_gradient, collect_until_kept
+from tests.matrix.cases import (check_dropped_rows_of_the_batch_train_nothing, check_metrics,
+                                check_tool_output_gets_no_gradient, collect_until_kept)
 
 
 def one_step(tr) -> dict[str, float]:
@@ -25,7 +26,9 @@ def one_step(tr) -> dict[str, float]:
     backend = DeepSpeedBackend(tr.model)
     groups = kept + anchored
     mine, _ = data_parallel.local_groups(groups, backend.rank, backend.world)
-    batch, _ = data_parallel.local_batch(tr, backend, groups)  # this rank's share, as the step builds it
+    batch, weight = data_parallel.local_batch(tr, backend, groups)  # this rank's share, as the step builds it
+    if weight:  # an idle rank's batch is a placeholder (weight 0)
+        check_dropped_rows_of_the_batch_train_nothing(batch, mine, anchored)
     check_tool_output_gets_no_gradient(tr, batch, mine)
     metrics = tr.placement.train_step(tr, kept, anchored)
     check_metrics(tr.cfg, metrics)

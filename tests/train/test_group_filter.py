@@ -4,6 +4,7 @@ counts as signal, and every sampling path applies the one filter resolved at set
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,22 @@ def random_groups(draw) -> ScoredGroup:
 def test_under_the_total_metric_a_group_is_kept_iff_some_token_advantage_is_not_zero(group, tepo, algo) -> None:
     advantages = token_advantages([group], algo, tepo, keep_every_group)
     assert group_filter(algo, tepo)(group) == bool(np.abs(np.concatenate(advantages)).max() > 1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_groups(), st.sampled_from([TepoOff(), TepoSparse(), TepoDense(alpha=0.5)]))
+def test_under_the_accuracy_metric_a_kept_group_has_some_token_advantage(group, tepo) -> None:
+    """A kept group is never one whose every token advantage is zero (it would only dilute the denominator)."""
+    keep = group_filter(DAPOLoss(), tepo)
+    advantages = token_advantages([group], DAPOLoss(), tepo, keep_every_group)
+    assert not keep(group) or np.abs(np.concatenate(advantages)).max() > 1e-9
+
+
+def test_tepo_sparse_under_torl_rewards_drops_a_group_whose_totals_agree() -> None:
+    """ToRL's -1 for a wrong answer: a correct answer without an entropy-reducing call scores -1 as well."""
+    group = group_of(CALC, [1.0, 0.0], tepo_terms=[-2.0, 0.0])
+    group = ScoredGroup(group.group, tuple(dataclasses.replace(r, total=-1.0) for r in group.rewards))
+    assert not group_filter(DAPOLoss(), TepoSparse())(group)
 
 
 @settings(max_examples=150, deadline=None)

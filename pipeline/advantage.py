@@ -1,67 +1,147 @@
-"""Group-relative advantages and DAPO's dynamic sampling (pure functions).
+"""Group-relative advantages and DAPO's dynamic-sampling filter (pure functions).
 
-Departures from GRPO: none by default; `std_normalize=False` gives Dr.GRPO's (r - mean),
-which does not up-weight groups whose rewards barely differ. TEPO dense replaces the
+Departures from GRPO: none by default. Dr.GRPO (`DrGRPOLoss`) and GRPO with `std_normalize: false`
+use (r - mean), which does not up-weight groups whose rewards barely differ. TEPO dense replaces the
 broadcast outcome advantage on tool-call segments by tool-level advantages.
+
+The std is the unbiased one (ddof 1), as in verl (`torch.std`) and TRL (`Tensor.std`): at G = 4 the
+population std would make every advantage 1.15x (sqrt(4/3)) larger than theirs. (TEPO dense's tool-level
+advantages, `pipeline.reward.tepo.tool_level_advantages`, keep their own normalisation over a group's
+pooled calls.)
+
+The filter (`group_filter`, resolved once at set-up) keeps a group on what DAPO keeps it on: its
+correctness verdicts differ (0 < #correct < G; `filter_metric: accuracy`, DAPO's and verl's
+`filter_groups.metric: acc`), not its totals: four wrong answers whose lengths differ inside the
+overlong buffer (totals [0, 0, 0, -0.0625]) carry no signal worth a std-normalised push toward "wrong
+but short". A trajectory is correct when its verifier score f_T exceeds 0.9 (`RewardBreakdown.correct`);
+a fact answer scored with Levenshtein partial credit 1 - r counts as correct when r < 0.1, so a fact group
+of near misses (0.6, 0.7, 0.8, 0) counts as all wrong and is dropped. `filter_metric: total` keeps a
+group whose trained rewards differ (length and code penalties included). Either way the filter also
+keeps what TEPO puts into the advantage, which correctness alone does not see: under TEPO dense a group
+whose tool-level advantages are not all zero (an all-correct group can carry +-1 on its calls), and
+under TEPO sparse (accuracy metric) one whose correct trajectories' entropy terms differ. Outside TEPO
+dense a group whose totals all agree is dropped whatever its verdicts (its advantage is zero on every
+token, and its tokens would only dilute the loss's denominator): under TEPO sparse with ToRL's -1 for a
+wrong answer, a correct answer without an entropy-reducing call scores -1 too. So a kept group always
+has a non-zero token advantage, and a dropped one gets none (`token_advantages`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
-from pipeline.config.reward import TepoConfig, TepoDense
-from pipeline.config.train import DAPOLoss, GRPOLoss
+from pipeline.config.reward import TepoConfig, TepoDense, TepoOff, TepoSparse
+from pipeline.config.train import AlgorithmConfig, DAPOLoss, DrGRPOLoss, FilterMetric, GRPOLoss
 from pipeline.reward.tepo import delta_segment_entropies, dense_token_advantages, tepo_dense_group_advantages
 from pipeline.types import ScoredGroup
 
 STD_EPS = 1e-6
-AGREE_TOL = 1e-9  # rewards closer than this count as equal: their group carries no signal
+STD_DDOF = 1  # the unbiased std, as verl and TRL
+AGREE_TOL = 1e-9  # values closer than this count as equal: their group carries no signal
+
+GroupFilter = Callable[[ScoredGroup], bool]
 
 
 def rewards_agree(rewards_G: np.ndarray) -> bool:
-    """Whether a group's rewards are all the same (up to float rounding): its advantages are all zero."""
+    """Whether a group's values are all the same (up to float rounding): its advantages are all zero."""
     return float(np.ptp(rewards_G)) <= AGREE_TOL
 
 
 def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarray:
-    """A_i = (r_i - mean(r)) [/ (std(r) + eps)] over one group; shape [G]. Exactly 0 when the rewards
-    all agree (the float mean of G equal values need not equal them: its rounding must not become a
-    gradient, e.g. on the dropped groups' openings of `pipeline.anchor`)."""
+    """A_i = (r_i - mean(r)) [/ (std(r, ddof=1) + eps)] over one group; shape [G]. Exactly 0 when the
+    rewards all agree (the float mean of G equal values need not equal them: its rounding must not become
+    a gradient, e.g. on the dropped groups' openings of `pipeline.anchor`)."""
     if rewards_agree(rewards_G):
         return np.zeros_like(rewards_G)
     centred = rewards_G - rewards_G.mean()
     if not std_normalize:
         return centred
-    return centred / (rewards_G.std() + STD_EPS)
+    return centred / (rewards_G.std(ddof=STD_DDOF) + STD_EPS)
 
 
-def is_informative(group: ScoredGroup) -> bool:
-    """A group whose rewards all agree gives zero advantage everywhere (DAPO drops it)."""
-    return not rewards_agree(np.array(group.totals, dtype=np.float64))
+def normalizes_by_std(algo: AlgorithmConfig) -> bool:
+    """DAPO always divides by the std, Dr.GRPO never, GRPO as configured."""
+    if isinstance(algo, GRPOLoss):
+        return algo.std_normalize
+    return not isinstance(algo, DrGRPOLoss)
 
 
-def advantages_of(groups: list[ScoredGroup], algo: DAPOLoss | GRPOLoss) -> list[np.ndarray]:
-    """Per-group advantages [G] for each kept group (DAPO always normalises by the std)."""
-    std_normalize = algo.std_normalize if isinstance(algo, GRPOLoss) else True
+def call_advantages(group: ScoredGroup, tepo: TepoDense) -> list[list[float]]:
+    """TEPO dense: the tool-level advantage of each call of each trajectory (pooled over the group)."""
+    trajs = group.group.trajectories
+    deltas = [delta_segment_entropies(t.entropies, t.output_spans, tepo.min_segment_tokens) for t in trajs]
+    return tepo_dense_group_advantages([r.accuracy for r in group.rewards], deltas, tepo.alpha, tepo.advantage_eps)
+
+
+def _verdicts(group: ScoredGroup, metric: FilterMetric, tepo: TepoConfig) -> np.ndarray:
+    """What the filter compares across a group, one row per trajectory."""
+    if metric == "total":
+        return np.array([[r.total] for r in group.rewards], dtype=np.float64)
+    if isinstance(tepo, TepoSparse):  # TEPO's m/n term, gated by correctness as its reward is
+        return np.array([[r.correct, r.entropy if r.correct else 0.0] for r in group.rewards], dtype=np.float64)
+    return np.array([[r.correct] for r in group.rewards], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class InformativeFilter:
+    """Dynamic sampling's test, resolved once: is there signal in this group (see the module docstring)?"""
+
+    metric: FilterMetric
+    tepo: TepoConfig
+
+    def __call__(self, group: ScoredGroup) -> bool:
+        if isinstance(self.tepo, TepoDense) and any(
+                abs(a) > AGREE_TOL for calls in call_advantages(group, self.tepo) for a in calls):
+            return True  # tool-level advantages: signal whatever the outcomes
+        if rewards_agree(np.array(group.totals, dtype=np.float64)):
+            return False  # the outcome advantage is zero on every token: nothing to train on
+        verdicts = _verdicts(group, self.metric, self.tepo)
+        return any(not rewards_agree(column) for column in verdicts.T)
+
+
+def keep_every_group(group: ScoredGroup) -> bool:
+    """No dynamic sampling: every group trains (one whose rewards agree has zero advantage anyway)."""
+    return True
+
+
+def group_filter(algo: AlgorithmConfig, tepo: TepoConfig) -> GroupFilter:
+    """The step's filter, chosen once: DAPO's informative test, or keep all without dynamic sampling."""
+    return InformativeFilter(algo.filter_metric, tepo) if algo.dynamic_sampling else keep_every_group
+
+
+def is_informative(group: ScoredGroup, metric: FilterMetric = DAPOLoss().filter_metric,
+                   tepo: TepoConfig = TepoOff()) -> bool:
+    """Whether DAPO's dynamic sampling keeps `group` (its default metric, TEPO off, unless given)."""
+    return InformativeFilter(metric, tepo)(group)
+
+
+def advantages_of(groups: list[ScoredGroup], algo: AlgorithmConfig) -> list[np.ndarray]:
+    """Per-group outcome advantages [G] for each group, from the trained totals."""
+    std_normalize = normalizes_by_std(algo)
     return [group_advantages(np.array(g.totals, dtype=np.float64), std_normalize=std_normalize) for g in groups]
 
 
-def token_advantages(groups: list[ScoredGroup], algo: DAPOLoss | GRPOLoss, tepo: TepoConfig) -> list[np.ndarray]:
+def token_advantages(groups: list[ScoredGroup], algo: AlgorithmConfig, tepo: TepoConfig,
+                     keep: GroupFilter) -> list[np.ndarray]:
     """One [R] array per trajectory (groups flattened in order): the advantage of each response token.
 
     Outcome variants broadcast the trajectory's group-relative advantage. TEPO dense instead
     gives each tool call's segment its tool-level advantage (pooled over the group's calls)
-    and keeps the outcome advantage on the final segment. Tool-output tokens are masked later.
+    and keeps the outcome advantage on the final segment. A group `keep` drops (the dropped groups'
+    openings of `pipeline.anchor`) gets exactly zero everywhere, whatever its totals: under the
+    accuracy metric they may differ. Tool-output tokens are masked later.
     """
-    outcome = advantages_of(groups, algo)
-    if not isinstance(tepo, TepoDense):
-        return [np.full(len(t.response_ids), float(a)) for g, adv_G in zip(groups, outcome, strict=True)
-                for t, a in zip(g.group.trajectories, adv_G, strict=True)]
     out: list[np.ndarray] = []
-    for g, adv_G in zip(groups, outcome, strict=True):
+    for g, adv_G in zip(groups, advantages_of(groups, algo), strict=True):
         trajs = g.group.trajectories
-        deltas = [delta_segment_entropies(t.entropies, t.output_spans, tepo.min_segment_tokens) for t in trajs]
-        call_adv = tepo_dense_group_advantages([r.accuracy for r in g.rewards], deltas, tepo.alpha, tepo.advantage_eps)
-        out += [np.array(dense_token_advantages(len(t.response_ids), t.output_spans, calls, float(a)))
-                for t, calls, a in zip(trajs, call_adv, adv_G, strict=True)]
+        if not keep(g):
+            out += [np.zeros(len(t.response_ids)) for t in trajs]
+        elif isinstance(tepo, TepoDense):
+            out += [np.array(dense_token_advantages(len(t.response_ids), t.output_spans, calls, float(a)))
+                    for t, calls, a in zip(trajs, call_advantages(g, tepo), adv_G, strict=True)]
+        else:
+            out += [np.full(len(t.response_ids), float(a)) for t, a in zip(trajs, adv_G, strict=True)]
     return out

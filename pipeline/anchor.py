@@ -1,8 +1,8 @@
 """A KL anchor on the openings of the groups dynamic sampling drops (our addition; off by default).
 
-DAPO drops a group whose rewards all agree: its advantage is zero, so it carries no policy
-gradient, and with it goes the only place a KL term to the initial model (`kl_coef`) could see
-that problem. On a tool mix that matters. A small model's fact groups are mostly all-zero and
+DAPO drops a group whose answers are all correct or all wrong (`pipeline.advantage.group_filter`):
+it gets zero advantage, so it carries no policy gradient, and with it goes the only place a KL term to
+the initial model (`kl_coef`) could see that problem. On a tool mix that matters. A small model's fact groups are mostly all-zero and
 dropped, so the anchor acts only on the calculator rows, which reward the shared opening that picks
 a tool; in one learning_cpu run in ten the policy drifted to answering fact questions with code
 (benchmarks/RESULTS.md, runs 2 and 6), and ToRL's code penalty, which held it, did so by making
@@ -38,8 +38,9 @@ def opening(trajectory: Trajectory, n_tokens: int) -> Trajectory:
 
 
 def dropped_openings(dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGroup]:
-    """Each dropped group with its trajectories cut to their openings; its rewards (all equal, so its
-    advantages are zero) are kept. None when `n_tokens` is 0 (the anchor is off)."""
+    """Each dropped group with its trajectories cut to their openings; its rewards are kept (they may
+    differ, e.g. by the length penalty under the accuracy filter: `token_advantages` gives a group the
+    filter drops zero advantage all the same). None when `n_tokens` is 0 (the anchor is off)."""
     if n_tokens == 0:
         return []
     return [ScoredGroup(Group(g.group.problem, tuple(opening(t, n_tokens) for t in g.group.trajectories)), g.rewards)

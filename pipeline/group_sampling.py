@@ -1,8 +1,12 @@
 """A step's groups: sampled with tools, scored by the rule-based rewards, and filtered by DAPO's
 dynamic sampling, in generation rounds or by refilling the running rollout.
 
-DAPO's dynamic sampling over-samples and drops the groups whose rewards all agree, in rounds:
-each round samples the problems still missing and ends with its slowest row. Where a decoding
+DAPO's dynamic sampling over-samples and drops the groups that carry no signal, in rounds: by default
+a group whose trajectories are all correct or all wrong (`0 < #correct < G` keeps it, DAPO's and verl's
+`filter_groups.metric: acc`), not one whose totals merely differ; the test (`train.algorithm.filter_metric`,
+TEPO's tool-level signal included: `pipeline.advantage`) is resolved once at set-up as `Trainer.informative`
+and the rounds, the refill and the sharded refill all apply that one function. Each
+round samples the problems still missing and ends with its slowest row. Where a decoding
 step costs about as much for a few rows as for a full batch (a small model on CPU, or any
 latency-bound decoder: benchmarks/RESULTS.md, rollout), a second round pays that tail again.
 `collect_with_refill` departs from it: the moment a group is dropped, the next problem of the
@@ -27,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.advantage import is_informative
+from pipeline.advantage import GroupFilter
 from pipeline.config import RunConfig
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
@@ -45,7 +49,7 @@ class Collected:
     kept: list[ScoredGroup]
     seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
     metrics: dict[str, float]
-    dropped: list[ScoredGroup] = dataclasses.field(default_factory=list)  # seen, not kept (all rewards agree)
+    dropped: list[ScoredGroup] = dataclasses.field(default_factory=list)  # seen, not kept (no signal: Trainer.informative)
 
 
 def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:
@@ -60,7 +64,7 @@ def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredG
 
 def collect_in_rounds(tr: Trainer) -> Collected:
     """Sample, score and (DAPO) keep informative groups until the batch is full or rounds run out."""
-    tc, algo = tr.cfg.train, tr.cfg.train.algorithm
+    tc = tr.cfg.train
     kept: list[ScoredGroup] = []
     seen: list[ScoredGroup] = []
     dropped: list[ScoredGroup] = []
@@ -70,7 +74,7 @@ def collect_in_rounds(tr: Trainer) -> Collected:
         scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
         seen += scored
         for g in scored:
-            (kept if is_informative(g) or not algo.dynamic_sampling else dropped).append(g)
+            (kept if tr.informative(g) else dropped).append(g)  # keeps all without dynamic sampling
         rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
@@ -81,12 +85,13 @@ def collect_in_rounds(tr: Trainer) -> Collected:
 class RefillRule:
     """The refill callback: each finished group is scored once; when one is dropped and the groups kept
     or still running cannot fill `target`, the next problem `draw` gives starts (none once `cap` problems
-    have started)."""
+    have started). `keep` is the step's filter (`Trainer.informative`), the same as the rounds apply."""
 
     target: int
     cap: int
     draw: Callable[[], list[Problem]]
     score: Callable[[Group], ScoredGroup]
+    keep: GroupFilter
     started: int = dataclasses.field(init=False)  # problems started so far: the first `target`, then refills
     dropped: int = dataclasses.field(init=False, default=0)
     scores: dict[int, ScoredGroup] = dataclasses.field(init=False, default_factory=dict)  # id(group) -> score
@@ -96,7 +101,7 @@ class RefillRule:
 
     def __call__(self, group: Group) -> list[Problem]:
         self.scores[id(group)] = scored = self.score(group)
-        if is_informative(scored):
+        if self.keep(scored):
             return []
         self.dropped += 1
         if self.started - self.dropped >= self.target or self.started >= self.cap:
@@ -113,9 +118,9 @@ def collect_with_refill(tr: Trainer) -> Collected:
     """One rollout that replaces each dropped group with the stream's next problem while it runs."""
     tc = tr.cfg.train
     rule = RefillRule(tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds, lambda: tr.stream.take(1),
-                      lambda g: score_group(g, tr.cfg, tr.shaping))
+                      lambda g: score_group(g, tr.cfg, tr.shaping), tr.informative)
     result = tr.engine.rollout(tr.stream.take(rule.target), tr.cfg.rollout.group_size, refill=rule)
-    return kept_and_dropped(rule.scored(result.groups), result.stats)
+    return kept_and_dropped(rule.scored(result.groups), result.stats, tr.informative)
 
 
 def collect_with_sharded_refill(tr: Trainer) -> Collected:
@@ -128,19 +133,21 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
     def rank_rule(target: int, reserve: list[Problem]) -> RefillRule:
         spare = list(reversed(reserve))
         return RefillRule(target, target + len(reserve), lambda: [spare.pop()],
-                          lambda g: score_group(g, tr.cfg, tr.shaping))
+                          lambda g: score_group(g, tr.cfg, tr.shaping), tr.informative)
 
     result = tr.engine.refilled_rollout(window, tc.prompts_per_step, tr.cfg.rollout.group_size, rank_rule)
     # scored again here: every group, this rank's too, comes back from the all-gather as a new object, so the
     # rules' scores (keyed by object) do not carry over; scoring is cheap next to sampling
-    collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
+    collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats,
+                                 tr.informative)
     collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
     return collected
 
 
-def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats) -> Collected:
-    kept = [g for g in seen if is_informative(g)]
-    dropped = [g for g in seen if not is_informative(g)]
+def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats, keep: GroupFilter) -> Collected:
+    verdicts = [keep(g) for g in seen]
+    kept = [g for g, k in zip(seen, verdicts, strict=True) if k]
+    dropped = [g for g, k in zip(seen, verdicts, strict=True) if not k]
     return Collected(kept, seen, step_metrics(seen, kept, [stats]), dropped)
 
 

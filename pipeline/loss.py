@@ -8,8 +8,12 @@ never changes the gradient.
   negative advantages, no KL. Denominator: policy tokens in the whole batch.
 - GRPO: same clipped surrogate with a symmetric eps, but each sequence's tokens are averaged
   first (sequence-mean). Denominator: sequences in the whole batch.
+- Dr.GRPO (Liu et al. 2025): GRPO's symmetric clip with neither the std division (`pipeline.advantage`)
+  nor the per-sequence 1/|o_i| mean, whose length bias it removes: the token sum is divided by
+  sequences x L with L a constant, `rollout.max_policy_tokens` (TRL's `dr_grpo` divides by
+  `max_completion_length`). Denominator: sequences in the whole batch x L.
 
-Either may add beta * KL(pi || pi_ref) per policy token (`kl_coef`; GRPO as in DeepSeekMath,
+Any may add beta * KL(pi || pi_ref) per policy token (`kl_coef`; GRPO as in DeepSeekMath,
 k3 estimate exp(ref - new) - (ref - new) - 1, unbiased and >= 0), aggregated like the
 surrogate. DAPO drops the term; we keep it available to DAPO as an anchor for small models
 whose rewards are sparse on part of the mix, where behaviour the reward never scores (e.g.
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.config.train import DAPOLoss, GRPOLoss
+from pipeline.config.train import AlgorithmConfig, DAPOLoss, DrGRPOLoss, GRPOLoss
 from pipeline.types import TrainBatch
 
 
@@ -32,7 +36,7 @@ class LossOutputs:
     loss_sum: torch.Tensor  # scalar, to be divided by the batch-global denominator
     clipped_low: torch.Tensor  # scalar counts of mask-1 tokens whose ratio was clipped
     clipped_high: torch.Tensor
-    approx_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(old || new)
+    approx_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate of KL(old || new), r = new / old
     ref_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(new || ref); 0 without a KL term
 
 
@@ -60,7 +64,8 @@ def clipped_surrogate_BT(logprobs_BT: torch.Tensor, batch: TrainBatch, eps_low: 
         loss_BT = torch.where(adv_BT < 0, torch.minimum(loss_BT, -adv_BT * dual_clip), loss_BT)
     low_BT = (ratio_BT < 1.0 - eps_low) & (adv_BT < 0)
     high_BT = (ratio_BT > 1.0 + eps_high) & (adv_BT > 0)
-    k3_BT = torch.exp(-log_ratio_BT) - 1.0 + log_ratio_BT  # KL(old||new) estimate, >= 0
+    # k3 of KL(old || new) on tokens sampled from old: r = new / old, (r - 1) - log r >= 0 (Schulman)
+    k3_BT = torch.exp(log_ratio_BT) - 1.0 - log_ratio_BT
     return loss_BT, low_BT, high_BT, k3_BT
 
 
@@ -94,28 +99,52 @@ def dapo_loss(cfg: DAPOLoss) -> PolicyLoss:
     return PolicyLoss(fn, lambda batch: float(batch.n_policy_tokens))
 
 
-def grpo_loss(cfg: GRPOLoss) -> PolicyLoss:
+def sequence_sum_loss(cfg: GRPOLoss | DrGRPOLoss, per_sequence: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> LossFn:
+    """GRPO's symmetric clip and KL term, each sequence's masked tokens reduced by `per_sequence`, summed."""
     kl_BT_of = kl_term(cfg.kl_coef)
 
     def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
         loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps, cfg.eps, None)
         kl_BT = kl_BT_of(logprobs_BT, batch)
         mask_BT = batch.loss_mask_BT
-        per_token_BT = (loss_BT + cfg.kl_coef * kl_BT) * mask_BT
-        per_seq_B = per_token_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1.0)  # sequence mean
+        per_seq_B = per_sequence((loss_BT + cfg.kl_coef * kl_BT) * mask_BT, mask_BT)
         return LossOutputs(per_seq_B.sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
                            (k3_BT.detach() * mask_BT).sum(), (kl_BT.detach() * mask_BT).sum())
 
-    # Global sequence count with at least one policy token: fixed before micro-batching.
-    return PolicyLoss(fn, lambda batch: float((batch.loss_mask_BT.sum(-1) > 0).sum()))
+    return fn
 
 
-def needs_reference(cfg: DAPOLoss | GRPOLoss) -> bool:
+def trained_sequences(batch: TrainBatch) -> float:
+    """Rows with at least one policy token (fixed before micro-batching)."""
+    return float((batch.loss_mask_BT.sum(-1) > 0).sum())
+
+
+def grpo_loss(cfg: GRPOLoss) -> PolicyLoss:
+    def sequence_mean(per_token_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        return per_token_BT.sum(-1) / mask_BT.sum(-1).clamp(min=1.0)
+
+    return PolicyLoss(sequence_sum_loss(cfg, sequence_mean), trained_sequences)
+
+
+def dr_grpo_loss(cfg: DrGRPOLoss, max_policy_tokens: int) -> PolicyLoss:
+    """Token sums; the batch-global denominator is sequences x max_policy_tokens (no per-sequence length)."""
+    def token_sum(per_token_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+        return per_token_BT.sum(-1)
+
+    return PolicyLoss(sequence_sum_loss(cfg, token_sum), lambda batch: trained_sequences(batch) * max_policy_tokens)
+
+
+def needs_reference(cfg: AlgorithmConfig) -> bool:
     """Whether the configured loss reads reference log-probs (a frozen copy of the initial model)."""
     return cfg.kl_coef > 0
 
 
-def make_policy_loss(cfg: DAPOLoss | GRPOLoss) -> PolicyLoss:
-    """Resolve the configured variant once; the training step never looks at `kind`."""
+def make_policy_loss(cfg: AlgorithmConfig, max_policy_tokens: int | None = None) -> PolicyLoss:
+    """Resolve the configured variant once; the training step never looks at `kind`. Dr.GRPO needs
+    `max_policy_tokens` (`rollout.max_policy_tokens`), its constant length."""
+    if isinstance(cfg, DrGRPOLoss):
+        if max_policy_tokens is None or max_policy_tokens < 1:
+            raise ValueError(f"Dr.GRPO divides by sequences x rollout.max_policy_tokens (got {max_policy_tokens})")
+        return dr_grpo_loss(cfg, max_policy_tokens)
     builders = {DAPOLoss: dapo_loss, GRPOLoss: grpo_loss}
     return builders[type(cfg)](cfg)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from pipeline.advantage import GroupFilter, keep_every_group
 from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.finetune import FullWeights, PolicyWeights
@@ -52,3 +53,4 @@ class Trainer:
     shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
     reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
     collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill
+    informative: GroupFilter = keep_every_group  # dynamic sampling's filter (pipeline.advantage.group_filter), or keep all

@@ -1,4 +1,4 @@
-"""RL with tools: DAPO / GRPO over tool-augmented rollouts (TAPO's training loop).
+"""RL with tools: DAPO / GRPO / Dr.GRPO over tool-augmented rollouts (TAPO's training loop).
 
 `run` reads like the algorithm: sample groups with tools -> reward -> drop uninformative
 groups -> group-relative advantages -> clipped token-level loss -> update -> log/checkpoint.
@@ -41,7 +41,7 @@ import torch
 from safetensors.torch import load_model
 from tqdm import tqdm
 
-from pipeline.advantage import token_advantages
+from pipeline.advantage import group_filter, token_advantages
 from pipeline.anchor import step_openings
 from pipeline.batching import make_train_batch, mini_batch_groups
 from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -86,6 +86,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     # the variants, chosen once
     weights, shaping, collect_groups = policy_weights(tc.finetune), reward_shaping(cfg.reward), group_collector(cfg)
+    informative = group_filter(tc.algorithm, cfg.reward.tepo)
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
@@ -103,7 +104,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                 make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
         return dataclasses.replace(tr, weights=weights, shaping=shaping, collect_groups=collect_groups,
-                                   reference=make_reference(cfg, model_device(tr.model)))
+                                   informative=informative, reference=make_reference(cfg, model_device(tr.model)))
     checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
@@ -114,7 +115,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     reference = make_reference(cfg, model_device(model))  # for a KL term; nothing otherwise
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
-                   weights, shaping, reference, collect_groups)
+                   weights, shaping, reference, collect_groups, informative)
 
 
 def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
@@ -133,7 +134,7 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
 def prepared_batch(tr: Trainer, groups: list[ScoredGroup]) -> TrainBatch:
     """One mini-batch on the model's device, normalised over its own policy tokens, with its old log-probs
     (recomputed before any update when configured) and the reference's (for a KL term)."""
-    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.cfg.reward.tepo)
+    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.cfg.reward.tepo, tr.informative)
     batch = make_train_batch(groups, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)
@@ -148,7 +149,7 @@ def train_step(tr: Trainer, kept: list[ScoredGroup], anchored: Sequence[ScoredGr
     batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True,
                               autocast=AUTOCAST[tc.autocast])
-    loss = make_policy_loss(tc.algorithm)
+    loss = make_policy_loss(tc.algorithm, tr.cfg.rollout.max_policy_tokens)
     updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
                for _ in range(tc.ppo_epochs) for batch in batches]
     tr.scheduler.step()

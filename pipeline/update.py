@@ -100,7 +100,8 @@ def forward_precision(autocast: torch.dtype | None, device: torch.device) -> con
     Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's update 1.5x faster
     (benchmarks/autocast_update.py); the price is that the update's log-probs differ from the sampler's
     float32 ones by ~0.014 nats a token on average (the head kept in float32, see `_head_only_at`), noise
-    the importance ratio carries. Only the training forward is cast: decoding one token at a time is bound
+    the importance ratio carries unless `train.logprobs_source: recompute` takes the old log-probs from this
+    same forward (then the ratio is exactly 1 before the first step: benchmarks/autocast_logprob_gap.py). Only the training forward is cast: decoding one token at a time is bound
     by memory traffic and small-matrix overhead, and measured no faster in bf16."""
     if autocast is None:
         return contextlib.nullcontext()

@@ -3,7 +3,8 @@
 `load_config(path)` returns a `RunConfig` with one attribute per section. Errors name the
 file and the dotted key (`params.yaml: train.lr: Input should be greater than 0`).
 
-Command line: `python -m pipeline.config check [PATH]` prints `ok` or the errors (exit 1).
+Command line: `python -m pipeline.config check [PATH]` prints `ok` or the errors (exit 1), unsupported
+combinations of settings from different sections included (`pipeline.config.combinations`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from pipeline.config.base import StageConfig
+from pipeline.config.combinations import refusals
 from pipeline.config.sections import (
     CurateConfig,
     DistributedConfig,
@@ -72,10 +74,10 @@ class RunConfig(StageConfig):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig, description="Multi-process training.")
 
     @model_validator(mode="after")
-    def _autocast_over_float32(self) -> RunConfig:
-        if self.train.autocast != "none" and self.model.dtype != "float32":
-            raise ValueError(f"train.autocast {self.train.autocast} needs model.dtype float32 (got {self.model.dtype}): "
-                             "mixed precision keeps float32 weights and optimiser state and casts only the forward")
+    def _supported_combination(self) -> RunConfig:
+        problems = refusals(self)  # settings of different sections that cannot run together (combinations.py)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

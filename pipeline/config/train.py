@@ -10,6 +10,17 @@ from pipeline.config.base import StageConfig
 from pipeline.lr_schedule import LrDecay
 
 
+FilterMetric = Literal["accuracy", "total"]
+
+FILTER_METRIC_HELP = (
+    "Dynamic sampling keeps a group when this differs inside it: accuracy (DAPO, and verl's filter_groups.metric "
+    "acc: 0 < #correct < G, a trajectory correct when its verifier score f_T > 0.9, so a fact answer counts when "
+    "its Levenshtein partial credit 1 - r exceeds 0.9) or total (the trained reward, length and code penalties "
+    "included). Under reward.tepo dense a group whose tool-level advantages are not all zero is kept either way "
+    "(pipeline.advantage.group_filter).")
+KL_HELP = "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate; 0 = off, no reference kept)."
+
+
 class DAPOLoss(StageConfig):
     """DAPO: token-level loss, clip-higher, no KL by default, dynamic sampling."""
 
@@ -17,7 +28,8 @@ class DAPOLoss(StageConfig):
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the importance ratio.")
     eps_high: float = Field(0.28, ge=0.0, le=1.0, description="Upper clip range (clip-higher keeps entropy up).")
     dual_clip: float = Field(10.0, gt=1.0, description="Dual-clip bound c for negative advantages.")
-    dynamic_sampling: bool = Field(True, description="Drop groups whose rewards all agree and sample more.")
+    dynamic_sampling: bool = Field(True, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
         "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate); DAPO drops it (0), "
         "a small value anchors a small model's behaviour where rewards are sparse. Above 0 a frozen copy of "
@@ -25,18 +37,37 @@ class DAPOLoss(StageConfig):
 
 
 class GRPOLoss(StageConfig):
-    """GRPO: sequence-mean loss, symmetric clip, optional KL to the initial model (Dr.GRPO: std_normalize false)."""
+    """GRPO: sequence-mean loss, symmetric clip, optional KL to the initial model.
+
+    `std_normalize: false` only drops the std division; the per-sequence 1/|o_i| mean stays, and with it
+    the length bias Dr.GRPO removes: that is `DrGRPOLoss` (kind dr_grpo), not this."""
 
     kind: Literal["grpo"] = "grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
-    std_normalize: bool = Field(True, description="Divide advantages by the group std (False = Dr.GRPO).")
-    dynamic_sampling: bool = Field(False, description="Drop groups whose rewards all agree.")
+    std_normalize: bool = Field(True, description=(
+        "Divide advantages by the group std (false: r - mean, with GRPO's sequence mean kept; this is not "
+        "Dr.GRPO, which is kind dr_grpo)."))
+    dynamic_sampling: bool = Field(False, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
     kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=(
         "beta of the per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate, DeepSeekMath uses 0.04; "
         "0 = off, no reference model kept)."))
 
 
-LossConfig = Annotated[DAPOLoss | GRPOLoss, Field(discriminator="kind")]
+class DrGRPOLoss(StageConfig):
+    """Dr.GRPO (Liu et al. 2025): GRPO without the std division and without the per-sequence mean; the
+    token sum is divided by sequences x rollout.max_policy_tokens (a constant, as TRL's dr_grpo divides by
+    max_completion_length), so a long sequence's tokens weigh as much as a short one's."""
+
+    kind: Literal["dr_grpo"] = "dr_grpo"
+    eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
+    dynamic_sampling: bool = Field(False, description="Drop the groups filter_metric finds uninformative and sample more.")
+    filter_metric: FilterMetric = Field("accuracy", description=FILTER_METRIC_HELP)
+    kl_coef: float = Field(0.0, ge=0.0, le=10.0, description=KL_HELP)
+
+
+AlgorithmConfig = DAPOLoss | GRPOLoss | DrGRPOLoss
+LossConfig = Annotated[AlgorithmConfig, Field(discriminator="kind")]
 
 
 class FullFinetune(StageConfig):
@@ -98,12 +129,17 @@ class TrainConfig(StageConfig):
         "matrix products under torch.autocast; weights, gradients, optimiser state and the output head stay in "
         "model.dtype (float32), and rollouts are sampled in it. On a CPU with AVX512-BF16 the update is ~1.5x "
         "faster; the update's log-probs then differ from the sampler's by ~0.014 nats a token on average, "
-        "noise the importance ratio carries (pipeline.update.forward_precision)."))
+        "noise the importance ratio carries with logprobs_source rollout; logprobs_source recompute removes it "
+        "(the old log-probs then come from the update's own forward: ratio exactly 1 before the first step, "
+        "benchmarks/autocast_logprob_gap.py; pipeline.update.forward_precision)."))
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
     output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
     logprobs_source: Literal["rollout", "recompute"] = Field(
-        "rollout", description="Old log-probs for the importance ratio: as sampled, or recomputed before the update."
+        "rollout", description=(
+            "Old log-probs for the importance ratio: as sampled, or recomputed before the update by the update's own "
+            "forward (one no-grad pass per mini-batch; under train.autocast this removes the sampler/trainer "
+            "precision gap exactly).")
     )
     balance_sources: bool = Field(
         False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."

@@ -97,7 +97,7 @@ def data_parallel_train_step(tr: Trainer, kept: list[ScoredGroup],
     # path is for GPUs, where an arbitrary mask rules out the flash-attention kernel (not measured there).
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature,
                               autocast=AUTOCAST[tc.autocast])
-    loss = make_policy_loss(tc.algorithm)
+    loss = make_policy_loss(tc.algorithm, tr.cfg.rollout.max_policy_tokens)
     updates = [apply_policy_gradient(backend, batch, loss, settings, weight)
                for _ in range(tc.ppo_epochs) for batch, weight in batches]
     tr.scheduler.step()
@@ -112,7 +112,7 @@ def local_batch(tr: Trainer, backend: DeepSpeedBackend, groups: list[ScoredGroup
     """This rank's share of one mini-batch (with old and reference log-probs) and its weight (0: no data)."""
     tc = tr.cfg.train
     mine, weight = local_groups(groups, backend.rank, backend.world)
-    batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.cfg.reward.tepo),
+    batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.cfg.reward.tepo, tr.informative),
                              tr.tokenizer.pad_token_id).to(model_device(backend.module))
     if tc.logprobs_source == "recompute":
         batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature,

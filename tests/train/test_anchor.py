@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.advantage import group_advantages, token_advantages
+from pipeline.advantage import group_advantages, group_filter, token_advantages
 from pipeline.anchor import dropped_openings, opening, step_openings
 from pipeline.batching import make_train_batch
 from pipeline.config.reward import TepoDense, TepoOff
@@ -69,11 +69,23 @@ def test_only_dropped_groups_are_cut_and_only_when_something_was_kept() -> None:
     assert dropped_openings(dropped, 0) == []
 
 
+def wrong_of_lengths(lengths: list[float], seed: int) -> ScoredGroup:
+    """All wrong (accuracy 0), totals differing only by the overlong penalty: dropped by DAPO's filter."""
+    trajectories = tuple(searching_trajectory(seed + i) for i in range(len(lengths)))
+    return ScoredGroup(Group(PROBLEM, trajectories),
+                       tuple(RewardBreakdown(True, 0.0, 0.0, x, total=x) for x in lengths))
+
+
 @pytest.mark.parametrize("tepo", [TepoOff(), TepoDense()])
-def test_an_opening_has_zero_advantage(tepo) -> None:
+@pytest.mark.parametrize("dropped", [[0.1, 0.1, 0.1], [0.0, 0.0, -0.0625]])
+def test_an_opening_has_zero_advantage(tepo, dropped) -> None:
+    """Whatever the dropped group's totals: under the accuracy metric they may differ (length penalty)."""
     kept = [scored([1.0, 0.0], 0)]
-    groups = kept + step_openings(kept, [scored([0.1, 0.1, 0.1], 10)], 6)
-    advantages = token_advantages(groups, DAPOLoss(), tepo)
+    group = wrong_of_lengths(dropped, 10)
+    keep = group_filter(DAPOLoss(), tepo)
+    assert not keep(group)
+    groups = kept + step_openings(kept, [group], 6)
+    advantages = token_advantages(groups, DAPOLoss(), tepo, keep)
     assert all(np.all(a == 0.0) for a in advantages[2:]) and np.abs(advantages[0]).sum() > 0
 
 
@@ -81,13 +93,14 @@ def test_equal_rewards_give_exactly_zero_advantages() -> None:
     # 0.1 three times: the float mean is not exactly 0.1, which used to leave ~1e-11 after the std division
     assert np.all(group_advantages(np.full(3, 0.1), std_normalize=True) == 0.0)
     assert np.all(group_advantages(np.full(3, 0.1), std_normalize=False) == 0.0)
-    np.testing.assert_allclose(group_advantages(np.array([1.0, 0.0]), std_normalize=True), [1.0, -1.0], atol=1e-5)
+    half = 0.5 / np.sqrt(0.5)  # (r - mean) / unbiased std: std of [1, 0] with ddof 1 is sqrt(1/2)
+    np.testing.assert_allclose(group_advantages(np.array([1.0, 0.0]), std_normalize=True), [half, -half], atol=1e-5)
 
 
 def step_gradient(groups: list[ScoredGroup], reference_seed: int) -> tuple[torch.Tensor, int]:
     """The gradient of one DAPO + KL step of a fixed float64 tiny policy on `groups`, and the batch's token count."""
     algo = DAPOLoss(kl_coef=0.5)
-    batch = make_train_batch(groups, token_advantages(groups, algo, TepoOff()), pad_id=0)
+    batch = make_train_batch(groups, token_advantages(groups, algo, TepoOff(), group_filter(algo, TepoOff())), pad_id=0)
     batch = dataclasses.replace(batch, old_logprobs_BT=batch.old_logprobs_BT.double(),  # float64 throughout
                                 loss_mask_BT=batch.loss_mask_BT.double(), advantages_BT=batch.advantages_BT.double())
     batch = FrozenReference(tiny_llama(VOCAB, seed=reference_seed, dtype=torch.float64)).attach(batch, 4, 1.0)

@@ -53,8 +53,8 @@ def test_the_sampling_is_chosen_once_and_refused_where_it_cannot_work() -> None:
     assert group_collector(params(**{"train.refill_dropped_groups": True})) is collect_with_refill
     assert group_collector(params(**{"train.refill_dropped_groups": True, "distributed.enabled": True})) \
         is collect_with_sharded_refill
-    with pytest.raises(ValueError, match="rollout.schedule: continuous"):
-        group_collector(params(**{"train.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"}))
+    with pytest.raises(ConfigError, match="train.refill_dropped_groups = True, rollout.schedule = turn-synchronous"):
+        params(**{"train.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"})
     with pytest.raises(ConfigError, match="train.refill_dropped_groups needs train.algorithm.dynamic_sampling"):
         params(**{"train.refill_dropped_groups": True, "train.algorithm.dynamic_sampling": False})
 

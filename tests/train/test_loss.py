@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline.advantage import group_advantages
-from pipeline.config.train import DAPOLoss, GRPOLoss
+from pipeline.config.train import DAPOLoss, DrGRPOLoss, GRPOLoss
 from pipeline.loss import make_policy_loss
 from pipeline.types import TrainBatch
 from pipeline.update import (UpdateSettings, masked_logprobs_no_grad, micro_batches, policy_gradient_step,
@@ -50,10 +50,54 @@ def test_grpo_is_sequence_mean() -> None:
     assert loss.denominator(batch) == 2.0
 
 
-def test_group_advantages() -> None:
+def test_dr_grpo_is_a_token_sum_over_sequences_times_the_length_constant() -> None:
+    """Liu et al. 2025 by hand: no 1/|o_i| mean, so a long sequence's tokens weigh as much as a short one's.
+
+    Row 0: 3 policy tokens at ratio 1, A = +1 -> -3; row 1: 1 policy token (one masked), A = -1, ratio
+    e^-0.1 = 0.905 inside [0.8, 1.2] -> +0.905. Sum -2.095 over 2 sequences x L = 16."""
+    batch = batch_of([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
+                     [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    new = torch.tensor([[0.0, 0.0, 0.0], [-0.1, 5.0, 5.0]], dtype=torch.float64)
+    loss = make_policy_loss(DrGRPOLoss(), max_policy_tokens=16)
+    out = loss.fn(new, batch)
+    assert math.isclose(float(out.loss_sum), -3.0 + math.exp(-0.1), rel_tol=1e-12)
+    assert loss.denominator(batch) == 2 * 16
+    # GRPO on the same batch means each sequence first: -1 + 0.905
+    assert math.isclose(float(make_policy_loss(GRPOLoss()).fn(new, batch).loss_sum), -1.0 + math.exp(-0.1))
+    with pytest.raises(ValueError, match="rollout.max_policy_tokens"):
+        make_policy_loss(DrGRPOLoss())
+
+
+def test_dr_grpo_advantages_are_centred_not_std_divided() -> None:
+    from pipeline.advantage import advantages_of
+    from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup
+    group = ScoredGroup(Group(Problem("p", "q", ("1",), "math", "gsm8k", "train"), ()),
+                        tuple(RewardBreakdown(True, r, 0.0, 0.0, total=r) for r in (1.0, 0.0, 0.0, 0.0)))
+    np.testing.assert_allclose(advantages_of([group], DrGRPOLoss())[0], [0.75, -0.25, -0.25, -0.25])
+    assert abs(advantages_of([group], DAPOLoss())[0][0]) > 1.0  # std-divided: 0.75 / 0.5
+
+
+def test_approx_kl_is_k3_of_kl_old_to_new_with_r_new_over_old() -> None:
+    """k3 = (r - 1) - log r with r = new / old (samples from old): by hand for two tokens."""
+    batch = batch_of([[0.0, -1.0]], [[1.0, 1.0]], [[1.0, 1.0]])
+    new = torch.tensor([[0.3, -1.5]], dtype=torch.float64)  # log r = 0.3 and -0.5
+    expected = sum(math.exp(x) - 1.0 - x for x in (0.3, -0.5))
+    for algo in (DAPOLoss(), GRPOLoss(), DrGRPOLoss()):
+        assert math.isclose(float(make_policy_loss(algo, 8).fn(new, batch).approx_kl_sum), expected, rel_tol=1e-12)
+    # the old estimate used r = old / new: (e^-0.3 - 1 + 0.3) + (e^0.5 - 1 - 0.5) differs
+    assert not math.isclose(expected, sum(math.exp(-x) - 1.0 + x for x in (0.3, -0.5)), rel_tol=1e-3)
+
+
+def test_group_advantages_use_the_unbiased_std_as_verl_and_trl() -> None:
     r = np.array([1.0, 0.0, 0.0, 1.0])
     np.testing.assert_allclose(group_advantages(r, std_normalize=False), [0.5, -0.5, -0.5, 0.5])
-    np.testing.assert_allclose(group_advantages(r, std_normalize=True), [1.0, -1.0, -1.0, 1.0], atol=1e-5)
+    # by hand: sum of squares 4 x 0.25 = 1 over G - 1 = 3, std sqrt(1/3); 0.5 / sqrt(1/3) = 0.8660
+    a = 0.5 / math.sqrt(1.0 / 3.0)
+    np.testing.assert_allclose(group_advantages(r, std_normalize=True), [a, -a, -a, a], atol=1e-5)
+    # the same as torch.std (unbiased by default, verl's and TRL's convention)
+    rewards = torch.tensor([0.3, 1.0, -0.2, 0.0, 0.7], dtype=torch.float64)
+    theirs = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    np.testing.assert_allclose(group_advantages(rewards.numpy(), std_normalize=True), theirs.numpy(), rtol=1e-12)
 
 
 def _random_batch(vocab: int, seed: int = 0) -> TrainBatch:
@@ -70,7 +114,7 @@ def _random_batch(vocab: int, seed: int = 0) -> TrainBatch:
     return TrainBatch(ids, attn, mask, old, adv, n_policy_tokens=int(mask.sum()))
 
 
-@pytest.mark.parametrize("algo", [DAPOLoss(), GRPOLoss()])
+@pytest.mark.parametrize("algo", [DAPOLoss(), GRPOLoss(), DrGRPOLoss()])
 def test_micro_batching_does_not_change_the_gradient(algo) -> None:
     """1 x 8 and 8 x 1 micro-batches give the same gradient (float64, within 1e-6)."""
     grads = []
@@ -78,7 +122,7 @@ def test_micro_batching_does_not_change_the_gradient(algo) -> None:
         model = tiny_llama(64, seed=1, dtype=torch.float64)
         batch = _random_batch(64)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: we only read the gradients
-        policy_gradient_step(model, opt, batch, make_policy_loss(algo), UpdateSettings(micro, 1e9, 1.0))
+        policy_gradient_step(model, opt, batch, make_policy_loss(algo, 16), UpdateSettings(micro, 1e9, 1.0))
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=0)
     assert grads[0].abs().sum() > 0

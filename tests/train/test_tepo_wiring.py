@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.advantage import token_advantages
+from pipeline.advantage import group_filter, token_advantages
 from pipeline.config import RunConfig
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import DAPOLoss
@@ -57,8 +57,8 @@ def test_dense_tepo_gives_the_call_segment_its_own_advantage() -> None:
     trajs = (trajectory(LOW_AFTER, "42"), trajectory(HIGH_AFTER, "42"), trajectory(LOW_AFTER, "7"))
     rewards = tuple(RewardBreakdown(True, acc, 0.0, 0.0, total=acc) for acc in (1.0, 1.0, 0.0))
     scored = [ScoredGroup(Group(PROBLEM, trajs), rewards)]
-    plain = token_advantages(scored, DAPOLoss(), TepoOff())
-    dense = token_advantages(scored, DAPOLoss(), TepoDense(alpha=0.5))
+    plain = token_advantages(scored, DAPOLoss(), TepoOff(), group_filter(DAPOLoss(), TepoOff()))
+    dense = token_advantages(scored, DAPOLoss(), TepoDense(alpha=0.5), group_filter(DAPOLoss(), TepoDense(alpha=0.5)))
     for adv in plain:
         assert np.all(adv == adv[0])  # outcome broadcast
     # the final (answer) segment keeps the outcome advantage; the call segment differs

@@ -1,0 +1,56 @@
+"""Combinations of settings from different sections that the pipeline does not support.
+
+Each section validates its own keys; what only goes wrong where two sections meet is listed here, once,
+so that `python -m pipeline.config check` refuses it before anything loads, with every key involved named
+(the configuration-matrix test, tests/matrix, runs every documented combination and checks that each
+refused one names all of its keys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipeline.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A combination refused: the dotted keys that make it, when it applies, and why it cannot run."""
+
+    keys: tuple[str, ...]
+    applies: Callable[[RunConfig], bool]
+    why: str
+
+    def message(self, cfg: RunConfig) -> str:
+        values = ", ".join(f"{key} = {_value_at(cfg, key)}" for key in self.keys)
+        return f"unsupported combination: {values}: {self.why}"
+
+
+def _value_at(cfg: RunConfig, dotted: str) -> object:
+    node: object = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(("train.autocast", "model.dtype"),
+                lambda c: c.train.autocast != "none" and c.model.dtype != "float32",
+                "mixed precision keeps float32 weights and optimiser state and casts only the forward "
+                "(train.autocast needs model.dtype float32)"),
+    Unsupported(("train.refill_dropped_groups", "rollout.schedule"),
+                lambda c: c.train.refill_dropped_groups and c.rollout.schedule != "continuous",
+                "a refill joins the running rollout, which turn-synchronous rounds do not have "
+                "(train.refill_dropped_groups needs rollout.schedule continuous)"),
+    Unsupported(("train.finetune.kind", "distributed.enabled"),
+                lambda c: c.train.finetune.kind == "lora" and c.distributed.enabled,
+                "the DeepSpeed backend trains full weights only (use train.finetune.kind full)"),
+)
+
+
+def refusals(cfg: RunConfig) -> list[str]:
+    """One message per unsupported combination `cfg` makes (none: it can run)."""
+    return [rule.message(cfg) for rule in UNSUPPORTED if rule.applies(cfg)]

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig
+from pipeline.reward.format import cut_middle
 from pipeline.rollout.hf_backend import DecoderStats, HFDecoder, SamplingParams
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.protocol import ParsedCall, Protocol, make_protocol, tools_for
@@ -48,12 +49,25 @@ class RolloutResult:
 Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
 
 
-def cut_middle(text: str, limit: int) -> str:
-    """Keep head and tail of an over-long tool output (ToRL/TAPO show both ends)."""
-    if len(text) <= limit:
-        return text
-    half = (limit - 5) // 2
-    return f"{text[:half]}\n...\n{text[-half:]}"
+def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str, special_ids: frozenset[int] | None = None
+                 ) -> list[int]:
+    """Token ids of `text` read as plain text: a special token or chat-template role marker written in it
+    (`<|im_end|>`, `<|im_start|>user`) is spelled out in ordinary tokens, never its special id. For what the
+    policy did not sample (tool output, search passages, budget notices, error messages): a real end-of-turn
+    id there would inject a turn boundary into the model's context, and the scorer, which decodes with
+    `skip_special_tokens=True`, would no longer find the tool's output."""
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    leaked = (special_ids if special_ids is not None else special_token_ids(tokenizer)).intersection(ids)
+    if leaked:
+        raise ValueError(f"the tokenizer turned plain text into special token(s) {sorted(leaked)} even with "
+                         "split_special_tokens=True; it cannot tokenize tool output safely")
+    return ids
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every special token id: the named ones and any added token marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
@@ -121,6 +135,7 @@ class RolloutEngine:
         # One event loop for the engine's life: tool clients keep connection pools bound to it.
         self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
+        self._special_ids = special_token_ids(tokenizer)
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult:
@@ -177,7 +192,8 @@ class RolloutEngine:
                         shared_prefix_len=system_turn_length(self.tokenizer, self.protocol, problem, tools, prompt))
 
     def encode_output(self, text: str) -> list[int]:
-        return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]
+        """The wrapped tool output (or notice) as plain-text tokens (`encode_plain`)."""
+        return encode_plain(self.tokenizer, self.protocol.wrap_output(text), self._special_ids)
 
 
 class _Draws:
@@ -252,6 +268,8 @@ class _Run:
         end = self.engine.protocol.read_segment(segment_text, seq.tools)
         if end.answered:
             return self._finish(seq, "answer")
+        if self._budget_spent(seq):  # re-admission would sample a token past the budget
+            return self._finish(seq, "max_tokens")
         if end.call is None:  # a stop string that closes nothing usable: keep generating
             return self._requeue(seq)
         if seq.turns >= self.engine.cfg.max_turns:
@@ -262,6 +280,10 @@ class _Run:
         if len(seq.tool_calls) >= self.engine.cfg.max_tool_calls:
             return self._insert(seq, end.call, ToolResult.failure(BUDGET_EXHAUSTED, status="budget"), call_span)
         self.loop.call_soon_threadsafe(self._spawn, seq, end.call, call_span)
+
+    def _budget_spent(self, seq: Sequence) -> bool:
+        cfg = self.engine.cfg
+        return seq.policy_tokens >= cfg.max_policy_tokens or len(seq.context_ids) >= cfg.max_total_tokens
 
     # --- event loop side ----------------------------------------------------------------
     def _spawn(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:

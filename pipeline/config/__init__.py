@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from pipeline.config.base import StageConfig
+from pipeline.config.rollout import combination_errors
 from pipeline.config.sections import (
     CurateConfig,
     DistributedConfig,
@@ -76,6 +77,13 @@ class RunConfig(StageConfig):
         if self.train.autocast != "none" and self.model.dtype != "float32":
             raise ValueError(f"train.autocast {self.train.autocast} needs model.dtype float32 (got {self.model.dtype}): "
                              "mixed precision keeps float32 weights and optimiser state and casts only the forward")
+        return self
+
+    @model_validator(mode="after")
+    def _rollout_backend_supplies_what_the_run_reads(self) -> RunConfig:
+        errors = combination_errors(self)
+        if errors:
+            raise ValueError("; ".join(errors))
         return self
 
 

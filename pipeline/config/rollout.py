@@ -1,12 +1,20 @@
-"""Tool-augmented rollouts (TAPO Algorithm 1)."""
+"""Tool-augmented rollouts (TAPO Algorithm 1).
+
+`combination_errors` lists what the rollout backend cannot supply to the rest of a run (TEPO's
+entropies, untruncated log-probs under a nucleus); `RunConfig` refuses those combinations at
+`python -m pipeline.config check`, naming every key involved.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
+
+if TYPE_CHECKING:
+    from pipeline.config import RunConfig
 
 
 class VLLMConfig(StageConfig):
@@ -63,7 +71,10 @@ class RolloutConfig(StageConfig):
     )
     group_size: int = Field(4, ge=1, le=256, description="G: trajectories sampled per problem.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Nucleus sampling mass. Log-probs are recorded untruncated (the whole vocabulary, as the update recomputes "
+        "them); the vllm backend has those only at temperature 1 or 0, so another temperature with top_p < 1 "
+        "needs train.logprobs_source recompute."))
     max_policy_tokens: int = Field(256, ge=1, description="Budget of sampled tokens per trajectory (tool output excluded).")
     max_total_tokens: int = Field(1024, ge=16, description="Budget of prompt + response tokens per trajectory.")
     max_tool_calls: int = Field(2, ge=0, description="C: tool calls answered per trajectory; later calls get 'tool budget exhausted' (ToRL).")
@@ -83,3 +94,33 @@ class RolloutConfig(StageConfig):
         if self.max_policy_tokens >= self.max_total_tokens:
             raise ValueError("max_policy_tokens must be smaller than max_total_tokens")
         return self
+
+
+def vllm_logprobs_mode(temperature: float, top_p: float) -> str | None:
+    """The vLLM `logprobs_mode` whose log-probs are the ones the update recomputes (the temperature-scaled
+    distribution over the whole vocabulary, as the hf backend records), or None when vLLM has none.
+
+    "processed" log-probs come after temperature and after the nucleus cut (renormalised over the nucleus);
+    "raw" ones before any processing. Without a nucleus the processed ones are right; with one, the raw ones
+    are right at temperature 1 (and 0: greedy samples are scored on the raw logits, as the update does)."""
+    if top_p >= 1.0:
+        return "processed_logprobs"
+    if temperature in (0.0, 1.0):
+        return "raw_logprobs"
+    return None
+
+
+def combination_errors(cfg: RunConfig) -> list[str]:
+    """What `rollout.backend` cannot supply to the rest of the run, one message per refused combination."""
+    rollout, errors = cfg.rollout, []
+    if rollout.backend != "vllm":
+        return errors
+    if cfg.reward.tepo.kind != "off":
+        errors.append(f"reward.tepo.kind {cfg.reward.tepo.kind} needs the sampling entropies, which rollout.backend "
+                      "vllm does not record: use rollout.backend hf or reward.tepo.kind off")
+    if cfg.train.logprobs_source == "rollout" and vllm_logprobs_mode(rollout.temperature, rollout.top_p) is None:
+        errors.append(f"rollout.backend vllm with rollout.top_p {rollout.top_p} < 1 at rollout.temperature "
+                      f"{rollout.temperature} records log-probs renormalised over the nucleus, which "
+                      "train.logprobs_source rollout would compare with untruncated ones: set "
+                      "train.logprobs_source recompute, rollout.top_p 1, or rollout.temperature 1")
+    return errors

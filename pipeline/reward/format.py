@@ -41,6 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from pipeline.reward.extract import last_boxed_span
+from pipeline.rollout.shown import CUT_MARK, cut_at, cut_middle
+
+__all__ = ["CUT_MARK", "FormatResult", "check_format", "cut_middle", "shown_as", "split_engine_outputs"]
 
 
 @dataclass(frozen=True)
@@ -65,21 +68,6 @@ WRAPPERS: dict[str, Wrapper] = {
 }
 CALL_TAGS: dict[str, tuple[str, ...]] = {"tapo": ("search", "code"), "search-r1": ("search",)}
 _OUTPUT_MARK = "\x00"  # stands for an engine output inside the model text; no model emits NUL
-CUT_MARK = "\n...\n"  # what the engine puts between the head and the tail of a cut tool output
-
-
-def cut_middle(text: str, limit: int) -> str:
-    """Keep head and tail of an over-long tool output (ToRL/TAPO show both ends): how the engine
-    shows it, and what the scorer compares against (`shown_as`)."""
-    if len(text) <= limit:
-        return text
-    return _cut_at(text, (limit - len(CUT_MARK)) // 2)
-
-
-def _cut_at(text: str, half: int) -> str:
-    return f"{text[:half]}{CUT_MARK}{text[-half:]}"
-
-
 def split_engine_outputs(text: str, protocol: str, outputs: Sequence[str]) -> tuple[list[str], str | None]:
     """Model segments around the engine outputs (len(outputs) + 1 of them), or an error."""
     wrapper = WRAPPERS[protocol]
@@ -110,7 +98,7 @@ def shown_as(content: str, output: str) -> bool:
     if not output:
         return "\n" not in content and "<" not in content and len(content) <= 200
     half, odd = divmod(len(content) - len(CUT_MARK), 2)
-    return half > 0 and not odd and len(output) > len(content) and content == _cut_at(output, half)
+    return half > 0 and not odd and len(output) > len(content) and content == cut_at(output, half)
 
 
 def _find_wrapped(text: str, pos: int, wrapper: Wrapper, output: str) -> tuple[int, int] | None:

@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config.rollout import RolloutConfig
-from pipeline.reward.format import cut_middle
+from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
 from pipeline.rollout.hf_backend import DecoderStats, HFDecoder, SamplingParams
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.protocol import ParsedCall, Protocol, make_protocol, tools_for
 from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.shown import cut_middle
 from pipeline.tools.base import Tool
 from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
 
@@ -119,7 +119,7 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
         from pipeline.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
-                           options=cfg.vllm)
+                           options=cfg.vllm, logprobs_mode=vllm_logprobs_mode(cfg.temperature, cfg.top_p))
     return HFBackend(model, tokenizer, cfg)
 
 

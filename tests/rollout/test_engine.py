@@ -75,7 +75,8 @@ def test_tool_call_round_trip_is_token_exact(tok) -> None:
     assert all(lp == 0.0 for lp in traj.logprobs[o0:o1])
     assert all(lp <= 0.0 for lp in traj.logprobs)
     assert len(traj.entropies) == len(traj.response_ids)
-    assert all(h == 0.0 for h in traj.entropies[o0:o1]) and all(h >= 0.0 for h in traj.entropies)
+    assert all(h is None for h in traj.entropies[o0:o1])  # unknown, not 0.0: nothing was sampled there
+    assert all(h is not None and h >= 0.0 for h, m in zip(traj.entropies, traj.loss_mask) if m)
     assert traj.text.endswith("<answer>42</answer>")
     assert traj.turns == 2
 

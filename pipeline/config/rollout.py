@@ -87,6 +87,13 @@ class RolloutConfig(StageConfig):
         "re-admission prefills only the tool output (0 = always re-prefill the whole context).",
     )
     tool_concurrency: int = Field(8, ge=1, description="Concurrent requests per tool service.")
+    readmit_after_steps: int = Field(
+        8, ge=0, le=1024,
+        description="hf backend, continuous schedule: a sequence whose tool was called at decoding step s rejoins "
+        "the batch at step s + this (the decoder waits if the tool is slower), so the batches, and every log-prob's "
+        "rounding, do not depend on tool latency: a resumed run with tools is bit-identical. Larger: fewer waits on "
+        "slow tools, longer idling after fast ones. 0: rejoin as soon as the tool answers (never waits, but "
+        "log-probs then round differently from run to run, ~1e-6, and a resumed run with tools is not bit-identical).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
 
     @model_validator(mode="after")

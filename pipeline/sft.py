@@ -31,7 +31,7 @@ from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
 from pipeline.progress import progress
 from pipeline.reward import verify
-from pipeline.rollout.engine import cut_middle, encode_prompt
+from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
 from pipeline.tools.base import Tool
 from pipeline.tools.factory import make_tools
@@ -68,7 +68,7 @@ def scripted_traces(problems: list[Problem], tokenizer, protocol: Protocol, code
             continue  # filtered by the verifier: never teach a wrong trace
         prompt = encode_prompt(tokenizer, protocol, problem, tools_for(problem, ("code",)))
         call = _ids(tokenizer, protocol.render_call("code", problem.meta["code"], THOUGHT))
-        output = _ids(tokenizer, protocol.wrap_output(cut_middle(answer, max_output_chars)))
+        output = encode_plain(tokenizer, protocol.wrap_output(cut_middle(answer, max_output_chars)))  # tool text is text
         final = _ids(tokenizer, protocol.render_answer(answer)) + [tokenizer.eos_token_id]
         ids = prompt + call + output + final
         mask = [0] * len(prompt) + [1] * len(call) + [0] * len(output) + [1] * len(final)

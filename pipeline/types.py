@@ -130,7 +130,8 @@ class Trajectory:
     finish_reason: FinishReason
     text: str  # the decoded response, tool outputs included
     turns: int  # generation segments (1 + number of tool calls answered)
-    entropies: tuple[float, ...] = ()  # [R] entropy of the sampling distribution at each token; 0.0 where mask is 0
+    # [R] entropy of the sampling distribution at each token; None where unknown (mask 0, or a backend without it)
+    entropies: tuple[float | None, ...] = ()
 
     @property
     def output_spans(self) -> list[tuple[int, int]]:

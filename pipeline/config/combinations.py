@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.config.rollout import vllm_logprobs_mode
+
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
 
@@ -48,6 +50,16 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(("train.finetune.kind", "distributed.enabled"),
                 lambda c: c.train.finetune.kind == "lora" and c.distributed.enabled,
                 "the DeepSpeed backend trains full weights only (use train.finetune.kind full)"),
+    Unsupported(("reward.tepo.kind", "rollout.backend"),
+                lambda c: c.reward.tepo.kind != "off" and c.rollout.backend == "vllm",
+                "TEPO needs the sampling entropies, which the vllm backend does not record "
+                "(use rollout.backend hf or reward.tepo.kind off)"),
+    Unsupported(("rollout.backend", "rollout.top_p", "rollout.temperature", "train.logprobs_source"),
+                lambda c: (c.rollout.backend == "vllm" and c.train.logprobs_source == "rollout"
+                           and vllm_logprobs_mode(c.rollout.temperature, c.rollout.top_p) is None),
+                "vLLM records log-probs renormalised over the nucleus at this temperature, which the update "
+                "would compare with untruncated ones (set train.logprobs_source recompute, rollout.top_p 1, "
+                "or rollout.temperature 1)"),
 )
 
 

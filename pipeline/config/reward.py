@@ -106,4 +106,6 @@ class RewardConfig(StageConfig):
     type_routing: dict[str, VerifierKind] = Field(
         default_factory=lambda: dict(DEFAULT_TYPE_ROUTING), description="Problem type -> verifier kind, for sources not in `routing`."
     )
-    tepo: TepoConfig = Field(default_factory=TepoOff, description="TEPO entropy shaping (a typed choice: off, sparse or dense).")
+    tepo: TepoConfig = Field(default_factory=TepoOff, description=(
+        "TEPO entropy shaping (a typed choice: off, sparse or dense). Sparse and dense read the sampling entropies, "
+        "which only rollout.backend hf records: refused with vllm."))

@@ -1,4 +1,9 @@
-"""Tool-augmented rollouts (TAPO Algorithm 1)."""
+"""Tool-augmented rollouts (TAPO Algorithm 1).
+
+What the rollout backend cannot supply to the rest of a run (TEPO's entropies, untruncated log-probs
+under a nucleus) is refused with the other cross-section combinations in `pipeline.config.combinations`,
+naming every key involved; `vllm_logprobs_mode` says which vLLM log-probs match the update's.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
+
 
 
 class VLLMConfig(StageConfig):
@@ -63,7 +69,10 @@ class RolloutConfig(StageConfig):
     )
     group_size: int = Field(4, ge=1, le=256, description="G: trajectories sampled per problem.")
     temperature: float = Field(1.0, ge=0.0, le=5.0, description="Sampling temperature (0 = greedy).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
+        "Nucleus sampling mass. Log-probs are recorded untruncated (the whole vocabulary, as the update recomputes "
+        "them); the vllm backend has those only at temperature 1 or 0, so another temperature with top_p < 1 "
+        "needs train.logprobs_source recompute."))
     max_policy_tokens: int = Field(256, ge=1, description="Budget of sampled tokens per trajectory (tool output excluded).")
     max_total_tokens: int = Field(1024, ge=16, description="Budget of prompt + response tokens per trajectory.")
     max_tool_calls: int = Field(2, ge=0, description="C: tool calls answered per trajectory; later calls get 'tool budget exhausted' (ToRL).")
@@ -76,6 +85,13 @@ class RolloutConfig(StageConfig):
         "re-admission prefills only the tool output (0 = always re-prefill the whole context).",
     )
     tool_concurrency: int = Field(8, ge=1, description="Concurrent requests per tool service.")
+    readmit_after_steps: int = Field(
+        8, ge=0, le=1024,
+        description="hf backend, continuous schedule: a sequence whose tool was called at decoding step s rejoins "
+        "the batch at step s + this (the decoder waits if the tool is slower), so the batches, and every log-prob's "
+        "rounding, do not depend on tool latency: a resumed run with tools is bit-identical. Larger: fewer waits on "
+        "slow tools, longer idling after fast ones. 0: rejoin as soon as the tool answers (never waits, but "
+        "log-probs then round differently from run to run, ~1e-6, and a resumed run with tools is not bit-identical).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
 
     @model_validator(mode="after")
@@ -83,3 +99,17 @@ class RolloutConfig(StageConfig):
         if self.max_policy_tokens >= self.max_total_tokens:
             raise ValueError("max_policy_tokens must be smaller than max_total_tokens")
         return self
+
+
+def vllm_logprobs_mode(temperature: float, top_p: float) -> str | None:
+    """The vLLM `logprobs_mode` whose log-probs are the ones the update recomputes (the temperature-scaled
+    distribution over the whole vocabulary, as the hf backend records), or None when vLLM has none.
+
+    "processed" log-probs come after temperature and after the nucleus cut (renormalised over the nucleus);
+    "raw" ones before any processing. Without a nucleus the processed ones are right; with one, the raw ones
+    are right at temperature 1 (and 0: greedy samples are scored on the raw logits, as the update does)."""
+    if top_p >= 1.0:
+        return "processed_logprobs"
+    if temperature in (0.0, 1.0):
+        return "raw_logprobs"
+    return None

@@ -9,6 +9,14 @@ Public API:
 - TEPO (tepo.py): `delta_segment_entropies`, `tepo_sparse_reward`, `tepo_dense_call_rewards`,
   `tool_level_advantages`, `tepo_dense_group_advantages`, `dense_token_advantages`;
   `apply_tepo` adds the sparse term to a `RewardBreakdown`.
+
+Rules every verifier kind follows (verifiers.py):
+- No credit for hedging (hedging.py): an answer naming several different candidate values
+  ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that
+  names one, whatever value the kind would have read out of it.
+- A percentage is its value divided by 100 ("0.42%" is 0.0042), unless the problem asks for a
+  percentage (its gold is written with %, or its question names percent): then "25%" also
+  matches gold 25.
 """
 
 from pipeline.reward.extract import extract_answer, last_answer_tag, last_boxed

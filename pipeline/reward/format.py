@@ -4,8 +4,10 @@ The rollout engine, not the model, inserts tool outputs (`<response>` for tapo,
 `<information>` for search-r1, a ```output fence for torl). Only the text reaches the
 scorer, so the engine's outputs are told apart from look-alikes the model wrote itself by
 their content: `split_engine_outputs` finds, in order, the wrapper whose content shows the
-k-th `ToolResult.output` (`shown_as`: equal after stripping, or the engine's head...tail
-cut of a long output, or its placeholder for an empty one). Anything else shaped like a
+k-th `ToolResult.output` (`shown_as`: equal after stripping, or exactly the engine's own
+head...tail cut of a long output, `cut_middle`, or its placeholder for an empty one). The cut
+is recomputed, never re-parsed: an output whose head already holds a `\n...\n` line is
+still recognised. Anything else shaped like a
 tool output is model-written, the reward hack the grammar forbids.
 
 Grammar of the tag protocols (tapo, search-r1), over model text and engine outputs O:
@@ -39,6 +41,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from pipeline.reward.extract import last_boxed_span
+from pipeline.rollout.shown import CUT_MARK, cut_at, cut_middle
+
+__all__ = ["CUT_MARK", "FormatResult", "check_format", "cut_middle", "shown_as", "split_engine_outputs"]
 
 
 @dataclass(frozen=True)
@@ -63,8 +68,6 @@ WRAPPERS: dict[str, Wrapper] = {
 }
 CALL_TAGS: dict[str, tuple[str, ...]] = {"tapo": ("search", "code"), "search-r1": ("search",)}
 _OUTPUT_MARK = "\x00"  # stands for an engine output inside the model text; no model emits NUL
-
-
 def split_engine_outputs(text: str, protocol: str, outputs: Sequence[str]) -> tuple[list[str], str | None]:
     """Model segments around the engine outputs (len(outputs) + 1 of them), or an error."""
     wrapper = WRAPPERS[protocol]
@@ -84,16 +87,18 @@ def split_engine_outputs(text: str, protocol: str, outputs: Sequence[str]) -> tu
 def shown_as(content: str, output: str) -> bool:
     """Whether `content` (inside a wrapper) is how the engine shows the tool `output`.
 
-    The engine shows the stripped output; an over-long one cut to head + "\n...\n" + tail;
-    an empty one as a one-line placeholder (e.g. "[no output] ...").
+    The engine shows the stripped output; an over-long one as `cut_middle(output, limit)`, whose
+    length fixes the cut (2 * half + len(CUT_MARK) characters), so the content is compared with
+    the very cut the engine made, whatever the output itself holds (its own `\n...\n` lines
+    included); an empty one as a one-line placeholder (e.g. "[no output] ...").
     """
     content = content.strip()
     if content == output:
         return True
     if not output:
         return "\n" not in content and "<" not in content and len(content) <= 200
-    head, cut, tail = content.partition("\n...\n")
-    return bool(cut) and len(content) < len(output) and output.startswith(head) and output.endswith(tail)
+    half, odd = divmod(len(content) - len(CUT_MARK), 2)
+    return half > 0 and not odd and len(output) > len(content) and content == cut_at(output, half)
 
 
 def _find_wrapped(text: str, pos: int, wrapper: Wrapper, output: str) -> tuple[int, int] | None:

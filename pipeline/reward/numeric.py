@@ -121,12 +121,16 @@ def parse_number(text: str) -> Number | None:
     return Number(value / 100, True) if percent else Number(value)
 
 
-def numbers_equal(a: Number, b: Number) -> bool:
-    """Exact equality; a percentage also matches its written number (50% ~ 0.5 ~ 50)."""
-    candidates_a = {a.value, a.value * 100} if a.percent else {a.value}
-    candidates_b = {b.value, b.value * 100} if b.percent else {b.value}
-    for x in candidates_a:
-        for y in candidates_b:
+def numbers_equal(pred: Number, gold: Number, percent_asked: bool = False) -> bool:
+    """Exact equality of a predicted and a gold number, under the percentage rule.
+
+    A percentage is its value divided by 100 ("0.42%" is 0.0042, not 0.42), unless the problem asks
+    for a percentage: then the number of percent also counts ("25%" for gold 25). A problem asks for
+    one when the caller says so (`percent_asked`: its question names percent) or its gold is written
+    as one ("50%": 0.5 and 50 both match it)."""
+    preds, golds = percent_readings(pred, gold, percent_asked)
+    for x in preds:
+        for y in golds:
             if x == y:
                 return True
             # Float-printed decimals (0.3333333333 for 1/3, 0.30000000000000004 for 0.3)
@@ -137,6 +141,13 @@ def numbers_equal(a: Number, b: Number) -> bool:
             if not both_integers and abs(x - y) <= Fraction(1, 10**9) * max(abs(x), abs(y)):
                 return True
     return False
+
+
+def percent_readings(pred: Number, gold: Number, percent_asked: bool = False) -> tuple[set[Fraction], set[Fraction]]:
+    """The values a predicted and a gold number may stand for under the percentage rule (`numbers_equal`)."""
+    asked = percent_asked or gold.percent
+    preds = {pred.value, pred.value * 100} if pred.percent and asked else {pred.value}
+    return preds, ({gold.value, gold.value * 100} if gold.percent else {gold.value})
 
 
 def split_top_level(text: str) -> list[str] | None:
@@ -167,7 +178,7 @@ def number_in_text(text: str) -> Number | None:
     if value is None:
         return None
     rest = text[match.end() :].lstrip().lower()
-    if rest.startswith("%"):
+    if rest.startswith(("%", "\\%")):  # LaTeX writes \%
         return Number(value / 100, True)
     for word, scale in _SCALE_WORDS.items():
         if rest.startswith(word):

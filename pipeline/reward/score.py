@@ -31,7 +31,7 @@ from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer
 from pipeline.reward.format import FormatResult, check_format
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.tepo import tepo_sparse_reward
-from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier
+from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier, asks_for_percentage
 from pipeline.types import PROBLEM_TYPES, Group, Problem, RewardBreakdown, ScoredGroup, Trajectory
 
 
@@ -70,7 +70,7 @@ class RewardScorer:
         """
         reads = [self._read(trajectory, protocol) for _, trajectory in items]
         triples = {
-            (route(problem, self.cfg), answer, problem.answers): None
+            (route(problem, self.cfg), answer, problem.answers, asks_for_percentage(problem.question)): None
             for (problem, _), (fmt, answer) in zip(items, reads, strict=True)
             if fmt.ok and answer is not None
         }
@@ -103,7 +103,8 @@ class RewardScorer:
         if not fmt.ok or predicted is None:
             total = cfg.format_penalty + length + code
             return RewardBreakdown(False, 0.0, cfg.format_penalty, length, code, 0.0, total, predicted)
-        accuracy = self.verifier.score(route(problem, cfg), predicted, problem.answers)
+        accuracy = self.verifier.score(route(problem, cfg), predicted, problem.answers,
+                                       asks_for_percentage(problem.question))
         outcome = cfg.wrong_answer_reward + (1.0 - cfg.wrong_answer_reward) * accuracy
         return RewardBreakdown(True, accuracy, 0.0, length, code, 0.0, outcome + length + code, predicted)
 
@@ -143,11 +144,12 @@ def score_trajectory(
     return scorer_for(cfg).score(problem, trajectory, protocol=protocol, max_policy_tokens=max_policy_tokens)
 
 
-def verify(kind: str, predicted: str, gold: str | list[str]) -> float:
-    """f_kind(predicted, gold) in [0, 1] with the default reward settings (max over aliases)."""
+def verify(kind: str, predicted: str, gold: str | list[str], percent_asked: bool = False) -> float:
+    """f_kind(predicted, gold) in [0, 1] with the default reward settings (max over aliases); `percent_asked`:
+    the problem asks for a percentage (see verifiers.py)."""
     if kind not in VERIFIER_KINDS:
         raise ValueError(f"unknown verifier kind {kind!r}; expected one of {VERIFIER_KINDS}")
-    return scorer_for(_DEFAULT_CONFIG).verifier.score(kind, predicted, gold)
+    return scorer_for(_DEFAULT_CONFIG).verifier.score(kind, predicted, gold, percent_asked)
 
 
 _DEFAULT_CONFIG = RewardConfig()

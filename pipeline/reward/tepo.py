@@ -1,7 +1,10 @@
 """TEPO entropy shaping (arXiv 2602.02050) as pure functions of per-token entropies and spans.
 
-The trainer supplies `entropies`: the policy's full-vocabulary entropy H_t at each response
-token (values at tool-output positions are ignored).
+The rollout supplies `entropies`: the sampling policy's full-vocabulary entropy H_t at each
+response token (`Trajectory.entropies`; values at tool-output positions are ignored). An entropy
+that is unknown is None, never 0.0 (a zero would make every dH_k 0 and score every tool-using
+trajectory as if no call reduced entropy); a segment holding one raises instead of guessing.
+The config check refuses TEPO with a backend that records none (vLLM).
 
 Segment definition (the paper's r_k; stated here because the paper leaves the boundaries
 informal): the response is cut at the engine's tool outputs. Segment 0 is every policy token
@@ -48,16 +51,25 @@ def policy_segments(n_tokens: int, output_spans: Sequence[Span]) -> list[Span]:
     return segments
 
 
-def segment_entropy(entropies: Sequence[float], span: Span, min_tokens: int = 1) -> float:
-    """Mean entropy over the span; NaN when it has fewer than `min_tokens` tokens."""
+def segment_entropy(entropies: Sequence[float | None], span: Span, min_tokens: int = 1) -> float:
+    """Mean entropy over the span; NaN when it has fewer than `min_tokens` tokens. An unknown (None)
+    entropy in the span is an error: TEPO must not run on entropies that are not there."""
     start, end = span
     if end - start < max(1, min_tokens):
         return math.nan
-    return math.fsum(entropies[start:end]) / (end - start)
+    values = entropies[start:end]
+    if len(values) != end - start or any(h is None for h in values):
+        missing = next((start + i for i, h in enumerate(values) if h is None), start + len(values))
+        raise ValueError(f"TEPO needs the sampling entropy of every policy token, and response token {missing} has "
+                         "none (the rollout backend did not record it: rollout.backend hf records them)")
+    return math.fsum(values) / (end - start)
 
 
-def delta_segment_entropies(entropies: Sequence[float], output_spans: Sequence[Span], min_tokens: int = 1) -> list[float]:
+def delta_segment_entropies(entropies: Sequence[float | None], output_spans: Sequence[Span], min_tokens: int = 1) -> list[float]:
     """dH_k for each tool call k = 1..n (NaN when a neighbouring segment is too short)."""
+    if output_spans and not entropies:
+        raise ValueError("TEPO needs the sampling entropies of a trajectory with tool calls, and it has none "
+                         "(the rollout backend did not record them: rollout.backend hf records them)")
     segments = policy_segments(len(entropies), output_spans)
     means = [segment_entropy(entropies, seg, min_tokens) for seg in segments]
     return [means[k] - means[k - 1] for k in range(1, len(segments))]

@@ -12,6 +12,14 @@ Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
   word such as "million"). TAPO's code instead deletes every non-digit character, which
   turns "3.5 million (2020)" into 3.52020; this reads the number that was written.
 
+Two rules hold for every kind:
+- No credit for hedging (hedging.py): an answer that names several different candidate values
+  ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that names
+  one, whatever the kind would read out of it.
+- Percentages: "p%" is p / 100 ("0.42%" is not 0.42), unless the problem asks for a percentage,
+  that is its gold is written with % or its question names percent (`asks_for_percentage`); then
+  the number of percent matches too ("25%" for gold 25, "25" for gold "25%").
+
 Every score is the max over gold aliases. Results are cached per (kind, prediction, sorted
 aliases): a group of G samples usually repeats a handful of answers, and the expensive
 symbolic check then runs once per distinct pair.
@@ -26,11 +34,14 @@ from fractions import Fraction
 from functools import lru_cache, partial
 
 from pipeline.config.reward import RewardConfig
+from pipeline.reward.hedging import is_hedged
 from pipeline.reward.numeric import (
+    Number,
     normalize_math,
     number_in_text,
     numbers_equal,
     parse_number,
+    percent_readings,
     split_top_level,
     tapo_normalize,
 )
@@ -40,7 +51,7 @@ from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 
 VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em", "f1")
 
-PairScore = Callable[[str, str], float]
+PairScore = Callable[[str, str, bool], float]  # (predicted, gold, percent asked) -> score
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _FUNCTION_NAMES = frozenset(
@@ -48,11 +59,19 @@ _FUNCTION_NAMES = frozenset(
 )
 
 
+_ASKS_PERCENT_RE = re.compile(r"\bper\s?cent(?:age)?s?\b", re.IGNORECASE)
+
+
+def asks_for_percentage(question: str) -> bool:
+    """Whether a question asks for its answer in percent (it names percent or percentage)."""
+    return _ASKS_PERCENT_RE.search(question) is not None
+
+
 def _has_plain_word(normalized: str) -> bool:
     return any(m.group().lower() not in _FUNCTION_NAMES for m in _PLAIN_WORD_RE.finditer(normalized))
 
 
-def fast_math_equal(pred: str, gold: str) -> bool | None:
+def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool | None:
     """Decide equivalence without sympy when possible; None means "ask the symbolic checker"."""
     p, g = normalize_math(pred), normalize_math(gold)
     if not p:
@@ -61,7 +80,7 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
         return True
     p_num, g_num = parse_number(p), parse_number(g)
     if p_num is not None and g_num is not None:
-        return numbers_equal(p_num, g_num)
+        return numbers_equal(p_num, g_num, percent_asked)
     if (p_num is None) != (g_num is None) and _has_plain_word(p if g_num is not None else g):
         return False  # words against a number ("Paris" or "March 2016" vs 48) need no sympy
     p_val, g_val = evaluate(p), evaluate(g)
@@ -77,7 +96,7 @@ def fast_math_equal(pred: str, gold: str) -> bool | None:
     if p_items is not None and g_items is not None:
         if (p[0], p[-1]) != (g[0], g[-1]) or len(p_items) != len(g_items):
             return None if len(p_items) == len(g_items) else False
-        verdicts = [fast_math_equal(a, b) for a, b in zip(p_items, g_items, strict=True)]
+        verdicts = [fast_math_equal(a, b, percent_asked) for a, b in zip(p_items, g_items, strict=True)]
         if all(v is True for v in verdicts):
             return True
         if any(v is False for v in verdicts) and all(parse_number(normalize_math(x)) for x in p_items + g_items):
@@ -108,7 +127,10 @@ def _exact_or_complex(text: str) -> Fraction | complex | None:
     return value if cmath.isfinite(value) else None
 
 
-def calculator_score(pred: str, gold: str, abs_tol: float, rel_tol: float) -> float:
+def calculator_score(pred: str, gold: str, percent_asked: bool = False, *, abs_tol: float, rel_tol: float) -> float:
+    p_num, g_num = parse_number(normalize_math(pred)), parse_number(normalize_math(gold))
+    if p_num is not None and g_num is not None:
+        return float(any(_within(x, y, abs_tol, rel_tol) for x, y in _pairs(p_num, g_num, percent_asked)))
     p, g = _exact_or_complex(pred), _exact_or_complex(gold)
     if p is None or g is None:
         return 0.0
@@ -116,9 +138,18 @@ def calculator_score(pred: str, gold: str, abs_tol: float, rel_tol: float) -> fl
         p, g = _as_complex(p), _as_complex(g)  # huge exact values do not fit a float
         if p is None or g is None:
             return 0.0
+    return float(_within(p, g, abs_tol, rel_tol))
+
+
+def _within(p: Fraction | complex, g: Fraction | complex, abs_tol: float, rel_tol: float) -> bool:
     error = abs(p - g)  # exact when both are Fractions: 10^400 vs 10^400 + 1 is not a float question
     # the tolerance exact too: a float times a Fraction past 1.8e308 overflows
-    return float(error < abs_tol or error <= abs(g) * Fraction(rel_tol))
+    return error < abs_tol or error <= abs(g) * Fraction(rel_tol)
+
+
+def _pairs(pred: Number, gold: Number, percent_asked: bool) -> list[tuple[Fraction, Fraction]]:
+    preds, golds = percent_readings(pred, gold, percent_asked)
+    return [(x, y) for x in preds for y in golds]
 
 
 def _as_complex(value: Fraction | complex) -> complex | None:
@@ -128,13 +159,11 @@ def _as_complex(value: Fraction | complex) -> complex | None:
         return None
 
 
-def complex_score(pred: str, gold: str, rel_tol: float) -> float:
+def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol: float) -> float:
     p, g = number_in_text(pred), number_in_text(gold)
     if p is None or g is None:
         return 0.0
-    if g.value == 0:
-        return float(p.value == 0)
-    return float(abs(p.value - g.value) / abs(g.value) < rel_tol)
+    return float(any(x == y if y == 0 else abs(x - y) / abs(y) < rel_tol for x, y in _pairs(p, g, percent_asked)))
 
 
 class Verifier:
@@ -155,53 +184,56 @@ class Verifier:
         }
         self._cached = lru_cache(maxsize=cfg.cache_size)(self._score_uncached) if cfg.cache_size else self._score_uncached
 
-    def score(self, kind: str, predicted: str, gold: str | Sequence[str]) -> float:
-        """max over gold aliases of f_kind(predicted, alias), in [0, 1]."""
+    def score(self, kind: str, predicted: str, gold: str | Sequence[str], percent_asked: bool = False) -> float:
+        """max over gold aliases of f_kind(predicted, alias), in [0, 1]; 0 for an alias the prediction hedges
+        against (hedging.py). `percent_asked`: the problem asks for a percentage (`asks_for_percentage`)."""
         if kind not in self._pair_scores:
             raise ValueError(f"unknown verifier kind {kind!r}; expected one of {VERIFIER_KINDS}")
         golds = (gold,) if isinstance(gold, str) else tuple(gold)
         if not golds:
             raise ValueError("no gold answer given")
-        return self._cached(kind, predicted, tuple(sorted(set(golds))))
+        return self._cached(kind, predicted, tuple(sorted(set(golds))), percent_asked)
 
-    def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str]) -> bool:
+    def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str], percent_asked: bool = False) -> bool:
         """Whether scoring this answer would call the symbolic checker (the slow path)."""
         if kind != "math" or not self._symbolic_math:
             return False
-        verdicts = [fast_math_equal(predicted, gold) for gold in golds]
+        verdicts = [fast_math_equal(predicted, gold, percent_asked) for gold in golds if not is_hedged(predicted, gold, kind)]
         return True not in verdicts and None in verdicts
 
     def cache_info(self) -> str:
         return str(self._cached.cache_info()) if hasattr(self._cached, "cache_info") else "no cache"
 
-    def _score_uncached(self, kind: str, predicted: str, golds: tuple[str, ...]) -> float:
+    def _score_uncached(self, kind: str, predicted: str, golds: tuple[str, ...], percent_asked: bool) -> float:
         pair_score = self._pair_scores[kind]
         best = 0.0
         for gold in golds:
-            best = max(best, pair_score(predicted, gold))
+            if is_hedged(predicted, gold, kind):
+                continue
+            best = max(best, pair_score(predicted, gold, percent_asked))
             if best >= 1.0:
                 break
         return min(1.0, max(0.0, best))
 
-    def _math_equivalent(self, pred: str, gold: str) -> float:
-        fast = fast_math_equal(pred, gold)
+    def _math_equivalent(self, pred: str, gold: str, percent_asked: bool = False) -> float:
+        fast = fast_math_equal(pred, gold, percent_asked)
         if fast is not None:
             return float(fast)
         # math-verify gets the raw strings: the space-free form above would turn `\sin x` into `\sinx`.
         return float(self.checker.equivalent(pred.strip(), gold.strip()))
 
 
-def _math_strict(pred: str, gold: str) -> float:
+def _math_strict(pred: str, gold: str, percent_asked: bool = False) -> float:
     return float(bool(pred.strip()) and tapo_normalize(pred) == tapo_normalize(gold))
 
 
-def _fact(pred: str, gold: str, max_ratio: float, fold: bool) -> float:
+def _fact(pred: str, gold: str, percent_asked: bool, max_ratio: float, fold: bool) -> float:
     return fact_score(pred, gold, max_ratio, fold)
 
 
-def _em(pred: str, gold: str, fold: bool) -> float:
+def _em(pred: str, gold: str, percent_asked: bool, fold: bool) -> float:
     return exact_match(pred, gold, fold)
 
 
-def _f1(pred: str, gold: str, fold: bool) -> float:
+def _f1(pred: str, gold: str, percent_asked: bool, fold: bool) -> float:
     return token_f1(pred, gold, fold)

@@ -2,41 +2,47 @@
 
 One coroutine-free decoder thread generates for every sequence (`hf_backend.HFDecoder`);
 tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
-a segment ends at a tool call, the sequence is parked; when the result arrives, its output
-is tokenized, appended with loss mask 0 and the sequence is re-admitted to the running
-batch. Nobody waits for the slowest tool of a batch (TAPO and ToRL do).
+a segment ends at a tool call, the sequence is parked; its result is tokenized as plain text
+(`encode_plain`: special tokens in a tool's output stay text), appended with loss mask 0, and
+the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
+(TAPO and ToRL do). With the hf backend a row rejoins at a decoding step fixed when it called
+(`rollout.readmit_after_steps` later; `_ClockedRun`), not when its tool happens to answer: which
+rows share a batch then depends on the sampled tokens alone, so log-probs are bit-identical
+however tools are timed, and a killed-and-resumed run with tools reproduces the uninterrupted one.
+The price: a row whose tool answered early idles until its step, and the batch waits at that step
+for a tool that is later still. `readmit_after_steps: 0` rejoins on arrival instead (vLLM always
+does: it batches requests itself).
 
 Budgets, as in ToRL/TAPO: C answered tool calls (later calls are answered "tool budget
-exhausted"), `max_turns` generation segments, policy-token and total-token limits.
+exhausted"), `max_turns` generation segments, policy-token and total-token limits (a segment that
+ends on the policy budget ends the trajectory, even at a call: nothing could read the output).
 Malformed calls get an error message as their tool output, never an exception.
 
 A rollout can grow while it runs (`refill`): when a problem's group finishes, a callback may
-name further problems, whose sequences join the running batch at once. Dynamic sampling uses
+name further problems, whose sequences join the running batch (on the hf clock, like a tool's
+result, `readmit_after_steps` after the group closed). Dynamic sampling uses
 it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.group_sampling`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config.rollout import RolloutConfig
+from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
 from pipeline.rollout.hf_backend import DecoderStats, HFDecoder, SamplingParams
 from pipeline.rollout.metrics import RolloutStats
-from pipeline.rollout.protocol import ParsedCall, Protocol, make_protocol, tools_for
+from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
 from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
+from pipeline.rollout.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
 from pipeline.tools.base import Tool
-from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
+from pipeline.types import Group, Problem, ToolName
 
-BUDGET_EXHAUSTED = "tool budget exhausted: give your final answer now"
-NO_OUTPUT = "[no output] print() the values you need"
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,27 @@ class RolloutResult:
     stats: RolloutStats
 
 
-Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
 
 
-def cut_middle(text: str, limit: int) -> str:
-    """Keep head and tail of an over-long tool output (ToRL/TAPO show both ends)."""
-    if len(text) <= limit:
-        return text
-    half = (limit - 5) // 2
-    return f"{text[:half]}\n...\n{text[-half:]}"
+def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str, special_ids: frozenset[int] | None = None
+                 ) -> list[int]:
+    """Token ids of `text` read as plain text: a special token or chat-template role marker written in it
+    (`<|im_end|>`, `<|im_start|>user`) is spelled out in ordinary tokens, never its special id. For what the
+    policy did not sample (tool output, search passages, budget notices, error messages): a real end-of-turn
+    id there would inject a turn boundary into the model's context, and the scorer, which decodes with
+    `skip_special_tokens=True`, would no longer find the tool's output."""
+    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    leaked = (special_ids if special_ids is not None else special_token_ids(tokenizer)).intersection(ids)
+    if leaked:
+        raise ValueError(f"the tokenizer turned plain text into special token(s) {sorted(leaked)} even with "
+                         "split_special_tokens=True; it cannot tokenize tool output safely")
+    return ids
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Every special token id: the named ones and any added token marked special."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
@@ -105,7 +123,7 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
         from pipeline.rollout.vllm_backend import VLLMBackend
 
         return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
-                           options=cfg.vllm)
+                           options=cfg.vllm, logprobs_mode=vllm_logprobs_mode(cfg.temperature, cfg.top_p))
     return HFBackend(model, tokenizer, cfg)
 
 
@@ -121,6 +139,8 @@ class RolloutEngine:
         # One event loop for the engine's life: tool clients keep connection pools bound to it.
         self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
+        self._special_ids = special_token_ids(tokenizer)
+        self._schedule = schedule_for(cfg)  # resolved once
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult:
@@ -158,7 +178,7 @@ class RolloutEngine:
         decoder = self.backend.decoder(params, seed=rollout_seed)
         draws = _Draws(self, n, rollout_seed)
         draws.add(problems)
-        run = SCHEDULES[self.cfg.schedule](self, draws, asyncio.get_running_loop(), refill)
+        run = self._schedule(self, draws, asyncio.get_running_loop(), refill)
         t0 = time.perf_counter()
         # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
         with tqdm(total=len(draws.seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
@@ -177,7 +197,8 @@ class RolloutEngine:
                         shared_prefix_len=system_turn_length(self.tokenizer, self.protocol, problem, tools, prompt))
 
     def encode_output(self, text: str) -> list[int]:
-        return self.tokenizer(self.protocol.wrap_output(text), add_special_tokens=False)["input_ids"]
+        """The wrapped tool output (or notice) as plain-text tokens (`encode_plain`)."""
+        return encode_plain(self.tokenizer, self.protocol.wrap_output(text), self._special_ids)
 
 
 class _Draws:
@@ -189,6 +210,7 @@ class _Draws:
         self.problems: list[Problem] = []
         self.seqs: list[Sequence] = []
         self.group_of: dict[int, int] = {}  # id(seq) -> index of its problem
+        self.index: dict[int, int] = {}  # id(seq) -> its place in the draw order
         self.unfinished: list[int] = []  # per problem: its sequences still running
         self._groups: dict[int, Group] = {}
 
@@ -197,6 +219,7 @@ class _Draws:
         for index, seq in enumerate(new, start=len(self.seqs)):  # one generator per sequence
             seq.rng.manual_seed(self.rollout_seed * 100_003 + index)
             self.group_of[id(seq)] = index // self.n
+            self.index[id(seq)] = index
         self.problems += problems
         self.seqs += new
         self.unfinished += [self.n] * len(problems)
@@ -210,166 +233,3 @@ class _Draws:
             self._groups[k] = Group(self.problems[k], tuple(
                 s.to_trajectory(decode(s.response_ids, skip_special_tokens=True)) for s in seqs))
         return self._groups[k]
-
-
-class _Run:
-    """The scheduler one rollout shares between the decoder thread and the event loop."""
-
-    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
-                 refill: Refill | None = None) -> None:
-        self.engine, self.draws, self.loop, self.refill = engine, draws, loop, refill
-        self.ready: deque[Sequence] = deque(draws.seqs)
-        self.cond = threading.Condition()
-        self.open = len(draws.seqs)
-        self.tasks: set[asyncio.Task] = set()
-        self.tool_results: list[tuple[ToolName, ToolResult]] = []
-        self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
-        self.bar: tqdm | None = None  # set by the engine for the length of the rollout
-        self.error: BaseException | None = None  # raised by the refill callback (re-raised by the engine)
-
-    # --- called from the decoder thread -------------------------------------------------
-    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
-        with self.cond:
-            taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
-        return [(s, self.engine.protocol.stop_strings(s.tools)) for s in taken]
-
-    def wait_ready(self, timeout_s: float) -> None:
-        with self.cond:
-            if not self.ready and self.open > 0:
-                self.cond.wait(timeout_s)
-
-    def unfinished(self) -> int:
-        with self.cond:
-            return self.open
-
-    def segment_ended(self, seq: Sequence, reason: str) -> None:
-        seq.turns += 1
-        if reason == "eos":
-            return self._finish(seq, "eos")
-        if reason == "budget":
-            return self._finish(seq, "max_tokens")
-        segment_text = self.engine.tokenizer.decode(seq.response_ids[seq.segment_start:])
-        end = self.engine.protocol.read_segment(segment_text, seq.tools)
-        if end.answered:
-            return self._finish(seq, "answer")
-        if end.call is None:  # a stop string that closes nothing usable: keep generating
-            return self._requeue(seq)
-        if seq.turns >= self.engine.cfg.max_turns:
-            return self._finish(seq, "max_turns")
-        call_span = (seq.segment_start, len(seq.response_ids))
-        if end.call.error is not None:
-            return self._insert(seq, end.call, ToolResult.failure(end.call.error, status="rejected"), call_span)
-        if len(seq.tool_calls) >= self.engine.cfg.max_tool_calls:
-            return self._insert(seq, end.call, ToolResult.failure(BUDGET_EXHAUSTED, status="budget"), call_span)
-        self.loop.call_soon_threadsafe(self._spawn, seq, end.call, call_span)
-
-    # --- event loop side ----------------------------------------------------------------
-    def _spawn(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
-        task = self.loop.create_task(self._call_tool(seq, call, call_span))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _call_tool(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
-        t0 = time.perf_counter()
-        try:
-            async with self.limits[call.tool]:
-                result = await self.engine.tools[call.tool](call.input)
-        except Exception as err:  # a tool that breaks its contract must still not kill the batch
-            result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
-                                        latency_s=time.perf_counter() - t0)
-        self.tool_results.append((call.tool, result))
-        self._insert(seq, call, result, call_span)
-
-    async def drain(self) -> None:
-        if self.tasks:
-            await asyncio.gather(*self.tasks)
-
-    # --- either side --------------------------------------------------------------------
-    def _insert(self, seq: Sequence, call: ParsedCall, result: ToolResult, call_span: tuple[int, int]) -> None:
-        cfg = self.engine.cfg
-        text = cut_middle(result.output.strip() or (NO_OUTPUT if result.ok else "error"), cfg.max_tool_output_chars)
-        ids = self.engine.encode_output(text)
-        room = cfg.max_total_tokens - len(seq.context_ids)
-        output_span = seq.append_inserted(ids[:max(room, 0)])
-        seq.tool_calls.append(ToolCall(call.tool, call.input, result, call_span, output_span))
-        if len(ids) >= room:
-            return self._finish(seq, "max_tokens")
-        self._requeue(seq)
-
-    def _requeue(self, seq: Sequence) -> None:
-        with self.cond:
-            self.ready.append(seq)
-            self.cond.notify()
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self._mark_finished(seq, reason)
-        k = self.draws.group_of[id(seq)]
-        with self.cond:
-            self.draws.unfinished[k] -= 1
-            closes_group = self.draws.unfinished[k] == 0
-            if not (closes_group and self.refill is not None):
-                self.open -= 1
-                self.cond.notify()
-                return
-        # `open` stays up until the refill has queued its sequences, or the decoder could stop first
-        self.loop.call_soon_threadsafe(self._refill_after, k)
-
-    def _refill_after(self, k: int) -> None:
-        problems: list[Problem] = []
-        try:
-            if self.error is None:
-                problems = list(self.refill(self.draws.group(k)))
-        except BaseException as err:  # noqa: BLE001 - a loop callback's exception would only be logged
-            self.error = err
-        with self.cond:
-            new = self.draws.add(problems)
-            self.ready.extend(new)
-            self.open += len(new) - 1
-            self.cond.notify()
-        if new and self.bar is not None:
-            self.bar.total += len(new)
-            self.bar.refresh()
-
-    def _mark_finished(self, seq: Sequence, reason: str) -> None:
-        seq.finish_reason = reason
-        if self.bar is not None:
-            self.bar.update()
-
-
-class _TurnSynchronousRun(_Run):
-    """TAPO/ToRL's batch-synchronous tool rounds: a turn's sequences resume together only when
-    every sequence of the turn has finished or received its tool result (the slowest tool
-    sets the pace). Kept to reproduce the anchors and to measure what continuous scheduling gains."""
-
-    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
-                 refill: Refill | None = None) -> None:
-        super().__init__(engine, draws, loop, refill)
-        self.in_turn = 0  # taken by the decoder this turn and not yet parked or finished
-        self.parked: list[Sequence] = []
-
-    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
-        taken = super().take_ready(max_n)
-        with self.cond:
-            self.in_turn += len(taken)
-        return taken
-
-    def _requeue(self, seq: Sequence) -> None:
-        with self.cond:
-            self.parked.append(seq)
-            self._leave_turn()
-
-    def _finish(self, seq: Sequence, reason: str) -> None:
-        self._mark_finished(seq, reason)
-        with self.cond:
-            self.open -= 1
-            self._leave_turn()
-
-    def _leave_turn(self) -> None:  # holds self.cond
-        self.in_turn -= 1
-        if self.in_turn == 0 and not self.ready:
-            self.ready.extend(self.parked)
-            self.parked.clear()
-        self.cond.notify()
-
-
-SCHEDULES: dict[str, type[_Run]] = {"continuous": _Run, "turn-synchronous": _TurnSynchronousRun}

@@ -2,10 +2,12 @@
 
 The decoder keeps a batch of sequences generating together. Between two decoding steps it
 drops the rows that just ended a segment (at a tool call, an answer, EOS or a budget) and
-admits rows whose tool result has arrived: their context is prefilled and their KV cache
-merged into the running batch (both left-padded to a common length). So a sequence waiting
-on a tool never holds up the others, and the generator idles only when every unfinished
-sequence is waiting on a tool.
+admits the rows the scheduler hands it: their context is prefilled and their KV cache merged
+into the running batch (both left-padded to a common length). So a sequence waiting on a tool
+never holds up the others. The scheduler counts decoding steps (`take_ready` is called once per
+step) and hands back a row whose tool was called at step s at step s + `rollout.readmit_after_steps`
+(rollout.engine), so which rows share a batch, and hence every row's float rounding, does not
+depend on how fast tools answer.
 
 Sampled tokens are appended exactly as sampled (never decoded and re-tokenized), with the
 log-probability of the temperature-scaled distribution they were drawn from. Each row draws
@@ -110,8 +112,8 @@ class HFDecoder:
         self.model.eval()
         try:
             while scheduler.unfinished() > 0:
-                free = self.max_batch - len(batch.rows)
-                new = scheduler.take_ready(free) if free > 0 else []
+                # called once per step even with a full batch: the scheduler counts steps (its clock)
+                new = scheduler.take_ready(max(self.max_batch - len(batch.rows), 0))
                 if not new and not batch.rows:
                     t0 = time.perf_counter()
                     scheduler.wait_ready(0.05)

@@ -11,7 +11,10 @@ from pipeline.types import FinishReason, Problem, ToolCall, ToolName, Trajectory
 
 @dataclass
 class Sequence:
-    """Token-exact state: `response_ids`, `loss_mask` and `logprobs` grow together."""
+    """Token-exact state: `response_ids`, `loss_mask`, `logprobs` and `entropies` grow together.
+
+    An entropy is None where it is unknown: at tool-output tokens (nothing was sampled there) and
+    wherever the backend does not compute it (vLLM); never a 0.0 a consumer could take for a value."""
 
     problem: Problem
     tools: tuple[ToolName, ...]
@@ -22,7 +25,7 @@ class Sequence:
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    entropies: list[float] = field(default_factory=list)
+    entropies: list[float | None] = field(default_factory=list)
     tool_calls: list[ToolCall] = field(default_factory=list)
     segment_start: int = 0  # response index where the current sampled segment began
     turns: int = 0
@@ -43,7 +46,7 @@ class Sequence:
     def inserted_tokens(self) -> int:
         return sum(1 for m in self.loss_mask if m == 0)
 
-    def append_sampled(self, token_id: int, logprob: float, entropy: float = 0.0) -> None:
+    def append_sampled(self, token_id: int, logprob: float, entropy: float | None) -> None:
         self.response_ids.append(token_id)
         self.loss_mask.append(1)
         self.logprobs.append(logprob)
@@ -55,7 +58,7 @@ class Sequence:
         self.response_ids.extend(token_ids)
         self.loss_mask.extend([0] * len(token_ids))
         self.logprobs.extend([0.0] * len(token_ids))
-        self.entropies.extend([0.0] * len(token_ids))
+        self.entropies.extend([None] * len(token_ids))
         self.segment_start = len(self.response_ids)
         return start, len(self.response_ids)
 

@@ -14,12 +14,16 @@ keeps the sampled token ids whole; we keep the ids (the protocol parser reads th
 decoded ids and stops at the first stop string, as with the hf backend).
 
 Departures from the hf backend, and why:
-- entropy is recorded as 0.0 for vLLM tokens: vLLM returns log-probs of the top-k
-  tokens only, and asking for the full vocabulary on every token costs more than the
-  sampling itself. TEPO's entropy terms therefore see 0 with this backend.
-- log-probs are vLLM's "processed" ones (after temperature scaling), i.e. the
-  distribution sampled from, as the hf backend records; with top_p < 1 vLLM
-  renormalises over the nucleus, the hf backend does not.
+- entropy is not recorded (None, "unknown") for vLLM tokens: vLLM returns log-probs of the
+  top-k tokens only, and asking for the full vocabulary on every token costs more than the
+  sampling itself. The config check therefore refuses `reward.tepo` with this backend.
+- log-probs are those of the temperature-scaled distribution over the whole vocabulary, as
+  the hf backend records and the update recomputes (`pipeline.config.rollout.vllm_logprobs_mode`):
+  vLLM's "processed" ones (after temperature) when top_p is 1; its "raw" ones (before any
+  processing, the same at temperature 1) with a nucleus, since the processed ones are then
+  renormalised over the nucleus and the step-0 importance ratio would be the nucleus mass.
+  A nucleus at a temperature other than 0 or 1 has no untruncated log-probs in vLLM: the config
+  check refuses it with `train.logprobs_source: rollout`.
 - vLLM samples with its own per-request generator, seeded from (rollout seed, the sequence's
   generator seed, position): reproducible regardless of how tool latencies interleave the
   requests, but not the same draws as the hf backend for the same seed.
@@ -211,13 +215,14 @@ class VLLMBackend:
     """
 
     def __init__(self, model: Any, *, max_batch: int, max_model_len: int, seed: int = 0,
-                 options: VLLMConfig | None = None, **engine_overrides: Any) -> None:
+                 options: VLLMConfig | None = None, logprobs_mode: str = "processed_logprobs",
+                 **engine_overrides: Any) -> None:
         self.path = model_dir(model)
         options = options or VLLMConfig()
         cuda = torch.cuda.is_available()  # CUDA graphs only where there is CUDA; the CPU build runs eagerly
         args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=not cuda, dtype=saved_dtype(self.path),
                     enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
-                    logprobs_mode="processed_logprobs", worker_extension_cls=f"{__name__}.WeightSync",
+                    logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.WeightSync",
                     disable_log_stats=True)
         args.update(placement_args(options, cuda, int(os.environ.get("LOCAL_RANK", "0")),
                                    torch.cuda.current_device() if cuda else 0))
@@ -374,7 +379,7 @@ class VLLMDecoder:
         completion = final.outputs[0]
         self.stats.prefill_tokens += len(context) - (final.num_cached_tokens or 0)
         for token, logprobs in zip(completion.token_ids, completion.logprobs, strict=True):
-            seq.append_sampled(token, logprobs[token].logprob, 0.0)
+            seq.append_sampled(token, logprobs[token].logprob, None)  # entropy unknown: see the module docstring
         self.stats.sampled_tokens += len(completion.token_ids)
         self.stats.steps += 1
         return _segment_reason(completion, room)

@@ -97,3 +97,23 @@ def test_dense_group_advantages_gate_on_correctness_and_reward_entropy_drops() -
                           [pytest.approx(-mean / std)]]  # fmt: skip
     with pytest.raises(ValueError, match="2 outcome scores for 1 rollouts"):
         tepo_dense_group_advantages([1.0, 0.0], [[0.1]], alpha=0.5)
+
+
+def test_unknown_entropies_at_tool_outputs_are_ignored() -> None:
+    """The rollout records None (unknown) at tool-output tokens; the segments never read them."""
+    with_none = [None if any(a <= i < b for a, b in SPANS) else h for i, h in enumerate(ENTROPIES)]
+    assert delta_segment_entropies(with_none, SPANS) == delta_segment_entropies(ENTROPIES, SPANS)
+
+
+@pytest.mark.parametrize("unknown_at", [0, 7, 11])
+def test_an_unknown_policy_entropy_is_an_error_not_a_zero(unknown_at: int) -> None:
+    entropies = list(ENTROPIES)
+    entropies[unknown_at] = None
+    with pytest.raises(ValueError, match=f"response token {unknown_at} has none"):
+        delta_segment_entropies(entropies, SPANS)
+
+
+def test_absent_entropies_are_an_error_not_zeros() -> None:
+    with pytest.raises(ValueError, match="has none"):
+        delta_segment_entropies((), [(4, 6)])
+    assert delta_segment_entropies((), []) == []  # no call: no entropy is read

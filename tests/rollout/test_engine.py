@@ -75,7 +75,8 @@ def test_tool_call_round_trip_is_token_exact(tok) -> None:
     assert all(lp == 0.0 for lp in traj.logprobs[o0:o1])
     assert all(lp <= 0.0 for lp in traj.logprobs)
     assert len(traj.entropies) == len(traj.response_ids)
-    assert all(h == 0.0 for h in traj.entropies[o0:o1]) and all(h >= 0.0 for h in traj.entropies)
+    assert all(h is None for h in traj.entropies[o0:o1])  # unknown, not 0.0: nothing was sampled there
+    assert all(h is not None and h >= 0.0 for h, m in zip(traj.entropies, traj.loss_mask) if m)
     assert traj.text.endswith("<answer>42</answer>")
     assert traj.turns == 2
 
@@ -175,14 +176,17 @@ class LoggedLM(ScriptedLM):
 
 def test_turn_synchronous_waits_for_the_slowest_tool(tok) -> None:
     """Problem p0's tool is slow. Turn-synchronous: nobody resumes before it answers;
-    continuous: p1 resumes as soon as its own (fast) tool answers."""
-    for schedule, done_before_first_resume in (("turn-synchronous", 2), ("continuous", 1)):
+    continuous on arrival (readmit_after_steps 0): p1 resumes as soon as its own (fast) tool answers;
+    on the decoding clock, calls made at the same step resume together, at a step fixed in advance."""
+    for schedule, readmit, done_before_first_resume in (("turn-synchronous", 8, 2), ("continuous", 0, 1),
+                                                        ("continuous", 8, 2)):
         log: list[str] = []
         model = _ByQuestion(tok, {
             "What is 6 * 0?": LoggedLM(tok, ["<code>print(6 * 0)</code>", "<answer>0</answer>"], log),
             "What is 6 * 1?": LoggedLM(tok, ["<code>print(6 * 1)</code>", "<answer>6</answer>"], log),
         })
-        cfg = RolloutConfig(max_policy_tokens=200, max_total_tokens=2000, schedule=schedule)
+        cfg = RolloutConfig(max_policy_tokens=200, max_total_tokens=2000, schedule=schedule,
+                            readmit_after_steps=readmit)
         result = RolloutEngine(model, tok, {"code": LoggedTool(log)}, cfg).rollout([problem(0), problem(1)], 1)
         assert [t.text[-10:] for g in result.groups for t in g.trajectories] == ["0</answer>", "6</answer>"]
         assert log[: log.index("resumed")].count("tool_done") == done_before_first_resume, (schedule, log)
@@ -265,8 +269,9 @@ def _by_question_engine(tok, questions: range, slow_tool_for: str | None = None,
 
 def test_a_refill_joins_the_running_rollout_and_groups_stay_in_draw_order(tok) -> None:
     """p0's tool is slow. p1's group finishes first and the refill starts p2 (then p3 after p2): both
-    decode while p0 still waits on its tool, so they finish before it; the result lists draw order."""
-    eng = _by_question_engine(tok, range(4), slow_tool_for="p0")
+    decode while p0 still waits on its tool, so they finish before it (rows rejoining on arrival: on the
+    decoding clock p1 would wait for p0's call of the same step); the result lists draw order."""
+    eng = _by_question_engine(tok, range(4), slow_tool_for="p0", readmit_after_steps=0)
     finished: list[str] = []
 
     def refill(group):

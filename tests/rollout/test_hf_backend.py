@@ -230,7 +230,7 @@ def test_a_stop_string_written_one_character_per_token_ends_the_segment_at_its_l
     seq = _seq([0])
     ends = []
     for token in chars:
-        seq.append_sampled(token, 0.0)
+        seq.append_sampled(token, 0.0, None)
         ends.append(decoder._segment_end(seq, ("</code>", "</answer>")))
     assert ends == [None] * 7 + ["stop"]
 

@@ -1,0 +1,295 @@
+"""How a rollout's sequences take turns in the decoder: the schedulers `rollout.schedule` names.
+
+The decoder (`hf_backend.HFDecoder`, `vllm_backend.VLLMDecoder`) asks its scheduler for ready rows and
+reports each segment's end; the scheduler runs tool calls on the event loop and hands the rows back.
+
+- `_Run` (continuous, on arrival): a row rejoins as soon as its tool answers (vLLM; hf with
+  `readmit_after_steps: 0`).
+- `_ClockedRun` (continuous, hf): a row rejoins at a decoding step fixed when it called, so batches,
+  and every log-prob's rounding, do not depend on tool latency (see rollout.engine).
+- `_TurnSynchronousRun`: TAPO/ToRL's rounds; everyone waits for the slowest tool of a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from pipeline.config.rollout import RolloutConfig
+from pipeline.rollout.protocol import ParsedCall
+from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.shown import cut_middle
+from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
+
+if TYPE_CHECKING:
+    from pipeline.rollout.engine import RolloutEngine, _Draws
+
+BUDGET_EXHAUSTED = "tool budget exhausted: give your final answer now"
+NO_OUTPUT = "[no output] print() the values you need"
+
+Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
+Answered = Callable[[Sequence, ParsedCall, ToolResult, tuple[int, int]], None]  # what to do with a tool's result
+
+
+class _Run:
+    """The scheduler one rollout shares between the decoder thread and the event loop."""
+
+    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
+                 refill: Refill | None = None) -> None:
+        self.engine, self.draws, self.loop, self.refill = engine, draws, loop, refill
+        self.ready: deque[Sequence] = deque(draws.seqs)
+        self.cond = threading.Condition()
+        self.open = len(draws.seqs)
+        self.tasks: set[asyncio.Task] = set()
+        self.tool_results: list[tuple[ToolName, ToolResult]] = []
+        self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
+        self.bar: tqdm | None = None  # set by the engine for the length of the rollout
+        self.error: BaseException | None = None  # raised by the refill callback (re-raised by the engine)
+
+    # --- called from the decoder thread -------------------------------------------------
+    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        with self.cond:
+            taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
+        return [(s, self.engine.protocol.stop_strings(s.tools)) for s in taken]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        with self.cond:
+            if not self.ready and self.open > 0:
+                self.cond.wait(timeout_s)
+
+    def unfinished(self) -> int:
+        with self.cond:
+            return self.open
+
+    def segment_ended(self, seq: Sequence, reason: str) -> None:
+        seq.turns += 1
+        if reason == "eos":
+            return self._finish(seq, "eos")
+        if reason == "budget":
+            return self._finish(seq, "max_tokens")
+        segment_text = self.engine.tokenizer.decode(seq.response_ids[seq.segment_start:])
+        end = self.engine.protocol.read_segment(segment_text, seq.tools)
+        if end.answered:
+            return self._finish(seq, "answer")
+        if self._budget_spent(seq):  # re-admission would sample a token past the budget
+            return self._finish(seq, "max_tokens")
+        if end.call is None:  # a stop string that closes nothing usable: keep generating
+            return self._requeue(seq)
+        if seq.turns >= self.engine.cfg.max_turns:
+            return self._finish(seq, "max_turns")
+        call_span = (seq.segment_start, len(seq.response_ids))
+        if end.call.error is not None:
+            return self._insert(seq, end.call, ToolResult.failure(end.call.error, status="rejected"), call_span)
+        if len(seq.tool_calls) >= self.engine.cfg.max_tool_calls:
+            return self._insert(seq, end.call, ToolResult.failure(BUDGET_EXHAUSTED, status="budget"), call_span)
+        self._start_call(seq, end.call, call_span)
+
+    def _start_call(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
+        self.loop.call_soon_threadsafe(self._spawn, seq, call, call_span, self._insert)
+
+    def _budget_spent(self, seq: Sequence) -> bool:
+        cfg = self.engine.cfg
+        return seq.policy_tokens >= cfg.max_policy_tokens or len(seq.context_ids) >= cfg.max_total_tokens
+
+    # --- event loop side ----------------------------------------------------------------
+    def _spawn(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int], answered: Answered) -> None:
+        task = self.loop.create_task(self._call_tool(seq, call, call_span, answered))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _call_tool(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int], answered: Answered) -> None:
+        t0 = time.perf_counter()
+        try:
+            async with self.limits[call.tool]:
+                result = await self.engine.tools[call.tool](call.input)
+        except Exception as err:  # a tool that breaks its contract must still not kill the batch
+            result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
+                                        latency_s=time.perf_counter() - t0)
+        self.tool_results.append((call.tool, result))
+        answered(seq, call, result, call_span)
+
+    async def drain(self) -> None:
+        if self.tasks:
+            await asyncio.gather(*self.tasks)
+
+    # --- either side --------------------------------------------------------------------
+    def _insert(self, seq: Sequence, call: ParsedCall, result: ToolResult, call_span: tuple[int, int]) -> None:
+        cfg = self.engine.cfg
+        text = cut_middle(result.output.strip() or (NO_OUTPUT if result.ok else "error"), cfg.max_tool_output_chars)
+        ids = self.engine.encode_output(text)
+        room = cfg.max_total_tokens - len(seq.context_ids)
+        output_span = seq.append_inserted(ids[:max(room, 0)])
+        seq.tool_calls.append(ToolCall(call.tool, call.input, result, call_span, output_span))
+        if len(ids) >= room:
+            return self._finish(seq, "max_tokens")
+        self._requeue(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        with self.cond:
+            self.ready.append(seq)
+            self.cond.notify()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._mark_finished(seq, reason)
+        k = self.draws.group_of[id(seq)]
+        with self.cond:
+            self.draws.unfinished[k] -= 1
+            closes_group = self.draws.unfinished[k] == 0
+            if not (closes_group and self.refill is not None):
+                self.open -= 1
+                self.cond.notify()
+                return
+        # `open` stays up until the refill has queued its sequences, or the decoder could stop first
+        self._schedule_refill(k)
+
+    def _schedule_refill(self, k: int) -> None:
+        self.loop.call_soon_threadsafe(self._refill_after, k)
+
+    def _refill_after(self, k: int) -> None:
+        self._queue_refill(self._refill_problems(k))
+
+    def _refill_problems(self, k: int) -> list[Problem]:
+        """The refill callback's problems for closed group k (on the event loop); an error is kept for the engine."""
+        try:
+            if self.error is None:
+                return list(self.refill(self.draws.group(k)))
+        except BaseException as err:  # noqa: BLE001 - a loop callback's exception would only be logged
+            self.error = err
+        return []
+
+    def _queue_refill(self, problems: list[Problem]) -> None:
+        with self.cond:
+            new = self.draws.add(problems)
+            self.ready.extend(new)
+            self.open += len(new) - 1
+            self.cond.notify()
+        if new and self.bar is not None:
+            self.bar.total += len(new)
+            self.bar.refresh()
+
+    def _mark_finished(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        if self.bar is not None:
+            self.bar.update()
+
+
+class _TurnSynchronousRun(_Run):
+    """TAPO/ToRL's batch-synchronous tool rounds: a turn's sequences resume together only when
+    every sequence of the turn has finished or received its tool result (the slowest tool
+    sets the pace). Kept to reproduce the anchors and to measure what continuous scheduling gains."""
+
+    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
+                 refill: Refill | None = None) -> None:
+        super().__init__(engine, draws, loop, refill)
+        self.in_turn = 0  # taken by the decoder this turn and not yet parked or finished
+        self.parked: list[Sequence] = []
+
+    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        taken = super().take_ready(max_n)
+        with self.cond:
+            self.in_turn += len(taken)
+        return taken
+
+    def _requeue(self, seq: Sequence) -> None:
+        with self.cond:
+            self.parked.append(seq)
+            self._leave_turn()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self._mark_finished(seq, reason)
+        with self.cond:
+            self.open -= 1
+            self._leave_turn()
+
+    def _leave_turn(self) -> None:  # holds self.cond
+        self.in_turn -= 1
+        if self.in_turn == 0 and not self.ready:  # in draw order, not in the order the tools answered
+            self.ready.extend(sorted(self.parked, key=lambda seq: self.draws.index[id(seq)]))
+            self.parked.clear()
+        self.cond.notify()
+
+
+class _ClockedRun(_Run):
+    """Continuous scheduling on the decoder's clock: what the event loop produces (a tool's result, a refill's
+    problems) joins the batch at a decoding step fixed when it was asked for (`rollout.readmit_after_steps`
+    later), never at the step it happens to arrive. The decoder calls `take_ready` once per step, so the
+    clock is the step count; at a step with something due it waits for it if it is late. Every batch, and so
+    every row's rounding, is then a function of the sampled tokens alone: a resumed run with tools is
+    bit-identical, at the cost of a row idling (fast tool) or the batch waiting (slow tool) a little.
+    All state a row carries changes on the decoder thread, in a fixed order."""
+
+    def __init__(self, engine: RolloutEngine, draws: _Draws, loop: asyncio.AbstractEventLoop,
+                 refill: Refill | None = None) -> None:
+        super().__init__(engine, draws, loop, refill)
+        self.delay = engine.cfg.readmit_after_steps
+        self.step = 0
+        self._due: list[tuple[int, int, Callable[[], None]]] = []  # (step, order asked, apply) as a heap
+        self._asked = 0
+        self._arrived: dict[int, Callable[[], None]] = {}  # order asked -> how to apply what arrived
+
+    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        self.step += 1
+        self._apply_due(self.step)
+        return super().take_ready(max_n)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Nothing is running or ready: move the clock to the next step with something due (waiting for it)."""
+        with self.cond:
+            next_step = self._due[0][0] if self._due else None
+        if next_step is None:
+            return super().wait_ready(timeout_s)
+        self.step = max(self.step, next_step)
+        self._apply_due(self.step)
+
+    def _ask(self) -> int:
+        """Reserve the next due slot (decoder thread); returns its order, which the answer quotes."""
+        order, self._asked = self._asked, self._asked + 1
+        with self.cond:
+            heapq.heappush(self._due, (self.step + self.delay, order, lambda: self._arrived.pop(order)()))
+        return order
+
+    def _arrive(self, order: int, apply: Callable[[], None]) -> None:
+        with self.cond:
+            self._arrived[order] = apply
+            self.cond.notify_all()
+
+    def _apply_due(self, step: int) -> None:
+        while True:
+            with self.cond:
+                if not self._due or self._due[0][0] > step:
+                    return
+                _, order, apply = heapq.heappop(self._due)
+                while order not in self._arrived:
+                    self.cond.wait(0.05)
+            apply()
+
+    def _start_call(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
+        order = self._ask()
+        answered: Answered = lambda s, c, result, span: self._arrive(order, lambda: self._insert(s, c, result, span))
+        self.loop.call_soon_threadsafe(self._spawn, seq, call, call_span, answered)
+
+    def _schedule_refill(self, k: int) -> None:
+        order = self._ask()
+
+        def compute() -> None:  # on the event loop, like every refill callback
+            problems = self._refill_problems(k)
+            self._arrive(order, lambda: self._queue_refill(problems))
+        self.loop.call_soon_threadsafe(compute)
+
+
+SCHEDULES: dict[str, type[_Run]] = {"continuous": _Run, "turn-synchronous": _TurnSynchronousRun}
+
+
+def schedule_for(cfg: RolloutConfig) -> type[_Run]:
+    """The scheduler class of `rollout.schedule`, on the hf backend's decoding clock where it has one
+    (vLLM batches requests itself, as they come)."""
+    if cfg.schedule == "continuous" and cfg.backend == "hf" and cfg.readmit_after_steps > 0:
+        return _ClockedRun
+    return SCHEDULES[cfg.schedule]

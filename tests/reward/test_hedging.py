@@ -1,0 +1,108 @@
+"""No verifier kind pays for hedging, and the percentage rule is the one stated in verifiers.py."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from pipeline.config.reward import RewardConfig
+from pipeline.reward import VERIFIER_KINDS, score_trajectory, verify
+from pipeline.reward.hedging import is_hedged
+from pipeline.reward.verifiers import asks_for_percentage
+from pipeline.types import Problem, Trajectory
+
+HEDGES = ["{a} or {b}", "{b} or {a}", "between {a} and {b}", "between {b} and {a}", "{a} (or {b})",
+          "{a} to {b}", "from {a} to {b}", "either {a} or {b}", "{a} or maybe {b}", "x = {a} or x = {b}",
+          "\\boxed{{{a}}} or \\boxed{{{b}}}", "{a} \\text{{ or }} {b}"]
+NUMERIC_TEXT_HEDGES = ["{a}, {b}", "{a}-{b}", "{a} – {b}", "{a}; {b}"]
+
+numbers = st.one_of(st.integers(-10**6, 10**6).map(str),
+                    st.decimals(-10**4, 10**4, places=2, allow_nan=False, allow_infinity=False).map(str))
+words = st.sampled_from(["Paris", "London", "Canberra", "Sydney", "Marie Curie", "Pierre Curie", "Jupiter", "Mars"])
+
+
+def different(a: str, b: str) -> bool:
+    try:
+        return Decimal(a) != Decimal(b)
+    except ArithmeticError:
+        return a != b
+
+
+@settings(max_examples=300, deadline=None)
+@given(gold=numbers, other=numbers, form=st.sampled_from(HEDGES), kind=st.sampled_from(VERIFIER_KINDS))
+def test_naming_a_second_number_earns_nothing_in_any_kind(gold: str, other: str, form: str, kind: str) -> None:
+    assume(different(gold, other))
+    hedge = form.format(a=gold, b=other)
+    assert verify(kind, gold, gold) == 1.0 or kind in ("fact", "em", "f1")  # the gold alone is right
+    assert verify(kind, hedge, gold) == 0.0, hedge
+
+
+@settings(max_examples=200, deadline=None)
+@given(gold=numbers, other=numbers, form=st.sampled_from(NUMERIC_TEXT_HEDGES),
+       kind=st.sampled_from(["complex", "calculator"]))
+def test_numeric_text_lists_and_ranges_earn_nothing(gold: str, other: str, form: str, kind: str) -> None:
+    assume(different(gold, other))
+    assert verify(kind, form.format(a=gold, b=other), gold) == 0.0
+
+
+@settings(max_examples=200, deadline=None)
+@given(gold=words, other=words, form=st.sampled_from(HEDGES[:3] + HEDGES[7:9]), kind=st.sampled_from(VERIFIER_KINDS))
+def test_naming_a_second_answer_earns_nothing_in_any_kind(gold: str, other: str, form: str, kind: str) -> None:
+    assume(gold != other)
+    assert verify(kind, form.format(a=gold, b=other), gold) == 0.0
+
+
+@pytest.mark.parametrize(("predicted", "gold"), [("1000 or 5000", "1000"), ("between 960 and 5000", "1000"),
+                                                 ("1000 (or 5000)", "1000"), ("960-5000", "1000")])
+def test_the_complex_verifier_reads_no_first_number_out_of_a_hedge(predicted: str, gold: str) -> None:
+    assert verify("complex", predicted, gold) == 0.0
+
+
+@pytest.mark.parametrize(("kind", "predicted", "gold"), [
+    ("complex", "3.5 million (2020)", "3500000"), ("complex", "8,104.4 people/km²", "8104.4"),
+    ("complex", "1000 or 1,000", "1000"), ("math", "(1, 2]", "(1,2]"), ("math", "x^2-1", "x^2-1"),
+    ("math", "\\frac{1}{2}", "0.5"), ("fact", "Paris", "Paris")])
+def test_one_value_with_qualifiers_or_repeats_is_not_a_hedge(kind: str, predicted: str, gold: str) -> None:
+    assert not is_hedged(predicted, gold, kind)
+    assert verify(kind, predicted, gold) == 1.0
+
+
+@pytest.mark.parametrize(("predicted", "gold"), [("2 or 3", "2, 3"), ("x = 2 or x = 3", "x = 3 or x = 2")])
+def test_a_gold_that_lists_values_leaves_lists_to_the_kind(predicted: str, gold: str) -> None:
+    assert not is_hedged(predicted, gold, "math")
+
+
+values = st.decimals(Decimal("0.01"), 10**4, places=2).map(lambda d: d.normalize())
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=values, kind=st.sampled_from(["math", "calculator", "complex"]), sign=st.sampled_from(["%", "\\%"]))
+def test_a_percentage_is_its_value_over_100_unless_a_percentage_is_asked(value: Decimal, kind: str, sign: str) -> None:
+    as_percent = f"{value:f}{sign}"
+    assert verify(kind, as_percent, f"{value:f}") == 0.0  # "0.42%" is not 0.42
+    assert verify(kind, as_percent, f"{value / 100:f}") == 1.0
+    assert verify(kind, as_percent, f"{value:f}", percent_asked=True) == 1.0  # "25%" for "what percent?" 25
+    assert verify(kind, f"{value:f}", f"{value:f}{sign}") == 1.0  # a gold written as a percentage asks for one
+    assert verify(kind, f"{value / 100:f}", f"{value:f}{sign}") == 1.0
+
+
+@pytest.mark.parametrize(("question", "asked"), [
+    ("What percentage of 80 is 20?", True), ("By what percent did it rise?", True), ("How many per cent?", True),
+    ("What is 20% of 80?", False), ("What is 6 * 7?", False)])
+def test_which_questions_ask_for_a_percentage(question: str, asked: bool) -> None:
+    assert asks_for_percentage(question) is asked
+
+
+def answer_only(text: str) -> Trajectory:
+    return Trajectory("p", (1,), (2,) * 8, (1,) * 8, (-0.1,) * 8, (), "answer", text, 1)
+
+
+@pytest.mark.parametrize(("question", "reward"), [("What percentage of 80 is 20?", 1.0), ("What is 100 / 4?", 0.0)])
+def test_the_scorer_reads_the_question_for_the_percentage_rule(question: str, reward: float) -> None:
+    problem = Problem("p", question, ("25",), "math", "gsm8k", "train")
+    text = "<think>compute</think><answer>25%</answer>"
+    assert score_trajectory(problem, answer_only(text), RewardConfig(), protocol="tapo",
+                            max_policy_tokens=100).accuracy == reward

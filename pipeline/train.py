@@ -52,7 +52,7 @@ from pipeline.distributed import trainer as data_parallel
 from pipeline.finetune import PolicyWeights, policy_weights
 from pipeline.group_sampling import group_collector
 from pipeline.history import MetricHistory, progress_line
-from pipeline.jsonl import read_problems, write_json
+from pipeline.jsonl import write_json
 from pipeline.loss import make_policy_loss
 from pipeline.lr_schedule import lr_multiplier
 from pipeline.model import AUTOCAST, load_policy, model_device
@@ -65,6 +65,7 @@ from pipeline.session import Placement, Trainer
 from pipeline.shaping import reward_shaping
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
+from pipeline.training_problems import check_prompt_budget, read_training_problems
 from pipeline.train_tracking import data_hash_tags, log_samples
 from pipeline.types import ScoredGroup, ToolName, TrainBatch
 from pipeline.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
@@ -88,6 +89,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     # the variants, chosen once
     weights, shaping, collect_groups = policy_weights(tc.finetune), reward_shaping(cfg.reward), group_collector(cfg)
+    rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
@@ -97,9 +99,9 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
                                   betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
-    problems = read_problems(tc.train_file)
-    if tc.max_train_problems:
-        problems = problems[: tc.max_train_problems]
+    offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
+    check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
+    problems = [problem for _, problem in rows]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,

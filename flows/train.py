@@ -1,8 +1,9 @@
 """Stage train: RL with tools (DAPO by default) from the base or SFT model.
 
 The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint
-names). Afterwards the checkpoints this run saved are logged into it too: every checkpoint's
-metadata and the last one whole (weights, optimiser, RNG), so training can resume elsewhere.
+names). Afterwards the checkpoints this run saved are logged into it too (also those saved before a kill,
+when the resume had nothing left to train): every checkpoint's metadata and the last one whole
+(weights, optimiser, RNG), so training can resume elsewhere.
 """
 
 from __future__ import annotations

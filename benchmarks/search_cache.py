@@ -172,7 +172,7 @@ async def bench_redis_cache(redis_url: str, keys: list[str], queries: list[str],
 
 def bench_http_exact(index_dir: Path, redis_url: str, tmp: Path, n: int) -> dict:
     params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"search": {"index_dir": str(index_dir)}}))
+    params.write_text(yaml.safe_dump({"extends": "defaults", "search": {"index_dir": str(index_dir)}}))
     with python_service("search", "sandbox.search", ["--redis-url", redis_url, "--params", str(params)],
                         free_port(), tmp) as service, httpx.Client(base_url=service.url) as client:
         queries = ["what is albedo", "who founded anarchism", "history of the alphabet", "what is an algorithm"]

@@ -42,7 +42,8 @@ def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[f
     """Per-step seconds and mean completion tokens of our trainer."""
     cfg = load_config(REPO_ROOT / "params.yaml", overrides={
         "run.seed": 0, "train.init_model": args.model, "train.train_file": str(train_file),
-        "train.algorithm": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28, "dynamic_sampling": False},
+        "train.algorithm.kind": "dapo", "train.algorithm.eps_low": 0.2, "train.algorithm.eps_high": 0.28,
+        "train.algorithm.dynamic_sampling": False,
         "train.steps": args.steps, "train.prompts_per_step": args.prompts, "train.max_gen_rounds": 1,
         "train.micro_batch_size": args.prompts * args.group, "train.lr": 1e-6, "train.warmup_steps": 0,
         "train.gradient_checkpointing": False, "train.checkpoint_dir": str(work / "ckpt"),

@@ -1,8 +1,9 @@
 """Stage train: RL with tools (DAPO by default) from the base or SFT model.
 
 The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint
-names). Afterwards the checkpoints this run saved are logged into it too: every checkpoint's
-metadata and the last one whole (weights, optimiser, RNG), so training can resume elsewhere.
+names). Afterwards the checkpoints this run saved are logged into it too (also those saved before a kill,
+when the resume had nothing left to train): every checkpoint's metadata and the last one whole
+(weights, optimiser, RNG), so training can resume elsewhere.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import load_or_exit, run_stage, tools_needed
 from flows.services import running_services
 from flows.tracking import stage_run
-from pipeline.checkpoint import latest_checkpoint
+from pipeline.checkpoint import is_complete, latest_checkpoint
 from pipeline.config import RunConfig
 from pipeline.registry import quiet_progress_unless_tty
 from pipeline.tracking import log_checkpoints
@@ -44,10 +45,19 @@ def resumed_run_id(cfg: RunConfig) -> str | None:
         return None
 
 
-def saved_since(cfg: RunConfig, started: float) -> list[Path]:
-    """Checkpoint directories written since `started` (not those of an earlier training)."""
+def checkpoints_of_run(cfg: RunConfig, run_id: str, started: float) -> list[Path]:
+    """The complete checkpoints this run saved: written since `started`, or (a resume that had nothing left
+    to train) saved by run `run_id` before it was killed. Not those of an earlier training."""
     root = Path(cfg.train.checkpoint_dir) / "checkpoints"
-    return sorted(p for p in root.glob("step-??????") if p.is_dir() and p.stat().st_mtime >= started)
+    return sorted(p for p in root.glob("step-??????") if is_complete(p)
+                  and (p.stat().st_mtime >= started or _saved_by(p) == run_id))
+
+
+def _saved_by(checkpoint: Path) -> str | None:
+    try:
+        return json.loads((checkpoint / "state.json").read_text()).get("mlflow_run_id")
+    except (OSError, ValueError):
+        return None
 
 
 @flow(name="train", log_prints=True)
@@ -59,7 +69,7 @@ def train_flow(params: str = "params.yaml", resume: bool = False) -> dict:
             metrics = train_task(cfg, urls, resume)
         if run_id is not None:
             quiet_progress_unless_tty()
-            logged = log_checkpoints(cfg.run, run_id, saved_since(cfg, started))
+            logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(cfg, run_id, started))
             print(f"checkpoints logged to MLflow run {run_id}: {logged}")
     print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}")
     return metrics

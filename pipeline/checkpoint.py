@@ -1,7 +1,9 @@
 """Resumable checkpoints: model, optimiser, scheduler, RNG states, data cursor and step.
 
-A checkpoint is written to a temporary directory and renamed into place, so a crash while
-saving never leaves a half-written checkpoint that `--resume` would pick up.
+A checkpoint is written to a temporary directory (`step-NNNNNN.tmp`) and renamed into place, so a
+crash while saving never leaves a half-written checkpoint that `--resume` would pick up. A resume
+takes the latest complete checkpoint; one that finds only torn ones (a `.tmp` left by a kill, a
+step directory missing a file) refuses to start over silently and names them (`resume_checkpoint`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,11 @@ import torch
 from safetensors.torch import load_model, save_model
 
 KEEP_LAST = 2
+FILES = ("model.safetensors", "trainer.pt", "state.json")  # state.json last: written once the rest is
+
+
+class TornCheckpoints(RuntimeError):
+    """`--resume` found checkpoint directories but none complete (named in the message)."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +63,40 @@ def save_checkpoint(root: Path, state: TrainerState, model: torch.nn.Module, opt
     (tmp / "state.json").write_text(json.dumps(asdict(state), indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    for old in sorted(final.parent.glob("step-??????"))[:-KEEP_LAST]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in [*sorted(final.parent.glob("step-??????"))[:-KEEP_LAST], *final.parent.glob("step-??????.tmp")]:
+        shutil.rmtree(old, ignore_errors=True)  # older steps, and staging dirs an earlier kill left torn
     return final
 
 
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and all((path / name).is_file() for name in FILES)
+
+
 def latest_checkpoint(root: Path) -> Path | None:
-    found = sorted((root / "checkpoints").glob("step-??????"))
+    """The complete checkpoint of the highest step under `root` (None when there is none)."""
+    found = [p for p in sorted((root / "checkpoints").glob("step-??????")) if is_complete(p)]
     return found[-1] if found else None
+
+
+def torn_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories a kill left unfinished: `.tmp` staging dirs and step dirs missing a file."""
+    folder = root / "checkpoints"
+    return sorted([*folder.glob("step-??????.tmp"), *(p for p in folder.glob("step-??????") if not is_complete(p))])
+
+
+def resume_checkpoint(root: Path) -> Path | None:
+    """The checkpoint `--resume` continues from: the latest complete one; None when `root` holds no checkpoint
+    at all (a first run). Only torn ones: raises `TornCheckpoints` naming them, since starting from step 0
+    over them would silently redo (and overwrite) the killed run's work."""
+    latest, torn = latest_checkpoint(root), torn_checkpoints(root)
+    if latest is None and torn:
+        raise TornCheckpoints(f"--resume: no complete checkpoint under {root / 'checkpoints'}, only torn ones "
+                              f"(killed while saving): {', '.join(map(str, torn))}. Remove them to train from "
+                              "step 0, or restore a complete checkpoint")
+    if latest is not None and torn:
+        print(f"--resume: skipping torn checkpoints {', '.join(map(str, torn))}; resuming from {latest}",
+              file=sys.stderr, flush=True)
+    return latest
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -1,10 +1,15 @@
 """Per-step metrics kept on disk as they happen (nothing lost on a crash) and sent to MLflow, and a
-one-line summary of each step for logs (a progress bar only draws on a terminal)."""
+one-line summary of each step for logs (a progress bar only draws on a terminal).
+
+The history is the record a resumed run finishes from: the last step's metrics (`metrics/train.json`)
+and the curve are rendered from it, never from what one process happened to run."""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from pathlib import Path
 
 from pipeline.progress import pace_and_eta
@@ -19,9 +24,11 @@ class MetricHistory:
         if not enabled:  # a non-main rank of a data-parallel job records nothing
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not keep_existing:
-            self.path.write_text("")
-        self.rows = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        text = self.path.read_text(encoding="utf-8") if keep_existing and self.path.is_file() else ""
+        if text and not text.endswith("\n"):  # a kill mid-line: that step has no checkpoint, so it runs again
+            text = text[: text.rfind("\n") + 1]
+        self.rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        _write_atomically(self.path, text)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -32,13 +39,29 @@ class MetricHistory:
             fh.write(json.dumps(row, sort_keys=True) + "\n")
         log_metrics(metrics, step=step)
 
+    def final_metrics(self, steps_done: int) -> dict[str, float]:
+        """The metrics logged for the last step of a run that has done `steps_done` steps (a resumed run's
+        earlier steps were logged by the process that ran them)."""
+        rows = {r["step"]: r for r in self.rows}
+        if steps_done - 1 not in rows:
+            raise RuntimeError(f"{self.path}: no metrics for step {steps_done - 1}, the run's last "
+                               f"(has steps {sorted(rows)}); the history was removed or replaced after training")
+        return {k: v for k, v in rows[steps_done - 1].items() if k != "step"}
+
     def write_csv(self, path: Path, columns: list[str]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(["step", *columns])
-            for row in sorted(self.rows, key=lambda r: r["step"]):
-                writer.writerow([row["step"], *(row.get(c, "") for c in columns)])
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(["step", *columns])
+        for row in sorted(self.rows, key=lambda r: r["step"]):
+            writer.writerow([row["step"], *(row.get(c, "") for c in columns)])
+        _write_atomically(path, out.getvalue())
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8", newline="")
+    os.replace(tmp, path)
 
 
 def progress_line(step: int, total: int, metrics: dict[str, float], seconds_so_far: float, steps_done: int) -> str:

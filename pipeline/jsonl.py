@@ -14,8 +14,13 @@ from pipeline.types import Problem
 def iter_json_lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for each non-blank line; raise naming file:line."""
     path = Path(path)
-    with path.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {err.start + 1} of the line: "
+                                 f"{raw[err.start:err.start + 1]!r})") from None
             if not line.strip():
                 continue
             try:
@@ -43,13 +48,29 @@ def write_json_lines(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
 
 def read_problems(path: str | Path) -> list[Problem]:
     """Read a curated split file into `Problem`s."""
-    problems = []
+    return [problem for _, problem in read_problem_rows(path)]
+
+
+def read_problem_rows(path: str | Path) -> list[tuple[int, Problem]]:
+    """(line, problem) for each row of a curated split file; raises naming the file, line and key.
+
+    A row must have a non-empty question and at least one non-empty answer (no reward can be computed
+    without one): what curation guarantees, checked again for files made or edited by hand."""
+    rows = []
     for lineno, row in iter_json_lines(path):
         try:
-            problems.append(Problem.from_dict(row))
+            problem = Problem.from_dict(row)
         except ValueError as err:
             raise ValueError(f"{path}:{lineno}: {err}") from None
-    return problems
+        if not problem.question.strip():
+            raise ValueError(f"{path}:{lineno}: question: empty")
+        if not problem.answers:
+            raise ValueError(f"{path}:{lineno}: answers: empty list (a problem needs at least one accepted answer)")
+        blank = [i for i, answer in enumerate(problem.answers) if not answer.strip()]
+        if blank:
+            raise ValueError(f"{path}:{lineno}: answers[{blank[0]}]: empty answer")
+        rows.append((lineno, problem))
+    return rows
 
 
 def write_problems(path: str | Path, problems: Iterable[Problem]) -> int:

@@ -44,25 +44,28 @@ from tqdm import tqdm
 from pipeline.advantage import group_filter, token_advantages
 from pipeline.anchor import step_openings
 from pipeline.batching import make_train_batch, mini_batch_groups
-from pipeline.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from pipeline.checkpoint import FILES as CHECKPOINT_FILES
+from pipeline.checkpoint import TrainerState, load_checkpoint, resume_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
 from pipeline.finetune import PolicyWeights, policy_weights
 from pipeline.group_sampling import group_collector
 from pipeline.history import MetricHistory, progress_line
-from pipeline.jsonl import read_problems, write_json
+from pipeline.jsonl import write_json
 from pipeline.loss import make_policy_loss
 from pipeline.lr_schedule import lr_multiplier
 from pipeline.model import AUTOCAST, load_policy, model_device
+from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.problem_stream import problem_stream
 from pipeline.reference import make_reference
-from pipeline.registry import log_and_register
+from pipeline.registry import find_version, log_and_register
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.session import Placement, Trainer
 from pipeline.shaping import reward_shaping
 from pipeline.tools.factory import make_tools
 from pipeline.tracking import tracked_run
+from pipeline.training_problems import check_prompt_budget, read_training_problems
 from pipeline.train_tracking import data_hash_tags, log_samples
 from pipeline.types import ScoredGroup, ToolName, TrainBatch
 from pipeline.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
@@ -87,6 +90,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     # the variants, chosen once
     weights, shaping, collect_groups = policy_weights(tc.finetune), reward_shaping(cfg.reward), group_collector(cfg)
     informative = group_filter(tc.algorithm, cfg.reward.tepo)
+    rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
@@ -96,16 +100,16 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
                                   betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
-    problems = read_problems(tc.train_file)
-    if tc.max_train_problems:
-        problems = problems[: tc.max_train_problems]
+    offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
+    check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
+    problems = [problem for _, problem in rows]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                 make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
         return dataclasses.replace(tr, weights=weights, shaping=shaping, collect_groups=collect_groups,
                                    informative=informative, reference=make_reference(cfg, model_device(tr.model)))
-    checkpoint = latest_checkpoint(Path(tc.checkpoint_dir)) if resume else None
+    checkpoint = resume_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)
     engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
@@ -159,44 +163,71 @@ def train_step(tr: Trainer, kept: list[ScoredGroup], anchored: Sequence[ScoredGr
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
         metrics_dir: Path = Path("metrics")) -> dict[str, float]:
-    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics."""
+    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics.
+
+    Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
+    uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
+    history, model registered), so its outputs equal that run's. Every output is renamed into place."""
+    output_dir = Path(cfg.train.output_dir)
+    ensure_writable([Path(cfg.train.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
     tr = set_up(cfg, tool_urls, resume)
     place = tr.placement  # single process, or one rank of a data-parallel job (only rank 0 records)
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0,
                             enabled=place.is_main())
-    last: dict[str, float] = {}
     run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id,
                           tags=data_hash_tags([cfg.train.train_file])) \
         if place.is_main() else contextlib.nullcontext(None)
-    every = cfg.train.log_samples_every
     with run_ctx as active:
-        # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
-        first, run_started = tr.state.step, time.perf_counter()
-        bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
-        for step in bar:
-            started = time.perf_counter()
-            collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
-            sampled = time.perf_counter()
-            anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
-            update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
-            seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-            last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
-            history.log(step, last)
-            if bar.disable and place.is_main():
-                print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
-                                    step + 1 - first), file=sys.stderr, flush=True)
-            if active is not None and every and step % every == 0:
-                log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
-            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
-            if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-                place.save_checkpoint(tr)
-        place.save_final_model(tr, Path(cfg.train.output_dir))
+        last = train_steps(tr, history, active)
+        staging = staging_dir(output_dir) if place.is_main() else output_dir
+        place.save_final_model(tr, staging)  # collective under data parallelism; rank 0 writes
+        if place.is_main():
+            publish_dir(staging, output_dir)
     tr.engine.close()
     if place.is_main():
+        last = history.final_metrics(tr.state.step)  # what the uninterrupted run logged last, however resumed
         history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
         write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-        log_and_register(cfg.run, active.info.run_id, Path(cfg.train.output_dir))  # new version of tapo-policy
+        register_once(cfg, active.info.run_id, output_dir)
     return last
+
+
+def train_steps(tr: Trainer, history: MetricHistory, active) -> dict[str, float]:
+    """The steps from the trainer's state to `train.steps` (none for a resume at or past the end); returns
+    the metrics of the last step this call ran ({} when it ran none)."""
+    cfg, place, last = tr.cfg, tr.placement, {}
+    every = cfg.train.log_samples_every
+    # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
+    first, run_started = tr.state.step, time.perf_counter()
+    bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
+    for step in bar:
+        started = time.perf_counter()
+        collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
+        sampled = time.perf_counter()
+        anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
+        update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
+        seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
+        last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
+        history.log(step, last)
+        if bar.disable and place.is_main():
+            print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
+                                step + 1 - first), file=sys.stderr, flush=True)
+        if active is not None and every and step % every == 0:
+            log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
+        tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
+        if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
+            place.save_checkpoint(tr)
+    return last
+
+
+def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
+    """A new version of tapo-policy, unless this run already registered these weights (a run killed after
+    registering and then resumed registers nothing twice)."""
+    known = find_version(cfg.run, str(model_dir))
+    if known is not None and known.run_id == run_id:
+        print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
+        return
+    log_and_register(cfg.run, run_id, model_dir)
 
 
 def save_final_model(tr: Trainer, path: Path) -> None:
@@ -218,14 +249,17 @@ def export_checkpoint(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
     The model is rebuilt as `set_up` builds it (train.init_model, then the finetune variant, so a LoRA
     adapter is merged on export) and the checkpoint's weights are loaded into it; a mismatch raises.
     DeepSpeed checkpoints have their own exporter (`python -m pipeline.distributed.export`)."""
-    if not (checkpoint / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{checkpoint}: no model.safetensors (not a single-process training checkpoint)")
+    missing = [name for name in CHECKPOINT_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{checkpoint}: no {', '.join(missing)} (not a complete single-process training "
+                                "checkpoint; a `.tmp` one was torn by a kill while saving)")
     weights = policy_weights(cfg.train.finetune)
     model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype, "cpu")
     model = weights.prepare(model)
     load_model(model, str(checkpoint / "model.safetensors"))
-    save_policy(weights, model, tokenizer, out)
-    return out
+    staging = staging_dir(out)
+    save_policy(weights, model, tokenizer, staging)
+    return publish_dir(staging, out)  # whole or absent, as the final model
 
 
 def save_single_process_checkpoint(tr: Trainer) -> None:

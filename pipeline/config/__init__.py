@@ -1,7 +1,12 @@
 """Load `params.yaml` into frozen, validated stage configs.
 
 `load_config(path)` returns a `RunConfig` with one attribute per section. Errors name the
-file and the dotted key (`params.yaml: train.lr: Input should be greater than 0`).
+file and the dotted key (`params.yaml: train.lr: Input should be greater than 0`), all of them at once.
+
+Strict: numbers are read as YAML 1.2 reads them (`lr: 1e-6` is a float), then no string becomes a
+number or a boolean (`steps: '4'` and `gradient_checkpointing: "yes"` are refused) and no float an
+integer. Complete: a params file sets every key the config classes define, or is an override file
+that names what fills its gaps (`extends:`); the rule is in `pipeline.config.params_file`.
 
 Command line: `python -m pipeline.config check [PATH]` prints `ok` or the errors (exit 1), unsupported
 combinations of settings from different sections included (`pipeline.config.combinations`).
@@ -9,15 +14,17 @@ combinations of settings from different sections included (`pipeline.config.comb
 
 from __future__ import annotations
 
-import re
+import json
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from pipeline.config.base import StageConfig
 from pipeline.config.combinations import refusals
+from pipeline.config.params_file import (CLASS_DEFAULTS, EXTENDS, ConfigError, ParamsLoader, missing_keys,
+                                          read_params, resolve_extends)
 from pipeline.config.sections import (
     CurateConfig,
     DistributedConfig,
@@ -33,29 +40,6 @@ from pipeline.config.sections import (
 )
 
 DEFAULT_PARAMS = Path("params.yaml")
-
-
-class ConfigError(ValueError):
-    """A params file that cannot be used; the message lists every problem, one per line."""
-
-
-class ParamsLoader(yaml.SafeLoader):
-    """YAML 1.2 booleans (only true/false), as DVC reads and writes params files.
-
-    `dvc exp run -S key=value` rewrites params.yaml with a YAML 1.2 dumper, which leaves
-    `kind: off` unquoted; a YAML 1.1 reader would turn that into False and reject the file."""
-
-
-ParamsLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-ParamsLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                   list("tTfF"))
-
-
-def read_params(text: str) -> Any:
-    """Parse a params file's text the way DVC does (see `ParamsLoader`)."""
-    return yaml.load(text, Loader=ParamsLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class RunConfig(StageConfig):
@@ -81,39 +65,75 @@ class RunConfig(StageConfig):
         return self
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
+def _format_errors(err: ValidationError, source: str) -> list[str]:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
         lines.append(f"{source}: {key}: {msg}")
-    return "\n".join(lines)
+    return lines
+
+
+def _json_value(obj: Any) -> Any:
+    """What `json.dumps` cannot write itself, as a params file would hold it (Python callers' overrides)."""
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, (Path, set, frozenset)):
+        return str(obj) if isinstance(obj, Path) else sorted(obj)
+    raise TypeError(f"{type(obj).__name__} is not a params value")
+
+
+def _validate(data: Any, source: str, *, complete: bool) -> RunConfig:
+    """Strict validation (no string becomes a number or a boolean, no float an integer) of a parsed mapping;
+    with `complete`, every key the config classes define must be present. Every problem is reported."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
+    problems = [f"{source}: {key}: missing (a complete params file sets every key; or start the file with "
+                f"'{EXTENDS}: <params file>' or '{EXTENDS}: {CLASS_DEFAULTS}')" for key in missing_keys(RunConfig, data)
+                ] if complete else []
+    try:
+        # JSON mode: strict about scalars, yet a list still validates as a tuple and a string as a path
+        cfg = RunConfig.model_validate_json(json.dumps(data, default=_json_value), strict=True)
+    except (TypeError, ValueError) as err:
+        if not isinstance(err, ValidationError):
+            raise ConfigError(f"{source}: {err}") from None
+        problems += _format_errors(err, source)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return cfg
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
-    """Validate a parsed params mapping; raises ConfigError naming every bad key."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, source)) from None
+    """Validate a partial params mapping over the config classes' defaults (Python callers, tests), as strictly
+    as a file; raises ConfigError naming every bad key."""
+    return _validate({} if data is None else data, source, complete=False)
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Read and validate a params file. `overrides` maps dotted keys to values (tests, CLIs)."""
+    """Read and validate a params file: complete, or an override file (`extends:`; see
+    `pipeline.config.params_file`). `overrides` maps dotted keys to values (tests, CLIs), applied last."""
     path = Path(path)
+    data, complete = resolve_extends(_read_mapping(path), path, _read_mapping)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    return _validate(data, str(path), complete=complete)
+
+
+def _read_mapping(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such params file")
     try:
-        data = read_params(path.read_text(encoding="utf-8")) or {}
+        data = read_params(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(data, dotted, value)
-    return config_from_dict(data, str(path))
+    if data is None:
+        raise ConfigError(f"{path}: empty params file (a complete one sets every section; an override file "
+                          f"starts with '{EXTENDS}:')")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    return data
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -60,12 +60,17 @@ def raw_rows(cfg: SourceConfig) -> Iterator[RawRow]:
         rows = read_file(Path(cfg.path), cfg.format)
     else:
         rows = read_hub(cfg.hub_id, cfg.hub_config, cfg.hub_split)
+    count = 0
     try:
-        yield from rows
+        for row in rows:
+            count += 1
+            yield row
     except SourceError:
         raise
     except (OSError, UnicodeError, ValueError) as err:
         raise SourceError(f"source {cfg.name!r} ({location(cfg)}): {err}") from err
+    if count == 0:  # a configured source that adds nothing is a wrong path or a truncated download
+        raise SourceError(f"source {cfg.name!r} ({location(cfg)}): no rows (the file is empty)")
 
 
 def load_source(cfg: SourceConfig, seed: int, test_fraction: float) -> Iterator[Problem | Rejection]:

@@ -34,6 +34,10 @@ _WIKI_EMPHASIS = re.compile(r"'{2,}")
 _WIKI_HEADING = re.compile(r"^=+\s*(.*?)\s*=+$", re.MULTILINE)
 
 
+class CorpusError(ValueError):
+    """A corpus file that is not what its format says (the message names the file)."""
+
+
 def default_dump_path() -> Path:
     """The Wikipedia dump excerpt in the installed gensim package's test data."""
     spec = importlib.util.find_spec("gensim")
@@ -137,7 +141,18 @@ def load_corpus(path: str | Path, corpus_format: CorpusFormat, passage_words: in
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: corpus file not found")
-    passages = list(LOADERS[corpus_format](path, passage_words))
+    if path.suffix == ".bz2" and corpus_format == "wikidump":
+        with path.open("rb") as fh:
+            magic = fh.read(3)
+        if magic != b"BZh":
+            raise CorpusError(f"{path}: not a bz2 file (starts with {magic!r}, bz2 starts with b'BZh'); "
+                              "decompress it or give the file its real extension")
+    try:
+        passages = list(LOADERS[corpus_format](path, passage_words))
+    except EOFError as err:  # bz2 and gzip say so when the stream stops before its end marker
+        raise CorpusError(f"{path}: truncated {corpus_format} corpus ({err})") from None
+    except (OSError, SyntaxError) as err:  # a corrupt bz2 stream; XML that does not parse (ParseError)
+        raise CorpusError(f"{path}: not a readable {corpus_format} corpus: {err}") from None
     if not passages:
         raise ValueError(f"{path}: no passages in this {corpus_format} corpus")
     return passages

@@ -195,7 +195,7 @@ def test_a_killed_run_resumes_without_paying_twice(tmp_path: Path, questions_fil
     with ScriptedOpenAIServer(script) as server:
         cfg = _config(tmp_path, questions_file, server.url, ["m"], concurrency=1)
         params = tmp_path / "params.yaml"
-        params.write_text(json.dumps({"curate": cfg.model_dump(mode="json")}))  # JSON is YAML
+        params.write_text(json.dumps({"extends": "defaults", "curate": cfg.model_dump(mode="json")}))  # JSON is YAML
         child = subprocess.Popen([sys.executable, "-c", "import sys; from pipeline.config import load_config; "
                                   "from pipeline.data.curate import run; run(load_config(sys.argv[1]).curate)", str(params)],
                                  cwd=repo_root)

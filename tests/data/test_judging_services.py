@@ -26,7 +26,7 @@ def _search_service(shared: Path, redis_url: str, tmp: Path) -> ServiceProcess:
     index_dir = tmp / "index"
     build_index(SearchConfig(corpus_path=str(shared / PARAGRAPHS), corpus_format="jsonl", index_dir=str(index_dir)))
     params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"search": {"index_dir": str(index_dir)}}))
+    params.write_text(yaml.safe_dump({"extends": "defaults", "search": {"index_dir": str(index_dir)}}))
     return python_service("search", "sandbox.search", ["--redis-url", redis_url, "--params", str(params)], free_port(), tmp)
 
 

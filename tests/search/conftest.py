@@ -52,7 +52,7 @@ def known_words(default_index: Path) -> frozenset[str]:
 
 
 def write_params(path: Path, **search: object) -> Path:
-    path.write_text(yaml.safe_dump({"search": search}))
+    path.write_text(yaml.safe_dump({"extends": "defaults", "search": search}))
     return path
 
 

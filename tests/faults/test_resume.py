@@ -1,0 +1,172 @@
+"""Resume is total: a training killed with SIGKILL at any critical point and resumed ends with the outputs of
+an uninterrupted run (metrics file, curve, history, final model); no output is ever left half-written in
+place; a resume that finds only torn checkpoints says so and names them.
+
+Each run is a real child process running `pipeline.train.run` (no tools, so every metric of the resumed
+run must equal the uninterrupted run's bit for bit, timings aside). The kill is a real SIGKILL that the
+child sends itself at the exact point under test (inside the final save, right after the last checkpoint,
+inside a checkpoint's save, before the metrics are written), so the test does not race the child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flows.train import checkpoints_of_run
+from pipeline.config import load_config
+from pipeline.outputs import OutputNotWritable
+from pipeline.paths import REPO_ROOT
+from pipeline.train import run
+from tests.train.toy_task import build_direct_model, toy_config, write_params
+
+STEPS, CHECKPOINT_EVERY = 2, 1
+TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")
+DRIVER = r"""
+import json, os, signal, sys
+from pathlib import Path
+import pipeline.checkpoint as checkpoint
+import pipeline.train as train
+from pipeline.config import load_config
+
+params, mode, metrics_dir, kill_at = sys.argv[1:5]
+
+def die(*_args, **_kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if kill_at == "after-last-checkpoint":  # the final save has not begun
+    train.save_policy = die
+elif kill_at == "during-final-save":  # the weights are written, the tokenizer not yet
+    def half_saved(weights, model, tokenizer, path):
+        weights.export(model).save_pretrained(path, safe_serialization=True)
+        die()
+    train.save_policy = half_saved
+elif kill_at == "before-metrics":  # the final model is saved
+    train.write_json = die
+elif kill_at.startswith("during-checkpoint-"):  # a checkpoint's weights are written, its state not yet
+    step, save_model = int(kill_at.rsplit("-", 1)[1]), checkpoint.save_model
+    def torn(model, filename, *args, **kwargs):
+        save_model(model, filename, *args, **kwargs)
+        if f"step-{step:06d}" in filename:
+            die()
+    checkpoint.save_model = torn
+last = train.run(load_config(params), {}, resume=mode == "resume", metrics_dir=Path(metrics_dir))
+print(json.dumps(last, sort_keys=True))
+"""
+
+
+def train_child(root: Path, mode: str, kill_at: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.run([sys.executable, "-c", DRIVER, str(root / "params.yaml"), mode, str(root / "metrics"),
+                           kill_at], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def new_run(root: Path, model_dir: Path) -> Path:
+    root.mkdir()
+    write_params(toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3),
+                 root / "params.yaml")
+    return root
+
+
+def comparable(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not TIMING.search(k)}
+
+
+def history(root: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (root / "metrics" / "train_history.jsonl").read_text().splitlines()]
+    return {r["step"]: comparable(r) for r in rows}  # a step logged twice keeps its last row
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny model and an uninterrupted run of it (the outputs every resumed run must reproduce)."""
+    base = tmp_path_factory.mktemp("resume")
+    model_dir = build_direct_model(base / "model")
+    root = new_run(base / "straight", model_dir)
+    done = train_child(root, "fresh")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1])["reward/mean"] is not None
+    return model_dir, root
+
+
+def assert_same_outputs(resumed: Path, straight: Path, resumed_stdout: str) -> None:
+    assert history(resumed) == history(straight)
+    assert sorted(history(straight)) == list(range(STEPS))
+    got, want = (json.loads((r / "metrics" / "train.json").read_text()) for r in (resumed, straight))
+    assert got and comparable(got) == comparable(want)
+    returned = comparable(json.loads(resumed_stdout.splitlines()[-1]))  # what run() returns: the last step's
+    assert returned == {k: v for k, v in history(straight)[STEPS - 1].items() if k != "step"}
+    assert (resumed / "metrics" / "train_curve.csv").read_text() == (straight / "metrics" / "train_curve.csv").read_text()
+    weights, expected = (load_file(r / "policy" / "model.safetensors") for r in (resumed, straight))
+    assert sorted(weights) == sorted(expected) and all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert (resumed / "policy" / "tokenizer_config.json").is_file()
+    assert not any(p.name.endswith((".tmp", ".old")) for p in resumed.rglob("*")), "a staging file was left"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", ["after-last-checkpoint", "during-final-save", "before-metrics",
+                                     "during-checkpoint-2"])
+def test_killed_at_a_critical_point_and_resumed_reproduces_the_uninterrupted_run(
+        straight: tuple[Path, Path], tmp_path: Path, kill_at: str) -> None:
+    model_dir, uninterrupted = straight
+    root = new_run(tmp_path / "killed", model_dir)
+    killed = train_child(root, "fresh", kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    if kill_at != "before-metrics":
+        assert not (root / "policy").exists(), "a half-written final model was left where the final one goes"
+    resumed = train_child(root, "resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    if kill_at == "during-checkpoint-2":  # resumed from step 1, past the torn step-000002.tmp, and said so
+        assert "skipping torn checkpoints" in resumed.stderr and "step-000002.tmp" in resumed.stderr
+    assert_same_outputs(root, uninterrupted, resumed.stdout)
+
+
+@pytest.mark.slow
+def test_a_resume_that_finds_only_torn_checkpoints_names_them(straight: tuple[Path, Path], tmp_path: Path) -> None:
+    model_dir, _ = straight
+    root = new_run(tmp_path / "torn", model_dir)
+    killed = train_child(root, "fresh", "during-checkpoint-1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    torn = root / "ckpt" / "checkpoints" / "step-000001.tmp"
+    assert torn.is_dir() and not (root / "ckpt" / "checkpoints" / "step-000001").exists()
+    resumed = train_child(root, "resume")
+    assert resumed.returncode != 0
+    assert "no complete checkpoint" in resumed.stderr and str(torn) in resumed.stderr
+    assert not (root / "policy").exists()
+    assert sorted(history(root)) == [0]  # the killed run's step is still on record, not overwritten
+
+
+def test_a_resume_finishing_the_run_logs_the_checkpoints_its_run_saved(tmp_path: Path) -> None:
+    cfg = toy_config(tmp_path, tmp_path / "model")
+    folder = Path(cfg.train.checkpoint_dir) / "checkpoints"
+    for step, run_id in ((2, "earlier-run"), (4, "this-run"), (6, "this-run")):
+        ckpt = folder / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        for name in ("model.safetensors", "trainer.pt"):
+            (ckpt / name).write_bytes(b"x")
+        (ckpt / "state.json").write_text(json.dumps({"step": step, "mlflow_run_id": run_id}))
+        os.utime(ckpt, (0, 0))  # saved long before this (resumed) invocation started
+    (folder / "step-000008.tmp").mkdir()  # torn: never logged
+    assert [p.name for p in checkpoints_of_run(cfg, "this-run", started=1e9)] == ["step-000004", "step-000006"]
+
+
+@pytest.mark.parametrize("which", ["checkpoint_dir", "output_dir", "metrics"])
+def test_an_unwritable_output_folder_stops_the_run_before_any_compute(tmp_path: Path, which: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # nothing can be created below it, not even by root
+    overrides = {"train.init_model": str(tmp_path / "no-such-model")}  # reached only after the check
+    if which != "metrics":
+        overrides[f"train.{which}"] = str(blocker / which)
+    cfg = load_config(write_params(toy_config(tmp_path, tmp_path / "model"), tmp_path / "params.yaml"), overrides)
+    metrics_dir = blocker / "metrics" if which == "metrics" else tmp_path / "metrics"
+    with pytest.raises(OutputNotWritable, match=re.escape(str(blocker))):
+        run(cfg, {}, metrics_dir=metrics_dir)

@@ -16,11 +16,16 @@ without a collective per dropped group, so every rank takes the step's whole win
 `prompts_per_step x max_gen_rounds` problems, samples its round-robin share of the first
 `prompts_per_step`, and refills from its own share of the rest; the window's unused problems are
 skipped, as verl skips the surplus of an oversampled generation batch.
+
+A group that read a tool-service outage (`pipeline.outages`) is never kept: it is dropped as an
+uninformative group is (and replaced the same way), but not anchored, and every collector checks
+the step's outages (`OutageGuard`) before it hands the batch on, raising `ToolOutage` past the limits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,6 +34,7 @@ import numpy as np
 
 from pipeline.advantage import is_informative
 from pipeline.config import RunConfig
+from pipeline.outages import OutageGuard, has_outage
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.shaping import RewardShaping
@@ -70,11 +76,26 @@ def collect_in_rounds(tr: Trainer) -> Collected:
         scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
         seen += scored
         for g in scored:
-            (kept if is_informative(g) or not algo.dynamic_sampling else dropped).append(g)
+            if not has_outage(g):
+                (kept if is_informative(g) or not algo.dynamic_sampling else dropped).append(g)
         rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
-    return Collected(kept, seen, step_metrics(seen, kept, rounds) | {"train/generation_rounds": len(rounds)}, dropped)
+    metrics = step_metrics(seen, kept, rounds) | {"train/generation_rounds": len(rounds)}
+    return checked_for_outages(tr, Collected(kept, seen, metrics, dropped))
+
+
+def checked_for_outages(tr: Trainer, collected: Collected) -> Collected:
+    """The step's outage metrics added; raises `ToolOutage` (before any training) past the configured shares."""
+    if tr.outages is None:
+        tr.outages = OutageGuard(tr.cfg.train.max_step_outage_share, tr.cfg.train.max_run_outage_share)
+    outage_metrics = tr.outages.check(collected.seen, f"step {tr.state.step}")
+    collected.metrics.update(outage_metrics)
+    if outage_metrics["train/outage_dropped_groups"]:
+        failing = {k.split("/", 1)[1]: int(v) for k, v in outage_metrics.items() if k.startswith("tool_outages/") and v}
+        print(f"warning: step {tr.state.step}: {int(outage_metrics['train/outage_dropped_groups'])} group(s) read a "
+              f"tool-service outage and are not trained on (failed calls: {failing})", file=sys.stderr, flush=True)
+    return collected
 
 
 @dataclasses.dataclass
@@ -96,7 +117,7 @@ class RefillRule:
 
     def __call__(self, group: Group) -> list[Problem]:
         self.scores[id(group)] = scored = self.score(group)
-        if is_informative(scored):
+        if is_informative(scored) and not has_outage(scored):
             return []
         self.dropped += 1
         if self.started - self.dropped >= self.target or self.started >= self.cap:
@@ -115,7 +136,7 @@ def collect_with_refill(tr: Trainer) -> Collected:
     rule = RefillRule(tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds, lambda: tr.stream.take(1),
                       lambda g: score_group(g, tr.cfg, tr.shaping))
     result = tr.engine.rollout(tr.stream.take(rule.target), tr.cfg.rollout.group_size, refill=rule)
-    return kept_and_dropped(rule.scored(result.groups), result.stats)
+    return checked_for_outages(tr, kept_and_dropped(rule.scored(result.groups), result.stats))
 
 
 def collect_with_sharded_refill(tr: Trainer) -> Collected:
@@ -135,12 +156,13 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
     # rules' scores (keyed by object) do not carry over; scoring is cheap next to sampling
     collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats)
     collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
-    return collected
+    return checked_for_outages(tr, collected)
 
 
 def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats) -> Collected:
-    kept = [g for g in seen if is_informative(g)]
-    dropped = [g for g in seen if not is_informative(g)]
+    clean = [g for g in seen if not has_outage(g)]  # an outage group is neither trained on nor anchored
+    kept = [g for g in clean if is_informative(g)]
+    dropped = [g for g in clean if not is_informative(g)]
     return Collected(kept, seen, step_metrics(seen, kept, [stats]), dropped)
 
 

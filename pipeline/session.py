@@ -17,6 +17,7 @@ from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.finetune import FullWeights, PolicyWeights
 from pipeline.group_sampling import Collected, collect_in_rounds
+from pipeline.outages import OutageGuard
 from pipeline.problem_stream import ProblemStream
 from pipeline.reference import NoReference, Reference
 from pipeline.rollout.engine import RolloutEngine
@@ -52,3 +53,4 @@ class Trainer:
     shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
     reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
     collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill
+    outages: OutageGuard | None = None  # the run's tool-outage counts; built from cfg.train by the first step

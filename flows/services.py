@@ -10,7 +10,6 @@ needs it stops on its outage (train.max_step_outage_share), naming it.
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -56,16 +55,12 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
 
 @flow(name="services", log_prints=True)
 def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code", "search")) -> None:
-    """Run the services until SIGINT/SIGTERM (for interactive use and notebooks)."""
+    """Run the services until SIGINT/SIGTERM (for interactive use and notebooks). The signal stops the
+    services on its way out; `python -m flows.services` then exits 130 / 143 (flows.common.stage_process)."""
     cfg = load_or_exit(params)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with running_services(cfg, tools, params) as urls:
         get_run_logger().info("services up: %s", urls)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        threading.Event().wait()
 
 
 if __name__ == "__main__":

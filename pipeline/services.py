@@ -46,7 +46,7 @@ def _port_open(port: int) -> bool:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _parent_death_signal(any_thread: bool = False):
+def parent_death_signal(any_thread: bool = False):
     """A pre-exec hook that has Linux send the child SIGTERM when this process dies, so a service
     (the sandbox runs hostile code) never outlives a parent killed before it could call stop().
     Only from the main thread unless `any_thread`: the signal is tied to the thread that forks, and
@@ -92,7 +92,7 @@ class ServiceProcess:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             start_new_session=True,  # own process group: stop() kills children too
-            preexec_fn=_parent_death_signal(any_thread),
+            preexec_fn=parent_death_signal(any_thread),
         )
         log.close()
         self._wait_ready(timeout_s)

@@ -226,6 +226,26 @@ def test_groups_that_read_an_outage_are_never_trained_on(tmp_path: Path, toy_mod
                                                          for t in g.group.trajectories)
 
 
+def test_evaluation_with_a_dead_sandbox_stops_and_stores_no_sample(tmp_path: Path, toy_model: Path) -> None:
+    from pipeline.evaluation.benchmarks import Benchmark
+    from pipeline.evaluation.evaluate import evaluate_engine
+    from pipeline.model import load_policy
+    from pipeline.rollout.engine import RolloutEngine
+    from tests.evaluation.conftest import make_cfg
+    from tests.train.toy_task import toy_problems
+
+    cfg = make_cfg(tmp_path / "eval", mode="tools")
+    model, tokenizer = load_policy(str(toy_model), "float32", "cpu")
+    dead = CodeSandboxClient(f"http://127.0.0.1:{free_port()}", retries=0)  # refused: nothing listens there
+    engine = RolloutEngine(model, tokenizer, {"code": dead}, cfg.rollout, seed=0)
+    bench = Benchmark("toy", "math", "toy", tuple(toy_problems(2)), 0)
+    with pytest.raises(ToolOutage, match="tool service 'code'"):
+        evaluate_engine(cfg, engine, [bench], model_name="toy", model_id="toy-v1")
+    engine.close()
+    samples = tmp_path / "eval" / "eval_samples.jsonl"
+    assert not samples.exists() or not samples.read_text().strip()
+
+
 def test_the_params_carry_the_outage_limits() -> None:
     cfg = load_config(REPO_ROOT / "params.yaml")
     assert 0 < cfg.train.max_run_outage_share <= cfg.train.max_step_outage_share < 1

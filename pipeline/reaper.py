@@ -90,9 +90,9 @@ def _with_children(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
     return found
 
 
-def end_all(procs: dict[int, psutil.Process], grace_s: float = GRACE_S) -> None:
+def end_all(procs: dict[int, psutil.Process], grace_s: float = GRACE_S, *, children: bool = True) -> None:
     """SIGTERM every process still alive (and its children), SIGKILL what is left after `grace_s`."""
-    targets = _alive(_with_children(_alive(procs)))
+    targets = _alive(_with_children(_alive(procs)) if children else procs)
     for proc in targets:
         try:
             proc.terminate()
@@ -118,8 +118,8 @@ def watch(stage: str, anchors: list[str]) -> None:
             break
         noted.pop(os.getpid(), None)
         if any(_process(a) is None for a in anchors):  # e.g. the dvc repro above the stage was killed
-            end_all({proc.pid: proc} | noted)
-            return
+            end_all({proc.pid: proc}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
+            break
         time.sleep(POLL_S)
         proc = _process(stage)
     end_all(noted)

@@ -4,7 +4,6 @@ killed stage's MLflow run does not stay RUNNING."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import textwrap
@@ -121,6 +120,8 @@ def test_a_killed_stage_run_is_not_left_running(tmp_path: Path, run_stage, sig: 
     client = MlflowClient(cfg.run.tracking_uri)
     stage = run_stage([PYTHON, "-c", TRACKED, str(params)])
     run_id = _run_id(stage)
+    with stage_run(cfg, "train"):  # another stage starting beside a live one leaves the live one's run alone
+        pass
     assert client.get_run(run_id).info.status == "RUNNING"
     stage.proc.send_signal(sig)
     assert stage.wait() == {signal.SIGKILL: -9, signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
@@ -131,17 +132,14 @@ def test_a_killed_stage_run_is_not_left_running(tmp_path: Path, run_stage, sig: 
     assert client.get_run(run_id).info.status == "KILLED"
 
 
-def test_a_live_stage_run_is_not_marked_killed(tmp_path: Path, run_stage, monkeypatch) -> None:
-    """The sweep only ends runs whose owner process is gone: a stage running beside another keeps its run."""
-    monkeypatch.delenv("TAPO_MLFLOW_PARENT_RUN", raising=False)
-    monkeypatch.delenv("TAPO_MLFLOW_STAGE_RUN", raising=False)
-    params = _tracked_params(tmp_path)
-    cfg = load_config(params)
-    stage = run_stage([PYTHON, "-c", TRACKED, str(params)])
-    run_id = _run_id(stage)
-    with stage_run(cfg, "train"):
-        pass
-    assert MlflowClient(cfg.run.tracking_uri).get_run(run_id).info.status == "RUNNING"
-    stage.proc.send_signal(signal.SIGINT)
-    assert stage.wait() == 130
-    assert json.dumps(MlflowClient(cfg.run.tracking_uri).get_run(run_id).info.status) == '"KILLED"'
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path, run_stage) -> None:
+    """The ranks run in sessions of their own (so the launcher can stop each one's group); a parent-death
+    signal still ends them when the launcher is SIGKILLed."""
+    rank = "import time; print('rank up', flush=True); time.sleep(600)"
+    launcher = run_stage([PYTHON, "-m", "pipeline.distributed.launch", "--nproc", "2", "--", PYTHON, "-c", rank])
+    wait_for(lambda: launcher.output().count("rank up") == 2 or launcher.proc.poll() is not None, "both ranks")
+    ranks = descendants(launcher.proc.pid)
+    assert len(ranks) == 2, launcher.output()
+    launcher.proc.kill()
+    assert launcher.wait() == -9
+    assert_all_gone(ranks, "the ranks of a killed launcher")

@@ -43,7 +43,6 @@ from pipeline.tools.factory import make_tools
 from pipeline.tools.search import SearchClient
 from pipeline.train import set_up
 from pipeline.types import ToolCall, ToolResult, Trajectory
-from tests.data.openai_server import Script, ScriptedOpenAIServer
 from tests.faults.conftest import PYTHON, alive, sandbox_service, stage_env, wait_for
 from tests.train.toy_task import build_toy_model, toy_config
 

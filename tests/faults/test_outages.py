@@ -60,6 +60,8 @@ class _Scripted(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.lock:
+            type(self).requests += 1
         if self.status == 0:
             self.release.wait(60)
             return
@@ -72,7 +74,7 @@ class _Scripted(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def scripted() -> Iterator[type[_Scripted]]:
-    handler = type("Handler", (_Scripted,), {"release": threading.Event()})
+    handler = type("Handler", (_Scripted,), {"release": threading.Event(), "requests": 0, "lock": threading.Lock()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -383,11 +385,14 @@ def test_a_hanging_judge_costs_one_deadline_not_one_per_retry(tmp_path: Path, sc
     """A long read timeout does not matter: the call's deadline ends it, and the first unreachable call stops
     the stage's others (with the old client this hung for timeout_s x attempts per call)."""
     scripted.status = 0
-    cfg = _curate_config(tmp_path, scripted.url + "/v1", timeout_s=3600.0, max_retries=4, deadline_s=1.0)
+    cfg = _curate_config(tmp_path, scripted.url + "/v1", timeout_s=3600.0, max_retries=4, deadline_s=1.0,
+                         concurrency=2)
     with pytest.raises(JudgeUnavailable, match="deadline of 1s"):
         curate(cfg, tool_factory=dict)
+    # the calls in flight when the first deadline passed, and at most one more each: not 8 questions x 5 attempts
+    assert scripted.requests <= 2 * 2
     defaults = MultiLLMConfig()
-    assert defaults.deadline_s <= 180 and defaults.connect_timeout_s <= 10  # vs ~615 s per call before
+    assert defaults.deadline_s <= 300 and defaults.connect_timeout_s <= 10  # vs ~615 s per call before
 
 
 def test_a_judge_killed_mid_run_fails_the_stage_and_the_rerun_pays_only_the_rest(tmp_path: Path) -> None:

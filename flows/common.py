@@ -1,18 +1,24 @@
-"""Shared by the stage flows: command-line handling, params validation, the shape of a reported stage."""
+"""Shared by the stage flows: command-line handling, params validation, the shape of a reported stage,
+and the lifetime of a stage's process (`stage_process`): nothing it starts outlives it, it dies with
+the `dvc repro` above it, and SIGINT / SIGTERM end it with 130 / 143 after its clean-up ran.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from flows.tracking import log_report, stage_run
+from flows.tracking import dvc_invocation, log_report, stage_run
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
+from pipeline.reaper import die_with_parent, watch_this_process
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
@@ -46,7 +52,43 @@ def run_stage(flow_fn: Callable[..., object], description: str, *, resume: bool 
     """`python -m flows.<stage>`: validate the params file before Prefect starts, then run the flow."""
     args = stage_args(description, resume=resume)
     load_or_exit(args.params)
-    flow_fn(args.params, **({"resume": args.resume} if resume else {}))
+    with stage_process():
+        flow_fn(args.params, **({"resume": args.resume} if resume else {}))
+
+
+class _Signalled:
+    number: int | None = None  # the SIGINT/SIGTERM that ended the stage, if one did
+
+
+def _raise_on_signal(number: int, frame: object) -> None:
+    _Signalled.number = number
+    raise KeyboardInterrupt if number == signal.SIGINT else SystemExit(128 + number)
+
+
+@contextmanager
+def stage_process() -> Iterator[None]:
+    """The body runs as a stage process should (see the module):
+
+    * a watcher process (`pipeline.reaper`) ends every process the stage started (Prefect's temporary
+      server, services, ranks, engines) when the stage ends, even by SIGKILL, and ends the stage when
+      the `dvc` process above it dies; the stage's own parent dying sends it SIGTERM;
+    * SIGTERM raises SystemExit and SIGINT KeyboardInterrupt, so context managers (MLflow runs marked
+      KILLED, services stopped) run; the process then exits 128 + the signal's number, whatever
+      exception the signal turned into on its way out (Prefect wraps them)."""
+    die_with_parent(signal.SIGTERM)
+    invocation = dvc_invocation()  # '<host>:<pid>:<start>' of the dvc process above, if any
+    watcher = watch_this_process((int(invocation.split(":")[1]),) if invocation else ())
+    signal.signal(signal.SIGTERM, _raise_on_signal)
+    signal.signal(signal.SIGINT, _raise_on_signal)
+    try:
+        yield
+    except BaseException:
+        if _Signalled.number is None:
+            raise
+        print(f"stage stopped by {signal.Signals(_Signalled.number).name}", file=sys.stderr, flush=True)
+        raise SystemExit(128 + _Signalled.number) from None
+    finally:
+        watcher.returncode = 0  # not waited for: it ends on its own once this process is gone, after the rest
 
 
 def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:

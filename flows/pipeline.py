@@ -27,7 +27,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
-from flows.common import load_or_exit
+from flows.common import load_or_exit, stage_process
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.prepare_model import prepare_model_flow
@@ -90,7 +90,8 @@ def main() -> None:
     args = parser.parse_args()
     load_or_exit(args.params)  # fail on a bad params file before Prefect starts
     try:
-        pipeline_flow(args.params, use_dvc=args.dvc)
+        with stage_process():
+            pipeline_flow(args.params, use_dvc=args.dvc)
     except LockFileError as err:
         print(f"pipeline: {err}", file=sys.stderr)
         raise SystemExit(1) from None

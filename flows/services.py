@@ -2,12 +2,14 @@
 
 `running_services(cfg, tools)` is a context manager the other flows use; `services_flow`
 runs it as a Prefect flow that keeps the services up until interrupted. A service whose
-URL is set in params is used as it is, not started.
+URL is set in params is used as it is, not started. The services started here are health-checked
+every `HEALTH_INTERVAL_S` while they run, and one that died is restarted on its port (at most
+`MAX_RESTARTS` times each, every restart logged); one given up on stays down, and the run that
+needs it stops on its outage (train.max_step_outage_share), naming it.
 """
 
 from __future__ import annotations
 
-import signal
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,42 +19,48 @@ from prefect import flow, get_run_logger
 
 from flows.common import load_or_exit, run_stage
 from pipeline.config import RunConfig
-from pipeline.services import free_port, python_service, redis_service
+from pipeline.services import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
 from pipeline.types import ToolName
 
 LOG_DIR = Path("logs/services")
+HEALTH_INTERVAL_S = 1.0
+MAX_RESTARTS = 3
 
 
 @contextmanager
 def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: str = "params.yaml",
-                     log_dir: Path = LOG_DIR) -> Iterator[dict[ToolName, str]]:
-    """Yield {tool: base URL} for the requested tools, with everything they need running."""
+                     log_dir: Path = LOG_DIR, *, health_interval_s: float = HEALTH_INTERVAL_S,
+                     max_restarts: int = MAX_RESTARTS) -> Iterator[dict[ToolName, str]]:
+    """Yield {tool: base URL} for the requested tools, with everything they need running (and restarted)."""
     urls: dict[ToolName, str] = {}
+    started: list[ServiceProcess] = []
+
+    def start(service: ServiceProcess) -> str:
+        started.append(stack.enter_context(service))
+        return service.url
+
     with ExitStack() as stack:
         if "code" in tools:
-            urls["code"] = cfg.sandbox.url or stack.enter_context(python_service(
-                "sandbox", "sandbox.code", cfg.sandbox.server_args(),
-                cfg.sandbox.port or free_port(), log_dir)).url
+            urls["code"] = cfg.sandbox.url or start(python_service(
+                "sandbox", "sandbox.code", cfg.sandbox.server_args(), cfg.sandbox.port or free_port(), log_dir))
         if "search" in tools:
-            redis_url = cfg.search.redis_url or stack.enter_context(redis_service(log_dir / "redis")).url
-            urls["search"] = cfg.search.url or stack.enter_context(python_service(
+            redis_url = cfg.search.redis_url or start(redis_service(log_dir / "redis"))
+            urls["search"] = cfg.search.url or start(python_service(
                 "search", "sandbox.search", ["--redis-url", redis_url, "--params", params_path],
-                cfg.search.port or free_port(), log_dir)).url
+                cfg.search.port or free_port(), log_dir))
+        # entered last, so it stops watching before the services are stopped
+        stack.enter_context(ServiceSupervisor(started, interval_s=health_interval_s, max_restarts=max_restarts))
         yield urls
 
 
 @flow(name="services", log_prints=True)
 def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code", "search")) -> None:
-    """Run the services until SIGINT/SIGTERM (for interactive use and notebooks)."""
+    """Run the services until SIGINT/SIGTERM (for interactive use and notebooks). The signal stops the
+    services on its way out; `python -m flows.services` then exits 130 / 143 (flows.common.stage_process)."""
     cfg = load_or_exit(params)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with running_services(cfg, tools, params) as urls:
         get_run_logger().info("services up: %s", urls)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        threading.Event().wait()
 
 
 if __name__ == "__main__":

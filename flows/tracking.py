@@ -31,10 +31,12 @@ from mlflow.entities import Param, RunStatus, RunTag
 
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit
+from pipeline.tracking import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
+                               mark_abandoned_runs, owner)
 
 INVOCATION_TAG = "dvc_invocation"
-RUNNING, FINISHED, FAILED = (RunStatus.to_string(s) for s in (RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED))
+RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
+    RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED))
 
 
 class LockFileError(ValueError):
@@ -114,7 +116,10 @@ def parent_run(run_cfg: RunSection, name: str, params: Mapping[str, Any], tags: 
     Created with the MLflow client (not `mlflow.start_run`), so the stage runs the library opens
     with the fluent API are not blocked by an active run."""
     client = _client(run_cfg)
-    run_id = client.create_run(_experiment_id(run_cfg), run_name=name, tags={"stage": "pipeline", **tags}).info.run_id
+    experiment_id = _experiment_id(run_cfg)
+    mark_abandoned_runs(client, experiment_id)
+    run_id = client.create_run(experiment_id, run_name=name,
+                               tags={"stage": "pipeline", OWNER_TAG: owner(), **tags}).info.run_id
     client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params).items()])
     with _env(PARENT_ENV, run_id), _terminated(client, run_id):
         yield run_id
@@ -127,7 +132,8 @@ def dvc_parent(cfg: RunConfig, invocation: str) -> str:
     found = client.search_runs([experiment_id], f"tags.{INVOCATION_TAG} = '{invocation}'", max_results=1)
     if found:
         return found[0].info.run_id
-    tags = {"stage": "pipeline", "mode": "dvc", "git_commit": git_commit(), INVOCATION_TAG: invocation}
+    tags = {"stage": "pipeline", "mode": "dvc", "git_commit": git_commit(), INVOCATION_TAG: invocation,
+            OWNER_TAG: invocation}  # '<host>:<pid>:<start>' like every owner: open while that dvc process runs
     tags |= {f"dvc.{k.lower()}": v for k in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV") if (v := os.environ.get(k))}
     run_id = client.create_run(experiment_id, run_name="dvc repro", tags=tags).info.run_id
     client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(cfg.model_dump()).items()])
@@ -142,18 +148,20 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
         yield None
         return
     client = _client(cfg.run)
+    mark_abandoned_runs(client, _experiment_id(cfg.run))
     parent = os.environ.get(PARENT_ENV)
     invocation = None if parent else dvc_invocation()
     if invocation:  # a plain `dvc repro`: this invocation's parent, open again while this stage runs
         parent = dvc_parent(cfg, invocation)
         client.update_run(parent, status=RUNNING)
     hashes = dvc_dep_tags(stage_input_hashes(stage))
-    tags = {"stage": stage, "git_commit": git_commit(), **hashes} | ({"mlflow.parentRunId": parent} if parent else {})
+    tags = {"stage": stage, "git_commit": git_commit(), OWNER_TAG: owner(), **hashes} | (
+        {"mlflow.parentRunId": parent} if parent else {})
     if run_id is None:
         run_id = client.create_run(_experiment_id(cfg.run), run_name=stage, tags=tags).info.run_id
     else:
         client.update_run(run_id, status=RUNNING)
-        for key, value in hashes.items():
+        for key, value in {OWNER_TAG: tags[OWNER_TAG], **hashes}.items():
             client.set_tag(run_id, key, value)
     with _terminated(client, parent if invocation else None), _terminated(client, run_id), \
             _env(STAGE_RUN_ENV, run_id):
@@ -200,11 +208,15 @@ def _env(name: str, value: str) -> Iterator[None]:
 
 @contextmanager
 def _terminated(client: MlflowClient, run_id: str | None) -> Iterator[None]:
-    """Mark `run_id` FINISHED when the body returns, FAILED when it raises (nothing for None)."""
-    status = FAILED
+    """Mark `run_id` FINISHED when the body returns, FAILED when it raises, KILLED when a signal (SIGINT,
+    SIGTERM: KeyboardInterrupt, SystemExit, Prefect's TerminationSignal) ends it (nothing for None)."""
+    status = KILLED
     try:
         yield
         status = FINISHED
+    except Exception:
+        status = FAILED
+        raise
     finally:
         if run_id is not None:
             client.set_terminated(run_id, status)

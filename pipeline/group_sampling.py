@@ -20,11 +20,16 @@ without a collective per dropped group, so every rank takes the step's whole win
 `prompts_per_step x max_gen_rounds` problems, samples its round-robin share of the first
 `prompts_per_step`, and refills from its own share of the rest; the window's unused problems are
 skipped, as verl skips the surplus of an oversampled generation batch.
+
+A group that read a tool-service outage (`pipeline.outages`) is never kept: it is dropped as an
+uninformative group is (and replaced the same way), but not anchored, and every collector checks
+the step's outages (`OutageGuard`) before it hands the batch on, raising `ToolOutage` past the limits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections import defaultdict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -33,6 +38,7 @@ import numpy as np
 
 from pipeline.advantage import GroupFilter
 from pipeline.config import RunConfig
+from pipeline.outages import OutageGuard, has_outage
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.shaping import RewardShaping
@@ -74,11 +80,26 @@ def collect_in_rounds(tr: Trainer) -> Collected:
         scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
         seen += scored
         for g in scored:
-            (kept if tr.informative(g) else dropped).append(g)  # keeps all without dynamic sampling
+            if not has_outage(g):  # an outage group is neither trained on nor anchored
+                (kept if tr.informative(g) else dropped).append(g)  # keeps all without dynamic sampling
         rounds.append(result.stats)
         if len(kept) >= tc.prompts_per_step:
             break
-    return Collected(kept, seen, step_metrics(seen, kept, rounds) | {"train/generation_rounds": len(rounds)}, dropped)
+    metrics = step_metrics(seen, kept, rounds) | {"train/generation_rounds": len(rounds)}
+    return checked_for_outages(tr, Collected(kept, seen, metrics, dropped))
+
+
+def checked_for_outages(tr: Trainer, collected: Collected) -> Collected:
+    """The step's outage metrics added; raises `ToolOutage` (before any training) past the configured shares."""
+    if tr.outages is None:
+        tr.outages = OutageGuard(tr.cfg.train.max_step_outage_share, tr.cfg.train.max_run_outage_share)
+    outage_metrics = tr.outages.check(collected.seen, f"step {tr.state.step}")
+    collected.metrics.update(outage_metrics)
+    if outage_metrics["train/outage_dropped_groups"]:
+        failing = {k.split("/", 1)[1]: int(v) for k, v in outage_metrics.items() if k.startswith("tool_outages/") and v}
+        print(f"warning: step {tr.state.step}: {int(outage_metrics['train/outage_dropped_groups'])} group(s) read a "
+              f"tool-service outage and are not trained on (failed calls: {failing})", file=sys.stderr, flush=True)
+    return collected
 
 
 @dataclasses.dataclass
@@ -101,7 +122,7 @@ class RefillRule:
 
     def __call__(self, group: Group) -> list[Problem]:
         self.scores[id(group)] = scored = self.score(group)
-        if self.keep(scored):
+        if self.keep(scored) and not has_outage(scored):
             return []
         self.dropped += 1
         if self.started - self.dropped >= self.target or self.started >= self.cap:
@@ -120,7 +141,7 @@ def collect_with_refill(tr: Trainer) -> Collected:
     rule = RefillRule(tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds, lambda: tr.stream.take(1),
                       lambda g: score_group(g, tr.cfg, tr.shaping), tr.informative)
     result = tr.engine.rollout(tr.stream.take(rule.target), tr.cfg.rollout.group_size, refill=rule)
-    return kept_and_dropped(rule.scored(result.groups), result.stats, tr.informative)
+    return checked_for_outages(tr, kept_and_dropped(rule.scored(result.groups), result.stats, tr.informative))
 
 
 def collect_with_sharded_refill(tr: Trainer) -> Collected:
@@ -141,13 +162,14 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
     collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats,
                                  tr.informative)
     collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
-    return collected
+    return checked_for_outages(tr, collected)
 
 
 def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats, keep: GroupFilter) -> Collected:
-    verdicts = [keep(g) for g in seen]
-    kept = [g for g, k in zip(seen, verdicts, strict=True) if k]
-    dropped = [g for g, k in zip(seen, verdicts, strict=True) if not k]
+    clean = [g for g in seen if not has_outage(g)]  # an outage group is neither trained on nor anchored
+    verdicts = [keep(g) for g in clean]
+    kept = [g for g, k in zip(clean, verdicts, strict=True) if k]
+    dropped = [g for g, k in zip(clean, verdicts, strict=True) if not k]
     return Collected(kept, seen, step_metrics(seen, kept, [stats]), dropped)
 
 

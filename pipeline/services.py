@@ -5,6 +5,10 @@ its health URL answers (or a TCP port accepts, for Redis), and on `stop()` termi
 the whole process group, so nothing outlives the run; on Linux a service also gets SIGTERM
 when its parent dies without stopping it (killed, even by SIGKILL). Output goes to a log file whose
 tail is quoted when start-up fails.
+
+A `ServiceSupervisor` watches running services from a thread and restarts one that exited or
+stopped answering its health check (on the same port, so its URL stays valid), a bounded number
+of times, logging each restart and each give-up.
 """
 
 from __future__ import annotations
@@ -42,12 +46,14 @@ def _port_open(port: int) -> bool:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _parent_death_signal():
+def parent_death_signal(any_thread: bool = False):
     """A pre-exec hook that has Linux send the child SIGTERM when this process dies, so a service
     (the sandbox runs hostile code) never outlives a parent killed before it could call stop().
-    Only from the main thread: the signal is tied to the thread that forks, and a worker thread
-    may end long before the service should. None elsewhere (other systems, other threads)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    Only from the main thread unless `any_thread`: the signal is tied to the thread that forks, and
+    a worker thread may end long before the service should (the supervisor's thread, which restarts
+    services, lives until they are stopped). None elsewhere (other systems, other threads)."""
+    on_main = threading.current_thread() is threading.main_thread()
+    if not sys.platform.startswith("linux") or not (on_main or any_thread):
         return None
     prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
 
@@ -76,7 +82,7 @@ class ServiceProcess:
     def url(self) -> str:
         return f"{self.scheme}://{LOOPBACK}:{self.port}"
 
-    def start(self, timeout_s: float = 60.0) -> ServiceProcess:
+    def start(self, timeout_s: float = 60.0, *, any_thread: bool = False) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -86,7 +92,7 @@ class ServiceProcess:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             start_new_session=True,  # own process group: stop() kills children too
-            preexec_fn=_parent_death_signal(),
+            preexec_fn=parent_death_signal(any_thread),
         )
         log.close()
         self._wait_ready(timeout_s)
@@ -129,6 +135,10 @@ class ServiceProcess:
         except ProcessLookupError:
             pass
 
+    def alive(self) -> bool:
+        """Running and answering its health check (or accepting on its port)."""
+        return self.process is not None and self.process.poll() is None and self._healthy()
+
     def __enter__(self) -> ServiceProcess:
         return self if self.process is not None else self.start()
 
@@ -154,3 +164,66 @@ def python_service(name: str, module: str, args: list[str], port: int, log_dir: 
     """A `python -m module --host 127.0.0.1 --port PORT ...` service from this environment."""
     command = [sys.executable, "-m", module, "--host", LOOPBACK, "--port", str(port), *args]
     return ServiceProcess(name, command, port, log_dir / f"{name}.log")
+
+
+class ServiceSupervisor:
+    """Restarts services that die, from a daemon thread: at most `max_restarts` times each.
+
+    A service counts as dead when its process exited, or when its health check failed
+    `unhealthy_polls` times in a row (hung). Each restart and each give-up is reported through
+    `log` (and counted in `restarts`); a service given up on stays down, and the clients' outage
+    accounting then stops the run that needs it, naming it."""
+
+    def __init__(self, services: list[ServiceProcess], *, interval_s: float = 1.0, max_restarts: int = 3,
+                 unhealthy_polls: int = 3, start_timeout_s: float = 60.0, log=None) -> None:
+        self.services = services
+        self.interval_s = interval_s
+        self.max_restarts = max_restarts
+        self.unhealthy_polls = unhealthy_polls
+        self.start_timeout_s = start_timeout_s
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.restarts: dict[str, int] = {s.name: 0 for s in services}
+        self.given_up: set[str] = set()
+        self._misses: dict[str, int] = {s.name: 0 for s in services}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="service-supervisor", daemon=True)
+
+    def __enter__(self) -> ServiceSupervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            for service in self.services:
+                if service.name not in self.given_up and not self._stop.is_set():
+                    self.poll(service)
+
+    def poll(self, service: ServiceProcess) -> None:
+        """One health check of `service`; restarts it when it is dead (see the class)."""
+        exited = service.process is None or service.process.poll() is not None
+        if not exited and service._healthy():
+            self._misses[service.name] = 0
+            return
+        self._misses[service.name] += 1
+        if not exited and self._misses[service.name] < self.unhealthy_polls:
+            return
+        why = f"exited with code {service.process.returncode}" if exited and service.process else "stopped answering"
+        if self.restarts[service.name] >= self.max_restarts:
+            self.given_up.add(service.name)
+            self.log(f"error: service {service.name} at {service.url} {why}; not restarted again after "
+                     f"{self.max_restarts} restart(s). Log tail:\n{service.log_tail(10)}")
+            return
+        self.restarts[service.name] += 1
+        self.log(f"warning: service {service.name} at {service.url} {why}; restarting it "
+                 f"({self.restarts[service.name]} of {self.max_restarts})")
+        service.stop(grace_s=2.0)
+        try:
+            service.start(self.start_timeout_s, any_thread=True)
+            self._misses[service.name] = 0
+            self.log(f"service {service.name} restarted at {service.url}")
+        except (OSError, RuntimeError, TimeoutError) as err:
+            self.log(f"error: restarting service {service.name} failed: {err}")

@@ -18,6 +18,7 @@ from pipeline.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.finetune import FullWeights, PolicyWeights
 from pipeline.group_sampling import Collected, collect_in_rounds
+from pipeline.outages import OutageGuard
 from pipeline.problem_stream import ProblemStream
 from pipeline.reference import NoReference, Reference
 from pipeline.rollout.engine import RolloutEngine
@@ -54,3 +55,4 @@ class Trainer:
     reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
     collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill
     informative: GroupFilter = keep_every_group  # dynamic sampling's filter (pipeline.advantage.group_filter), or keep all
+    outages: OutageGuard | None = None  # the run's tool-outage counts; built from cfg.train by the first step

@@ -5,11 +5,17 @@ A stage run nests under the pipeline's parent run when `TAPO_MLFLOW_PARENT_RUN` 
 already opened the stage's run (nested, tagged with its DVC input hashes) and `tracked_run`
 logs into that one instead of opening another: one run per stage, whoever opens it. The git
 commit is recorded as a tag on every run.
+
+Killed runs do not stay RUNNING: every run is tagged with its owner process (`tapo.owner`:
+host, pid and start time), and whenever a run is opened, the RUNNING runs of the experiment whose
+owner on this host is gone (killed, even by SIGKILL, before it could end them) are marked KILLED
+(`mark_abandoned_runs`). A stage interrupted by a signal marks its own run KILLED on the way out.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -17,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
+import psutil
+from mlflow.entities import RunStatus
 
 from pipeline.config.run import RunSection
 from pipeline.paths import REPO_ROOT
@@ -25,6 +33,52 @@ PARENT_ENV = "TAPO_MLFLOW_PARENT_RUN"
 STAGE_RUN_ENV = "TAPO_MLFLOW_STAGE_RUN"
 MAX_PARAM_LEN = 500
 DVC_TAG_PREFIX = "dvc.dep."  # one tag per DVC input of a run: dvc.dep.<path> = its md5
+OWNER_TAG = "tapo.owner"  # '<host>:<pid>:<start time>' of the process that keeps the run open
+KILLED = RunStatus.to_string(RunStatus.KILLED)
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner(pid: int | None = None) -> str:
+    """`tapo.owner` of this process (or `pid`): '<host>:<pid>:<start ticks>', the form of the
+    `dvc_invocation` tag, so a plain `dvc repro`'s parent run is owned by that dvc process."""
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid) or 'unknown'}"
+
+
+def _owner_gone(value: str) -> bool:
+    """True when `value` names a process on this host that no longer runs (pid gone, reused, or a zombie)."""
+    host, _, rest = value.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit() or started == "unknown" or not Path("/proc/self").exists():
+        return False  # another machine's run, or no way to tell: not ours to judge
+    if _start_ticks(int(pid)) != started:
+        return True
+    try:
+        return psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+
+
+def mark_abandoned_runs(client: mlflow.MlflowClient, experiment_id: str) -> list[str]:
+    """Mark KILLED the experiment's RUNNING runs whose owner process on this host is gone; their ids."""
+    running = client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000)
+    ended = []
+    for run in running:
+        value = run.data.tags.get(OWNER_TAG)
+        if value and _owner_gone(value):
+            client.set_tag(run.info.run_id, "tapo.ended_by", f"owner process {value} gone")
+            client.set_terminated(run.info.run_id, KILLED)
+            ended.append(run.info.run_id)
+    if ended:
+        print(f"tracking: marked {len(ended)} run(s) KILLED whose process is gone: {ended}")
+    return ended
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -57,18 +111,25 @@ def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, r
                 tags: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
     """Start (or resume, given `run_id`) an MLflow run for one stage; adopt the flow's stage run if any."""
     mlflow.set_tracking_uri(run_cfg.tracking_uri)
-    mlflow.set_experiment(run_cfg.experiment)
+    experiment = mlflow.set_experiment(run_cfg.experiment)
     resumed = run_id is not None
     adopted = None if resumed else os.environ.get(STAGE_RUN_ENV)
     parent = os.environ.get(PARENT_ENV)
     all_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
     if parent and not resumed and not adopted:
         all_tags["mlflow.parentRunId"] = parent
+    if not adopted:  # an adopted run's owner is the flow that opened it
+        all_tags[OWNER_TAG] = owner()
+        mark_abandoned_runs(mlflow.MlflowClient(run_cfg.tracking_uri), experiment.experiment_id)
     run_id = run_id or adopted
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else stage, tags=all_tags) as active:
         if not resumed:
             mlflow.log_params(flatten(params))
-        yield active
+        try:
+            yield active
+        except (KeyboardInterrupt, SystemExit):  # a signal (see flows.common.stage_process), not a failure
+            mlflow.end_run(KILLED)
+            raise
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:

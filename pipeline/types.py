@@ -84,6 +84,11 @@ class ToolResult:
     traceback line, ToRL-style). `error` is None on success, else a short reason.
     `status` is the service's own verdict (e.g. "ok", "error", "timeout", "memory",
     "rejected", "unavailable").
+
+    `infrastructure` is True when the *service* failed, not the policy's call: it could not be
+    reached, answered 5xx/429 or garbage, or did not answer within the client's timeout (the
+    snippet's own time limit is status "timeout" and not an outage). A trajectory holding such a
+    result is never trained on (`Trajectory.infrastructure_failures`).
     """
 
     output: str
@@ -91,10 +96,13 @@ class ToolResult:
     status: str = "ok"
     error: str | None = None
     latency_s: float = 0.0
+    infrastructure: bool = False
 
     @classmethod
-    def failure(cls, message: str, status: str = "error", latency_s: float = 0.0) -> ToolResult:
-        return cls(output=message, ok=False, status=status, error=message, latency_s=latency_s)
+    def failure(cls, message: str, status: str = "error", latency_s: float = 0.0, *,
+                infrastructure: bool = False) -> ToolResult:
+        return cls(output=message, ok=False, status=status, error=message, latency_s=latency_s,
+                   infrastructure=infrastructure)
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,12 @@ class Trajectory:
 
     def calls_of(self, tool: ToolName) -> int:
         return sum(1 for c in self.tool_calls if c.tool == tool)
+
+    @property
+    def infrastructure_failures(self) -> int:
+        """Tool calls whose service failed (see `ToolResult.infrastructure`): what the policy read there
+        is an outage, not a consequence of its action, so the trajectory must not be trained on."""
+        return sum(1 for c in self.tool_calls if c.result.infrastructure)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,12 @@ class MultiLLMConfig(StageConfig):
     concurrency: int = Field(8, ge=1, le=1024, description="Judge requests in flight at once.")
     max_retries: int = Field(4, ge=0, description="Retries of a failed request (429, 5xx, network), with exponential backoff.")
     backoff_s: float = Field(1.0, ge=0.0, description="First retry delay; doubles each retry.")
-    timeout_s: float = Field(120.0, gt=0.0, description="Per-request timeout.")
+    timeout_s: float = Field(120.0, gt=0.0, description=(
+        "Per-request read timeout: the longest the judge may stay silent (a long completion is sent whole)."))
+    connect_timeout_s: float = Field(10.0, gt=0.0, description="Per-request connection timeout.")
+    deadline_s: float = Field(300.0, gt=0.0, description=(
+        "Most time one judge call may take, its retries and back-off included; past it the judge counts as unreachable "
+        "and the stage fails (the first unreachable call stops the others, so a hanging judge costs one deadline)."))
     max_tool_turns: int = Field(4, ge=0, description="Tool calls a judge may make before it must answer.")
     max_tokens: int = Field(2048, ge=1, description="Completion tokens per request.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Sampling temperature of the judges.")

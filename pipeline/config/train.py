@@ -148,6 +148,13 @@ class TrainConfig(StageConfig):
         "KL anchor on dropped groups: the first N response tokens of each group dynamic sampling drops stay in the "
         "batch at zero advantage, so only the KL term (algorithm.kl_coef > 0) acts on them; it holds the opening "
         "(where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.anchor)."))
+    max_step_outage_share: float = Field(0.5, ge=0.0, le=1.0, description=(
+        "Stop the run, naming the service, when more than this share of one tool service's calls in a step failed "
+        "for infrastructure reasons (refused, 5xx, no answer in time; not the policy's own errors), before the step "
+        "trains; 0 = stop at the first such failure. Groups that read an outage are never trained on "
+        "(pipeline.outages)."))
+    max_run_outage_share: float = Field(0.2, ge=0.0, le=1.0, description=(
+        "The same limit over all of a service's calls in the run so far (since the last start or resume)."))
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
     log_samples_every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
     log_samples: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")

@@ -7,7 +7,15 @@ subset: `model`, `messages`, `tools`, `tool_choice`, `temperature`, `max_tokens`
 
 Retries: connection errors, timeouts and HTTP 408/409/429/5xx are retried `max_retries`
 times with exponential back-off starting at `backoff_s` (a `Retry-After` header, if larger
-and at most a minute, wins). Other 4xx responses are our fault and fail at once.
+and at most a minute, wins), all within `deadline_s` for the whole call. A connection gets
+`connect_timeout_s`, a response `timeout_s` (httpx's read timeout: the longest silence).
+
+Failures are typed by whose fault they are, so curation never rejects a row for an outage:
+- `JudgeUnavailable`: the endpoint cannot be used (unreachable, 5xx/429/timeouts after the
+  retries, past the deadline, a malformed answer, 401/403/404: a key or URL that is wrong);
+  the stage fails, naming the judge.
+- `JudgeRefused`: 400/413/422, the request was refused for what it holds (e.g. a question
+  over the context length); that row alone is affected.
 """
 
 from __future__ import annotations
@@ -28,6 +36,17 @@ class JudgeError(RuntimeError):
     """A judge request that failed for good (after retries, or a non-retryable status)."""
 
 
+class JudgeUnavailable(JudgeError):
+    """The judge endpoint cannot answer (an outage or a configuration error): no row may be judged by it."""
+
+
+class JudgeRefused(JudgeError):
+    """The endpoint refused this request for its content (HTTP 400/413/422)."""
+
+
+REFUSED_STATUS = frozenset({400, 413, 422})
+
+
 @dataclass(frozen=True)
 class ChatReply:
     message: dict[str, Any]  # choices[0].message as sent by the server
@@ -39,10 +58,12 @@ class ChatReply:
 class ChatClient:
     """One judge endpoint. `complete()` returns the first choice's message and its usage."""
 
-    def __init__(self, judge: JudgeConfig, *, timeout_s: float, max_retries: int, backoff_s: float) -> None:
+    def __init__(self, judge: JudgeConfig, *, timeout_s: float, max_retries: int, backoff_s: float,
+                 connect_timeout_s: float = 10.0, deadline_s: float | None = None) -> None:
         self.judge = judge
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        self.deadline_s = deadline_s
         headers = {"Content-Type": "application/json"}
         if judge.api_key_env:
             key = os.environ.get(judge.api_key_env)
@@ -50,11 +71,19 @@ class ChatClient:
                 raise JudgeError(f"judge {judge.name!r}: environment variable {judge.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
         self._url = judge.base_url.rstrip("/") + "/chat/completions"
-        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s))
+        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s))
         self.requests = 0  # HTTP requests actually sent, retries included
 
     async def complete(self, body: dict[str, Any]) -> ChatReply:
-        body = {"model": self.judge.model, **body}
+        """The first choice's message; raises `JudgeUnavailable` or `JudgeRefused` (see the module)."""
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._complete({"model": self.judge.model, **body})
+        except TimeoutError:
+            raise JudgeUnavailable(f"judge {self.judge.name!r} at {self.judge.base_url}: no answer within the "
+                                   f"deadline of {self.deadline_s:g}s (retries included)") from None
+
+    async def _complete(self, body: dict[str, Any]) -> ChatReply:
         last_error = "no attempt made"
         for attempt in range(self.max_retries + 1):
             try:
@@ -68,10 +97,14 @@ class ChatClient:
                 last_error = f"HTTP {response.status_code}"
                 await self._sleep(attempt, response.headers.get("retry-after"))
                 continue
+            if response.status_code in REFUSED_STATUS:
+                raise JudgeRefused(f"judge {self.judge.name!r}: HTTP {response.status_code}: {response.text[:300]}")
             if response.status_code != 200:
-                raise JudgeError(f"judge {self.judge.name!r}: HTTP {response.status_code}: {response.text[:300]}")
+                raise JudgeUnavailable(f"judge {self.judge.name!r} at {self.judge.base_url}: HTTP "
+                                       f"{response.status_code}: {response.text[:300]}")
             return self._parse(response, attempt + 1)
-        raise JudgeError(f"judge {self.judge.name!r}: gave up after {self.max_retries + 1} attempts ({last_error})")
+        raise JudgeUnavailable(f"judge {self.judge.name!r} at {self.judge.base_url}: unreachable, gave up after "
+                               f"{self.max_retries + 1} attempts ({last_error})")
 
     async def _sleep(self, attempt: int, retry_after: str | None) -> None:
         if attempt >= self.max_retries:
@@ -88,7 +121,7 @@ class ChatClient:
             data = response.json()
             message = data["choices"][0]["message"]
         except (ValueError, KeyError, IndexError, TypeError) as err:
-            raise JudgeError(f"judge {self.judge.name!r}: malformed completion ({err!r}): {response.text[:300]}") from None
+            raise JudgeUnavailable(f"judge {self.judge.name!r}: malformed completion ({err!r}): {response.text[:300]}") from None
         usage = data.get("usage") or {}
         return ChatReply(message, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0), attempts)
 

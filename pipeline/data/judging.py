@@ -5,13 +5,18 @@ code interpreter", and kept the questions all three answered correctly. Here:
 
 1. Each judge is an OpenAI-compatible endpoint offered our tools through function calling:
    `search(query)` and `code(code)`, executed by our own services through the `Tool`
-   protocol; tool failures go back to the judge as the tool's message, never as exceptions.
+   protocol; a tool's own failure (the code raised, nothing found) goes back to the judge as the
+   tool's message, but an outage of the service (`ToolResult.infrastructure`) fails the stage.
 2. A judge may call tools in `max_tool_turns` turns; the next request sets `tool_choice:
    "none"`, so it must answer. The answer is the last `\\boxed{}` of its final message.
 3. Correctness is our reward verifier for the problem's source/type (`pipeline.reward`),
    the same one training uses; a score >= `correct_threshold` counts.
-4. A row is kept when `min_correct` judges (0 = all) are right. A judge error (after retries)
-   counts as not correct and is not cached, so a later run asks again.
+4. A row is kept when `min_correct` judges (0 = all) are right. A row is rejected for what it
+   holds, never for an outage: a judge that cannot be reached or used (`JudgeUnavailable`, after
+   its retries and within `deadline_s`) or a tool service that is down fails the stage with an
+   error naming it, and the first such failure stops every call still running (a hanging judge
+   costs one deadline, not one per row). Only a request refused for its content (`JudgeRefused`)
+   counts as not correct for that row; it is not cached, so a later run asks again.
 5. Every answer is cached in SQLite as soon as it arrives (see judge_cache.py); tokens and cost
    are summed from the cached answers, so report.json does not depend on what was cached.
 """
@@ -23,7 +28,7 @@ import concurrent.futures
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -31,7 +36,7 @@ from tqdm import tqdm
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig
 from pipeline.config.reward import RewardConfig
 from pipeline.data.judge_cache import JudgeAnswer, JudgeCache, cache_key
-from pipeline.data.judge_client import ChatClient, JudgeError
+from pipeline.data.judge_client import ChatClient, JudgeError, JudgeRefused, JudgeUnavailable
 from pipeline.data.sources import Rejection
 from pipeline.reward import last_boxed, route, verify
 from pipeline.tools.base import Tool
@@ -68,6 +73,27 @@ def default_tools(cfg: MultiLLMConfig) -> dict[str, Tool]:
     return tools
 
 
+class ToolUnavailable(JudgeUnavailable):
+    """A tool service the judges call is down: their answers would be about the outage, not the row."""
+
+
+def judge_chat_client(judge: JudgeConfig, cfg: MultiLLMConfig) -> ChatClient:
+    return ChatClient(judge, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s,
+                      connect_timeout_s=cfg.connect_timeout_s, deadline_s=cfg.deadline_s)
+
+
+async def all_or_outage(coros: Iterable[Awaitable[T]]) -> list[T]:
+    """Every result, in order; the first exception (an outage) cancels the calls still running and is
+    raised. Answers that came in before it are already in the cache."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _call_tool(tools: Mapping[str, Tool], call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
     name, raw_args = fn.get("name"), fn.get("arguments") or "{}"
@@ -80,13 +106,15 @@ async def _call_tool(tools: Mapping[str, Tool], call: dict[str, Any]) -> str:
         return f"error: arguments of {name} must be JSON with a '{'query' if name == 'search' else 'code'}' string"
     try:
         result = await tools[name](str(arg))
-    except Exception as err:  # a Tool must not raise; if one does, the judge sees it, the run goes on
-        return f"error: tool {name} failed: {type(err).__name__}: {err}"
+    except Exception as err:  # a Tool must not raise: one that does is broken, not the row
+        raise ToolUnavailable(f"tool {name!r} of the judges raised {type(err).__name__}: {err}") from err
+    if result.infrastructure:
+        raise ToolUnavailable(f"tool service {name!r} of the judges is unavailable: {result.error or result.output}")
     return result.output
 
 
 async def ask_judge(client: ChatClient, question: str, tools: Mapping[str, Tool], cfg: MultiLLMConfig) -> JudgeAnswer:
-    """One question to one judge, tool calls executed, until it answers (raises JudgeError)."""
+    """One question to one judge, tool calls executed, until it answers (raises JudgeUnavailable or JudgeRefused)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
     schemas = [TOOL_SCHEMAS[name] for name in sorted(tools)]
     prompt_tokens = completion_tokens = tool_calls = requests = 0
@@ -130,8 +158,7 @@ class JudgePanel:
         self.tools = tools
         self.cache_hits = 0
         self._limit = asyncio.Semaphore(cfg.concurrency)
-        self._clients = {j.name: ChatClient(j, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
-                                            backoff_s=cfg.backoff_s) for j in cfg.judges}
+        self._clients = {j.name: judge_chat_client(j, cfg) for j in cfg.judges}
 
     async def answer(self, judge: JudgeConfig, problem: Problem) -> JudgeAnswer | JudgeError:
         key = judge_key(judge, problem, self.cfg, sorted(self.tools))
@@ -142,7 +169,7 @@ class JudgePanel:
         async with self._limit:
             try:
                 answer = await ask_judge(self._clients[judge.name], problem.question, self.tools, self.cfg)
-            except JudgeError as err:
+            except JudgeRefused as err:  # this row's request; an outage (JudgeUnavailable) propagates
                 return err
         self.cache.put(key, judge.name, problem.id, answer)
         return answer
@@ -213,7 +240,7 @@ async def _judge_all(problems: list[Problem], cfg: MultiLLMConfig, tool_factory:
 
     started = time.perf_counter()
     try:
-        flat = await asyncio.gather(*(one(j, p) for p in problems for j in cfg.judges))
+        flat = await all_or_outage(one(j, p) for p in problems for j in cfg.judges)
     finally:
         bar.close()
         await panel.aclose()

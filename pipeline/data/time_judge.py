@@ -6,8 +6,9 @@ it is asked, for every remaining row of `time_ambiguous_types`, to answer YES (t
 depends on when the question is asked) or NO. YES rejects the row (filter `time_ambiguous`).
 
 Same machinery as the multi-LLM stage: the SQLite cache (a re-run pays nothing), retries,
-concurrency limit, token and cost accounting. A judge error rejects the row, is not cached
-and is retried by the next run: nothing unverified is kept.
+concurrency limit, token and cost accounting. A request refused for its content rejects the
+row, is not cached and is retried by the next run: nothing unverified is kept. An unreachable
+judge (`JudgeUnavailable`) fails the stage instead: no row is rejected for an outage.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from tqdm import tqdm
 
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig
 from pipeline.data.judge_cache import JudgeAnswer, JudgeCache, cache_key
-from pipeline.data.judge_client import ChatClient, JudgeError
-from pipeline.data.judging import run_async
+from pipeline.data.judge_client import ChatClient, JudgeError, JudgeRefused
+from pipeline.data.judging import all_or_outage, judge_chat_client, run_async
 from pipeline.data.sources import Rejection
 from pipeline.types import Problem
 
@@ -45,7 +46,7 @@ async def _classify(client: ChatClient, cache: JudgeCache, judge: JudgeConfig, p
     async with limit:
         try:
             reply = await client.complete(body)
-        except JudgeError as err:
+        except JudgeRefused as err:  # an outage (JudgeUnavailable) propagates and fails the stage
             return err
     content = (reply.message.get("content") or "").strip()
     word = content.split()[0].strip(".!").upper() if content else ""
@@ -59,7 +60,7 @@ async def _classify_all(problems: list[Problem], judge: JudgeConfig, cfg: MultiL
         list[JudgeAnswer | JudgeError], float]:
     cache = JudgeCache(cfg.cache_path)
     try:
-        client = ChatClient(judge, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries, backoff_s=cfg.backoff_s)
+        client = judge_chat_client(judge, cfg)
     except BaseException:
         cache.close()
         raise
@@ -72,7 +73,7 @@ async def _classify_all(problems: list[Problem], judge: JudgeConfig, cfg: MultiL
         return result
 
     try:
-        results = await asyncio.gather(*(one(p) for p in problems))
+        results = await all_or_outage(one(p) for p in problems)
     finally:
         bar.close()
         await client.aclose()

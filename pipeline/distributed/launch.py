@@ -4,7 +4,8 @@
 
 Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR (127.0.0.1: torch's rendezvous
 would otherwise listen on every interface) and a free MASTER_PORT. When one rank fails the
-others are stopped (a rank blocked in a collective would otherwise wait forever). Several
+others are stopped (a rank blocked in a collective would otherwise wait forever); a rank also
+gets SIGTERM when the launcher dies without stopping it (even by SIGKILL). Several
 nodes: use the `deepspeed` launcher with a hostfile (docs/scale-out.md).
 """
 
@@ -19,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline.services import free_port
+from pipeline.services import free_port, parent_death_signal
 
 POLL_S = 0.2
 
@@ -51,8 +52,8 @@ def launch(cmd: Sequence[str], nproc: int, *, env: Mapping[str, str] | None = No
     """Run `cmd` as `nproc` ranks; returns their exit codes (all stopped when one fails or time runs out)."""
     port = free_port()
     base = dict(os.environ if env is None else env)
-    procs = [subprocess.Popen(list(cmd), env=rank_env(r, nproc, port, base, threads), start_new_session=True)
-             for r in range(nproc)]
+    procs = [subprocess.Popen(list(cmd), env=rank_env(r, nproc, port, base, threads), start_new_session=True,
+                              preexec_fn=parent_death_signal()) for r in range(nproc)]
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs):

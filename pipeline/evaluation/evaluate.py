@@ -15,7 +15,9 @@ run seed and the chunk's position, so a resumed run equals an uninterrupted one,
 Departures from the papers: TAPO/ToRL run one batch over the whole test set; here problems go
 in chunks of `chunk_problems` so a crash loses at most one chunk. Accuracy is the rule-based
 verifier's (the reward's f_T); the LLM judge, when enabled, may only turn a rejected fact
-answer into an accepted one, never the reverse.
+answer into an accepted one, never the reverse. A chunk in which a tool service failed
+(`ToolResult.infrastructure`) is not scored as the model's answers: the run stops with
+`ToolOutage` naming the service, before the chunk is stored, so a resumed run samples it again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
 from pipeline.evaluation.summary import summarise
 from pipeline.jsonl import write_json
 from pipeline.model import load_policy
+from pipeline.outages import OutageCounts, ToolOutage
 from pipeline.progress import progress
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
@@ -137,6 +140,11 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
     # reproduces exactly what an uninterrupted run would have sampled.
     plan.engine.calls = position - 1
     result = await plan.engine.arollout(list(chunk), ec.samples, temperature=ec.temperature)
+    outages = OutageCounts.of(t for g in result.groups for t in g.trajectories)
+    for tool in outages.over(0.0):
+        raise ToolOutage(f"tool service {tool!r} failed {outages.failures[tool]} of its {outages.calls[tool]} calls in "
+                         f"chunk {position} of {bench.name} (e.g. {outages.example[tool][:300]!r}); stopped before "
+                         "scoring it (a resumed run samples it again)")
     records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
     plan.store.append(await judge_records(records, ec.judge))
 

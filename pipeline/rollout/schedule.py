@@ -109,9 +109,9 @@ class _Run:
         try:
             async with self.limits[call.tool]:
                 result = await self.engine.tools[call.tool](call.input)
-        except Exception as err:  # a tool that breaks its contract must still not kill the batch
+        except Exception as err:  # a tool that breaks its contract must still not kill the batch (nor train it)
             result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
-                                        latency_s=time.perf_counter() - t0)
+                                        latency_s=time.perf_counter() - t0, infrastructure=True)
         self.tool_results.append((call.tool, result))
         answered(seq, call, result, call_span)
 

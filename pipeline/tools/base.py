@@ -1,12 +1,19 @@
-"""The shape of a tool, as the rollout engine sees it.
+"""The shape of a tool, as the rollout engine sees it, and what every client counts.
 
 A tool is an async callable from the model's call text (code, or a search query) to a
 `ToolResult`. Implementations must not raise: timeouts, connection errors and bad
 responses become `ToolResult.failure(...)` so one broken call never kills a batch.
+
+A failure is classified once, where it happens, in the client: an *infrastructure* failure
+(the service refused the connection, answered 5xx or 429 after the retries, answered garbage,
+or did not answer within the client's timeout) is the service's fault and is marked
+`ToolResult.infrastructure`; a failure the policy caused (its code raised, ran past the
+snippet's limit, its query was refused as too long) is an observation to learn from.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from pipeline.types import ToolName, ToolResult
@@ -19,3 +26,30 @@ class Tool(Protocol):
     async def __call__(self, call_input: str) -> ToolResult: ...
 
     async def aclose(self) -> None: ...
+
+
+def infrastructure_status(status_code: int) -> bool:
+    """An HTTP status that says the service (not the request) failed: 429 (still overloaded after our
+    retries) and every 5xx."""
+    return status_code == 429 or status_code >= 500
+
+
+@dataclass
+class CallCounts:
+    """Calls one client made, and how many of them failed, and how many of those for infrastructure.
+
+    Counted per client over its life (the run); the trainer's outage check reads the same fact from
+    each trajectory's results, per step."""
+
+    calls: int = 0
+    failed: int = 0
+    infrastructure: int = 0
+    last_infrastructure_error: str = ""
+
+    def count(self, result: ToolResult) -> ToolResult:
+        self.calls += 1
+        self.failed += not result.ok
+        if result.infrastructure:
+            self.infrastructure += 1
+            self.last_infrastructure_error = result.error or result.output
+        return result

@@ -3,8 +3,11 @@
 What the model sees (`ToolResult.output`) follows ToRL: the snippet's stdout, and when it
 failed, the last traceback line after it (`"...\\nZeroDivisionError: division by zero"`).
 `ok` is True only for status "ok"; `status` is the service's verdict, or "unavailable"
-when the service could not be reached or answered garbage. Empty stdout on success stays
-empty: the rollout engine decides how to word it.
+when the service could not be reached, answered 5xx/429 after the retries, answered garbage or
+not within the client's timeout: those are infrastructure failures (`ToolResult.infrastructure`),
+counted in `counts`, never the policy's. A snippet that ran past its own limit is the sandbox's
+verdict "timeout", the policy's. Empty stdout on success stays empty: the rollout engine decides
+how to word it.
 
 Retries: connection failures and 429/502/503/504 are retried (with the server's
 Retry-After, else exponential backoff) up to `retries` times; a snippet that ran is never
@@ -20,6 +23,7 @@ import time
 import httpx
 
 from pipeline.config.sandbox import SandboxConfig
+from pipeline.tools.base import CallCounts, infrastructure_status
 from pipeline.types import ToolName, ToolResult
 
 _RETRYABLE_STATUS = {429, 502, 503, 504}
@@ -51,6 +55,7 @@ class CodeSandboxClient:
         self.memory_mb = memory_mb
         self.retries = retries
         self._slots = asyncio.Semaphore(concurrency)
+        self.counts = CallCounts()
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s + _HTTP_MARGIN_S, connect=5.0),
             limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
@@ -62,15 +67,19 @@ class CodeSandboxClient:
                    retries=cfg.retries)
 
     async def __call__(self, call_input: str) -> ToolResult:
+        return self.counts.count(await self._run(call_input))
+
+    async def _run(self, call_input: str) -> ToolResult:
         started = time.perf_counter()
         async with self._slots:
             try:
                 body = await self._post_with_retries(call_input)
-            except CodeTooLarge as exc:
+            except CodeRefused as exc:
                 return ToolResult.failure(str(exc), status="rejected", latency_s=time.perf_counter() - started)
-            except (httpx.HTTPError, OSError, ValueError) as exc:
+            except (httpx.HTTPError, OSError, ValueError) as exc:  # unreachable, 5xx, garbage, no answer in time
                 return ToolResult.failure(f"code sandbox unavailable: {type(exc).__name__}: {exc}",
-                                          status="unavailable", latency_s=time.perf_counter() - started)
+                                          status="unavailable", latency_s=time.perf_counter() - started,
+                                          infrastructure=True)
         return self._to_result(body, time.perf_counter() - started)
 
     async def _post_with_retries(self, code: str) -> dict:
@@ -109,13 +118,26 @@ def _retry_delay(response: httpx.Response, attempt: int) -> float:
         return 0.2 * 2**attempt
 
 
-class CodeTooLarge(Exception):
-    """HTTP 413: the snippet is over the server's size limit; retrying cannot help."""
+class CodeRefused(Exception):
+    """A 4xx other than 429 (413: the snippet is over the server's size limit): the request, not the
+    service, is at fault, and retrying cannot help."""
+
+
+CodeTooLarge = CodeRefused  # the name earlier callers used for the 413 case
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", ""))[:200]
+    except (ValueError, AttributeError):
+        return response.text[:200]
 
 
 def _checked_body(response: httpx.Response) -> dict:
     if response.status_code == 413:
-        raise CodeTooLarge(f"code rejected by the sandbox: {response.json().get('detail', 'too large')}")
+        raise CodeRefused(f"code rejected by the sandbox: {_detail(response) or 'too large'}")
+    if response.status_code != 200 and not infrastructure_status(response.status_code):
+        raise CodeRefused(f"code rejected by the sandbox: HTTP {response.status_code} {_detail(response)}")
     if response.status_code != 200:
         raise ValueError(f"HTTP {response.status_code} from the sandbox: {response.text[:200]}")
     body = response.json()

@@ -2,22 +2,24 @@
 
 `await client(query)` returns a `ToolResult` whose output is what the model reads, formatted like
 Search-R1's `_passages2string` / TAPO's Serper formatter: "Doc 1 (Title: ...) text" lines. It never
-raises: an unreachable or failing service (after `retries` retries with back-off) gives
-`ToolResult.failure(..., status="unavailable")`; a query the service refuses (empty, too long) gives
-status "rejected" without retrying; no results gives an ok result saying nothing was found.
+raises: an unreachable or failing service (after `retries` retries with back-off: refused, 5xx/429,
+a malformed answer, or no answer within the client's timeout) gives `ToolResult.failure(...,
+status="unavailable", infrastructure=True)`, counted in `counts`; a query the service refuses (empty,
+too long) gives status "rejected" without retrying, the policy's doing; no results gives an ok result
+saying nothing was found.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import httpx
 
 from pipeline.config.search import SearchConfig
+from pipeline.tools.base import CallCounts, infrastructure_status
 from pipeline.types import ToolResult
-
-RETRYABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 
 
 def format_results(results: list[dict]) -> str:
@@ -33,6 +35,7 @@ class SearchClient:
         self.top_k = top_k
         self.retries = retries
         self._limit = asyncio.Semaphore(concurrency)
+        self.counts = CallCounts()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
 
     @classmethod
@@ -45,24 +48,25 @@ class SearchClient:
         started = time.perf_counter()
         query = call_input.strip()
         if not query:
-            return ToolResult.failure("empty search query", status="rejected")
+            return self.counts.count(ToolResult.failure("empty search query", status="rejected"))
         async with self._limit:
             result = await self._search_with_retries(query)
-        return ToolResult(result.output, result.ok, result.status, result.error, time.perf_counter() - started)
+        return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
 
     async def _search_with_retries(self, query: str) -> ToolResult:
-        failure = ToolResult.failure("search service unavailable", status="unavailable")
+        failure = ToolResult.failure("search service unavailable", status="unavailable", infrastructure=True)
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
             try:
                 response = await self._http.post(f"{self.url}/search", json={"query": query, "top_k": self.top_k})
-            except httpx.HTTPError as err:
-                failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}", status="unavailable")
+            except (httpx.HTTPError, OSError) as err:
+                failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
+                                             status="unavailable", infrastructure=True)
                 continue
-            if response.status_code in RETRYABLE_STATUS:
+            if infrastructure_status(response.status_code):
                 failure = ToolResult.failure(f"search failed: HTTP {response.status_code} {_detail(response)}",
-                                             status="unavailable")
+                                             status="unavailable", infrastructure=True)
                 continue
             if response.status_code != 200:
                 return ToolResult.failure(f"search refused the query: {_detail(response)}", status="rejected")
@@ -84,7 +88,7 @@ def _parse(response: httpx.Response) -> ToolResult:
     try:
         results = response.json()["results"]
     except (ValueError, KeyError, TypeError):
-        return ToolResult.failure("search service sent a malformed answer", status="unavailable")
+        return ToolResult.failure("search service sent a malformed answer", status="unavailable", infrastructure=True)
     if not results:
         return ToolResult("No results found.", ok=True)
     return ToolResult(format_results(results), ok=True)

@@ -12,7 +12,9 @@ with function calling, and it behaves deterministically from a `Script`:
 - `Script.fail_first[model]` = n: the first n requests for each question get HTTP 503;
 - `Script.status[model]` = code: every request gets that HTTP status;
 - a model in `Script.verdicts` is a classifier: it says YES for the questions listed, else NO;
-- `Script.latency_s` delays every response (benchmarks of concurrency).
+- `Script.latency_s` delays every response (benchmarks of concurrency);
+- `Script.die_after` = n: run as its own process, it SIGKILLs itself right after its n-th answer
+  (fault tests: a judge endpoint that dies mid-run, for real).
 
 Run in-process (`with ScriptedOpenAIServer(script) as server`) or as its own process, so the
 client under test does not share a GIL with it: `python -m tests.data.openai_server --host
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -41,6 +45,7 @@ class Script:
     verdicts: dict[str, set[str]] = field(default_factory=dict)
     latency_s: float = 0.0
     api_key: str = ""
+    die_after: int = 0
 
 
 def _question(messages: list[dict[str, Any]]) -> str:
@@ -84,8 +89,10 @@ class _Server(ThreadingHTTPServer):
 class ScriptedOpenAIServer:
     """`with ScriptedOpenAIServer(script) as server:` -> `server.url` ends in /v1."""
 
-    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, script: Script, host: str = "127.0.0.1", port: int = 0, *, may_die: bool = False) -> None:
         self.script = script
+        self.may_die = may_die  # only a server in its own process may honour Script.die_after
+        self.answered = 0
         self.requests: Counter[str] = Counter()  # model -> HTTP requests received
         self.failures_left: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
@@ -150,7 +157,14 @@ class ScriptedOpenAIServer:
                     time.sleep(outer.script.latency_s)
                 if status != 200:
                     return self._send(status, {"error": {"message": f"scripted {status}"}})
-                return self._send(200, _reply(outer.script, model, body))
+                self._send(200, _reply(outer.script, model, body))
+                with outer._lock:
+                    outer.answered += 1
+                    dying = outer.may_die and outer.script.die_after and outer.answered >= outer.script.die_after
+                if dying:
+                    self.wfile.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return None
 
         return Handler
 
@@ -164,7 +178,7 @@ def main() -> None:
     raw = json.loads(open(args.script, encoding="utf-8").read())
     raw["wrong"] = {m: set(qs) for m, qs in raw.get("wrong", {}).items()}
     raw["verdicts"] = {m: set(qs) for m, qs in raw.get("verdicts", {}).items()}
-    server = ScriptedOpenAIServer(Script(**raw), args.host, args.port)
+    server = ScriptedOpenAIServer(Script(**raw), args.host, args.port, may_die=True)
     server._server.serve_forever()
 
 

@@ -14,6 +14,7 @@ import pytest
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig, SourceConfig
 from pipeline.data.curate import run
 from pipeline.data.judge_cache import JudgeCache
+from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.types import ToolResult
 from tests.data.openai_server import Script, ScriptedOpenAIServer
 
@@ -141,21 +142,22 @@ def test_cache_means_a_rerun_pays_nothing_and_is_byte_identical(tmp_path: Path, 
     assert {n: (tmp_path / "out" / n).read_bytes() for n in before} == before
 
 
-def test_failed_calls_are_not_cached_and_a_rerun_resumes(tmp_path: Path, questions_file: Path) -> None:
-    script = Script(answers=dict(QUESTIONS), status={"flaky": 503})
+def test_a_failing_endpoint_fails_the_stage_and_a_rerun_resumes(tmp_path: Path, questions_file: Path) -> None:
+    """An outage (HTTP 503 after the retries) rejects no row: the stage fails naming the judge, nothing is
+    written, and the answers already in are cached, so the rerun after the endpoint recovers pays only the rest."""
+    script = Script(answers=dict(QUESTIONS), status={"flaky": 503}, latency_s=0.05)
     with ScriptedOpenAIServer(script) as server:
-        cfg = _config(tmp_path, questions_file, server.url, ["steady", "flaky"], max_retries=1)
-        report = run(cfg, tool_factory=dict)
-        assert report.n_train == 0 and report.judges["flaky"]["errors"] == 6
-        assert server.requests["flaky"] == 12  # one try + one retry per question
-        reason = json.loads((tmp_path / "out" / "rejected.jsonl").read_text().splitlines()[0])["reason"]
-        assert "flaky: wrong error" in reason and "HTTP 503" in reason
-        assert len(JudgeCache(cfg.multi_llm.cache_path)) == 6  # only the steady judge's answers
+        cfg = _config(tmp_path, questions_file, server.url, ["steady", "flaky"], max_retries=1, concurrency=1)
+        with pytest.raises(JudgeUnavailable, match="judge 'flaky'.*HTTP 503"):
+            run(cfg, tool_factory=dict)
+        assert server.requests["flaky"] == 2  # one try + one retry, then every other call is stopped
+        assert not (tmp_path / "out").exists()
+        cached = len(JudgeCache(cfg.multi_llm.cache_path))  # only the steady judge's answers, if any came first
         del script.status["flaky"]  # the endpoint recovers
         before = server.requests["steady"]
         report = run(cfg, tool_factory=dict)
-        assert server.requests["steady"] == before  # already paid for
-        assert server.requests["flaky"] == 12 + 6
+        assert server.requests["steady"] - before == 6 - cached  # what was answered is not paid again
+        assert server.requests["flaky"] == 2 + 6
     assert report.n_train == 6
 
 
@@ -265,11 +267,15 @@ class ExplodingSearch:
         pass
 
 
-async def test_runs_inside_an_event_loop_and_survives_a_raising_tool(tmp_path: Path, questions_file: Path) -> None:
-    """Prefect (or any async caller) may call run() with a loop running; a broken tool is an observation."""
+async def test_runs_inside_an_event_loop_and_a_raising_tool_fails_the_stage(tmp_path: Path,
+                                                                            questions_file: Path) -> None:
+    """Prefect (or any async caller) may call run() with a loop running; a tool that breaks its contract is
+    broken infrastructure, not an observation: the judge's answer would be about it, so no row is judged."""
     script = Script(answers=dict(QUESTIONS), tool={"searcher": "search"})
     with ScriptedOpenAIServer(script) as server:
-        report = run(_config(tmp_path, questions_file, server.url, ["searcher", "plain"], min_correct=1),
-                     tool_factory=lambda: {"search": ExplodingSearch()})
-    assert report.n_train == 6  # "plain" answers; "searcher" saw the error text and said unknown
-    assert report.judges["searcher"]["correct"] == 0 and report.judges["searcher"]["tool_calls"] == 6
+        cfg = _config(tmp_path, questions_file, server.url, ["searcher", "plain"], min_correct=1)
+        with pytest.raises(JudgeUnavailable, match="tool 'search' of the judges raised ConnectionError"):
+            run(cfg, tool_factory=lambda: {"search": ExplodingSearch()})
+        assert not (tmp_path / "out").exists()
+        report = run(cfg, tool_factory=lambda: {"search": CorpusSearch()})
+    assert report.n_train == 6

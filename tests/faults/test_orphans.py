@@ -1,0 +1,145 @@
+"""Nothing outlives its run: a stage killed by any signal leaves no process behind (checked with `ps`),
+a stage under a killed `dvc repro` stops writing its outputs, SIGINT / SIGTERM exit 130 / 143, and a
+killed stage's MLflow run does not stay RUNNING."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from flows.tracking import stage_run
+from pipeline.config import load_config
+from pipeline.paths import REPO_ROOT
+from tests.faults.conftest import PYTHON, assert_all_gone, descendants, stage_env, wait_for
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
+
+
+def services_params(tmp_path: Path) -> Path:
+    """The project's params with a sandbox and a private Redis to start (search itself is 'already running')."""
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    raw["sandbox"]["workers"] = 1
+    raw["search"]["url"] = "http://127.0.0.1:9"  # used as given: not started
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGKILL, -9), (signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_killed_stage_leaves_no_process_behind(tmp_path: Path, run_stage, sig: int, exit_code: int) -> None:
+    """The services stage starts Prefect's temporary API server, the sandbox (with its workers) and Redis;
+    whatever signal ends it, all of them end too."""
+    stage = run_stage([PYTHON, "-m", "flows.services", "--params", str(services_params(tmp_path))])
+    stage.wait_for_line("services up")
+    children = descendants(stage.proc.pid)
+    commands = [" ".join(p.cmdline()) for p in children]
+    assert any("uvicorn" in c and "prefect" in c for c in commands), commands  # Prefect's temporary server
+    assert any("sandbox.code" in c for c in commands) and any("redis-server" in c for c in commands), commands
+    stage.proc.send_signal(sig)
+    assert stage.wait() == exit_code, stage.output()[-3000:]
+    assert_all_gone(children, f"the services stage killed by {signal.Signals(sig).name}")
+
+
+STAGE = textwrap.dedent("""
+    import sys, time, subprocess
+    from flows.common import stage_process
+    with stage_process():
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        print("started", helper.pid, flush=True)
+        with open(sys.argv[1], "a") as out:
+            while True:
+                out.write("x"); out.flush(); time.sleep(0.02)
+""")
+
+
+def test_a_stage_under_a_killed_dvc_repro_stops_writing_its_outputs(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "stage.py").write_text(STAGE)
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"write": {
+        "cmd": f"{PYTHON} stage.py out.txt > stage.log 2>&1", "deps": ["stage.py"], "outs": ["out.txt"]}}}))
+    dvc = str(Path(PYTHON).with_name("dvc"))
+    subprocess.run([dvc, "init", "--no-scm", "-q"], cwd=repo, check=True, env=stage_env())
+    repro = subprocess.Popen([dvc, "repro"], cwd=repo, env=stage_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        log = repo / "stage.log"
+        wait_for(lambda: log.is_file() and "started" in log.read_text() or repro.poll() is not None, "the stage")
+        assert "started" in log.read_text(), log.read_text()
+        tree = descendants(repro.pid)
+        assert any("stage.py" in " ".join(p.cmdline()) for p in tree)
+        repro.kill()  # SIGKILL: dvc can do nothing about its stage
+        repro.wait()
+        assert_all_gone(tree, "the stage of a killed dvc repro")  # the stage, its shell and its helper
+        written = (repo / "out.txt").stat().st_size
+        assert written > 0
+        assert (repo / "out.txt").stat().st_size == written  # nothing writes it any more
+    finally:
+        if repro.poll() is None:
+            repro.kill()
+
+
+TRACKED = textwrap.dedent("""
+    import sys, time
+    from flows.common import stage_process
+    from flows.tracking import stage_run
+    from pipeline.config import load_config
+    with stage_process(), stage_run(load_config(sys.argv[1]), "curate") as run_id:
+        print("run", run_id, flush=True)
+        time.sleep(600)
+""")
+
+
+def _tracked_params(tmp_path: Path) -> Path:
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    raw["run"]["tracking_uri"] = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _run_id(stage) -> str:
+    stage.wait_for_line("run ")
+    return stage.output().split("run ", 1)[1].split()[0]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT, signal.SIGTERM])
+def test_a_killed_stage_run_is_not_left_running(tmp_path: Path, run_stage, sig: int, monkeypatch) -> None:
+    """SIGINT / SIGTERM: the stage marks its own run KILLED on the way out. SIGKILL: nothing can run in
+    the stage, so the next stage that starts marks it KILLED (its process is gone)."""
+    monkeypatch.delenv("TAPO_MLFLOW_PARENT_RUN", raising=False)
+    monkeypatch.delenv("TAPO_MLFLOW_STAGE_RUN", raising=False)
+    params = _tracked_params(tmp_path)
+    cfg = load_config(params)
+    client = MlflowClient(cfg.run.tracking_uri)
+    stage = run_stage([PYTHON, "-c", TRACKED, str(params)])
+    run_id = _run_id(stage)
+    with stage_run(cfg, "train"):  # another stage starting beside a live one leaves the live one's run alone
+        pass
+    assert client.get_run(run_id).info.status == "RUNNING"
+    stage.proc.send_signal(sig)
+    assert stage.wait() == {signal.SIGKILL: -9, signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
+    if sig == signal.SIGKILL:
+        assert client.get_run(run_id).info.status == "RUNNING"  # as left
+        with stage_run(cfg, "curate"):  # the next start of any stage
+            pass
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path, run_stage) -> None:
+    """The ranks run in sessions of their own (so the launcher can stop each one's group); a parent-death
+    signal still ends them when the launcher is SIGKILLed."""
+    rank = "import time; print('rank up', flush=True); time.sleep(600)"
+    launcher = run_stage([PYTHON, "-m", "pipeline.distributed.launch", "--nproc", "2", "--", PYTHON, "-c", rank])
+    wait_for(lambda: launcher.output().count("rank up") == 2 or launcher.proc.poll() is not None, "both ranks")
+    ranks = descendants(launcher.proc.pid)
+    assert len(ranks) == 2, launcher.output()
+    launcher.proc.kill()
+    assert launcher.wait() == -9
+    assert_all_gone(ranks, "the ranks of a killed launcher")

@@ -1,0 +1,430 @@
+"""Outages fail loudly, after trying to recover: real services killed mid-run.
+
+* A tool client marks a failure as infrastructure exactly when the service is at fault (a matrix of
+  real HTTP answers on loopback, a refused port, a service that does not answer in time).
+* Training with the sandbox SIGKILLed mid-run stops, naming the service, before the batch is
+  trained on; below the limits, the groups that read the outage are never trained on.
+* The search service killed: infrastructure; Redis killed: the search service serves uncached.
+* The services flow restarts a service that died, a bounded number of times, and logs it.
+* An unreachable, failing, hanging or killed judge fails curation; no row is rejected for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeline.train
+from flows.services import running_services
+from pipeline.config import load_config
+from pipeline.config.curate import CurateConfig, FilterConfig, JudgeConfig, MultiLLMConfig, SourceConfig
+from pipeline.config.search import SearchConfig
+from pipeline.data.curate import run as curate
+from pipeline.data.judge_cache import JudgeCache
+from pipeline.data.judge_client import JudgeUnavailable
+from pipeline.outages import OutageCounts, OutageGuard, ToolOutage
+from pipeline.paths import REPO_ROOT
+from pipeline.search.build_index import build_index
+from pipeline.services import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
+from pipeline.tools.code import CodeSandboxClient
+from pipeline.tools.factory import make_tools
+from pipeline.tools.search import SearchClient
+from pipeline.train import set_up
+from pipeline.types import ToolCall, ToolResult, Trajectory
+from tests.faults.conftest import PYTHON, alive, sandbox_service, stage_env, wait_for
+from tests.train.toy_task import build_toy_model, toy_config
+
+# --- the clients' classification, against real HTTP answers --------------------------------------------
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    status = 200
+    body = b"{}"
+    release = threading.Event()  # a "hanging" server waits on this instead of answering
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.lock:
+            type(self).requests += 1
+        if self.status == 0:
+            self.release.wait(60)
+            return
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+@pytest.fixture()
+def scripted() -> Iterator[type[_Scripted]]:
+    handler = type("Handler", (_Scripted,), {"release": threading.Event(), "requests": 0, "lock": threading.Lock()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield handler
+    handler.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+GOOD = {"code": json.dumps({"status": "ok", "stdout": "42\n"}).encode(),
+        "search": json.dumps({"results": [{"title": "T", "text": "x"}]}).encode()}
+# (HTTP status or 0 = no answer in time, body) -> is it the service's fault?
+CASES = [(200, None, False), (200, b"not json", True), (200, b"[1, 2]", True), (400, b"{}", False),
+         (413, b'{"detail": "too large"}', False), (422, b"{}", False), (429, b"{}", True), (500, b"{}", True),
+         (502, b"{}", True), (503, b"{}", True), (504, b"{}", True), (0, b"", True)]
+
+
+def _client(tool: str, url: str):
+    if tool == "code":
+        client = CodeSandboxClient(url, retries=1, timeout_s=0.2)
+        client._http.timeout = httpx.Timeout(0.5)  # the client's own wait, not the snippet's limit
+        return client
+    client = SearchClient(url, retries=1, timeout_s=0.5)
+    return client
+
+
+@pytest.mark.parametrize("tool", ["code", "search"])
+@pytest.mark.parametrize(("status", "body", "infrastructure"), CASES)
+async def test_a_failure_is_infrastructure_exactly_when_the_service_is_at_fault(
+        scripted, tool: str, status: int, body: bytes | None, infrastructure: bool) -> None:
+    scripted.status, scripted.body = status, GOOD[tool] if body is None else body
+    client = _client(tool, scripted.url)
+    try:
+        result = await client("print(6 * 7)")
+    finally:
+        await client.aclose()
+    assert result.infrastructure is infrastructure, result
+    assert result.ok is (status == 200 and body is None)
+    assert (client.counts.calls, client.counts.infrastructure) == (1, int(infrastructure))
+
+
+@pytest.mark.parametrize("tool", ["code", "search"])
+async def test_a_refused_connection_is_infrastructure(tool: str) -> None:
+    client = _client(tool, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        result = await client("print(1)")
+    finally:
+        await client.aclose()
+    assert result.infrastructure and result.status == "unavailable" and client.counts.infrastructure == 1
+
+
+# --- the outage rule, as a property ---------------------------------------------------------------------
+
+
+def _trajectory(calls: list[tuple[str, bool]]) -> Trajectory:
+    tool_calls = tuple(ToolCall(tool, "x", ToolResult.failure("down", "unavailable", infrastructure=True)
+                                if down else ToolResult("ok", True), (0, 0), (0, 0)) for tool, down in calls)
+    return Trajectory("p", (), (), (), (), tool_calls, "answer", "", 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.lists(st.tuples(st.sampled_from(["code", "search"]), st.booleans()), max_size=12),
+                      min_size=1, max_size=5),
+       step_limit=st.sampled_from([0.0, 0.25, 0.5, 1.0]), run_limit=st.sampled_from([0.0, 0.2, 1.0]))
+def test_a_step_stops_exactly_when_a_service_is_past_a_limit(steps, step_limit: float, run_limit: float) -> None:
+    from pipeline.types import Group, Problem, ScoredGroup
+    problem = Problem("p", "q", ("a",), "math", "s", "train")
+    guard = OutageGuard(step_limit, run_limit)
+    run_calls: dict[str, list[bool]] = {"code": [], "search": []}
+    for calls in steps:
+        for tool, down in calls:
+            run_calls[tool].append(down)
+        step_share = {t: sum(d for tt, d in calls if tt == t) / max(1, sum(tt == t for tt, _ in calls)) for t in run_calls}
+        run_share = {t: sum(v) / max(1, len(v)) for t, v in run_calls.items()}
+        over = sorted({t for t in run_calls if step_share[t] > step_limit or run_share[t] > run_limit})
+        groups = [ScoredGroup(Group(problem, (_trajectory(calls),)), ())]
+        if over:
+            with pytest.raises(ToolOutage, match=f"tool service '({'|'.join(over)})'"):
+                guard.check(groups)
+            return
+        metrics = guard.check(groups)
+        assert metrics["train/outage_dropped_groups"] == float(any(d for _, d in calls))
+    assert OutageCounts.of(_trajectory(c) for c in steps).calls == guard.run.calls
+
+
+# --- training with the sandbox killed mid-run -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    logs = tmp_path_factory.mktemp("sandbox-for-the-model")
+    with sandbox_service(logs).start(timeout_s=120) as svc:
+        return build_toy_model(tmp_path_factory.mktemp("toy") / "model", svc.url)
+
+
+class KillAfter:
+    """The real client; after its `n`-th call the real sandbox process group is SIGKILLed."""
+
+    def __init__(self, client: CodeSandboxClient, service: ServiceProcess, n: int) -> None:
+        self.client, self.service, self.n, self.name = client, service, n, "code"
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        result = await self.client(call_input)
+        self.n -= 1
+        if self.n == 0:
+            os.killpg(self.service.process.pid, signal.SIGKILL)
+            self.service.process.wait()
+        return result
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _killing_tools(monkeypatch: pytest.MonkeyPatch, service: ServiceProcess, n: int) -> None:
+    def tools(cfg, urls):
+        made = make_tools(cfg, urls)
+        return {**made, "code": KillAfter(made["code"], service, n)}
+    monkeypatch.setattr(pipeline.train, "make_tools", tools)
+
+
+def test_training_stops_naming_the_sandbox_killed_mid_run(tmp_path: Path, toy_model: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = toy_config(tmp_path, toy_model, group_size=4, steps=4, max_gen_rounds=1, checkpoint_every=1)
+    with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
+        _killing_tools(monkeypatch, service, n=10)  # dies during the second step's rollout
+        with pytest.raises(ToolOutage, match="tool service 'code'.*failed for infrastructure reasons"):
+            pipeline.train.run(cfg, {"code": service.url}, metrics_dir=tmp_path / "metrics")
+    history = (tmp_path / "metrics" / "train_history.jsonl").read_text().splitlines()
+    assert len(history) == 1  # the first step trained; the second stopped before its update
+    assert not Path(cfg.train.output_dir).exists()  # no final model, so nothing registered
+    assert not (tmp_path / "metrics" / "train.json").exists()
+
+
+def test_groups_that_read_an_outage_are_never_trained_on(tmp_path: Path, toy_model: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = toy_config(tmp_path, toy_model, group_size=4, prompts_per_step=4, max_gen_rounds=1,
+                     max_step_outage_share=1.0, max_run_outage_share=1.0)
+    with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
+        _killing_tools(monkeypatch, service, n=6)  # some of the step's calls answer, the rest meet a dead sandbox
+        tr = set_up(cfg, {"code": service.url}, resume=False)
+        collected = tr.collect_groups(tr)
+        tr.engine.close()
+    outaged = [g for g in collected.seen if any(t.infrastructure_failures for t in g.group.trajectories)]
+    assert outaged, "the sandbox's death reached no trajectory"
+    trained = collected.kept + collected.dropped  # the dropped are the anchoring candidates
+    assert not any(t.infrastructure_failures for g in trained for t in g.group.trajectories)
+    assert collected.metrics["train/outage_dropped_groups"] == len(outaged)
+    assert collected.metrics["tool_outages/code"] == sum(t.infrastructure_failures for g in outaged
+                                                         for t in g.group.trajectories)
+
+
+def test_evaluation_with_a_dead_sandbox_stops_and_stores_no_sample(tmp_path: Path, toy_model: Path) -> None:
+    from pipeline.evaluation.benchmarks import Benchmark
+    from pipeline.evaluation.evaluate import evaluate_engine
+    from pipeline.model import load_policy
+    from pipeline.rollout.engine import RolloutEngine
+    from tests.evaluation.conftest import make_cfg
+    from tests.train.toy_task import toy_problems
+
+    cfg = make_cfg(tmp_path / "eval", mode="tools")
+    model, tokenizer = load_policy(str(toy_model), "float32", "cpu")
+    dead = CodeSandboxClient(f"http://127.0.0.1:{free_port()}", retries=0)  # refused: nothing listens there
+    engine = RolloutEngine(model, tokenizer, {"code": dead}, cfg.rollout, seed=0)
+    bench = Benchmark("toy", "math", "toy", tuple(toy_problems(2)), 0)
+    with pytest.raises(ToolOutage, match="tool service 'code'"):
+        evaluate_engine(cfg, engine, [bench], model_name="toy", model_id="toy-v1")
+    engine.close()
+    samples = tmp_path / "eval" / "eval_samples.jsonl"
+    assert not samples.exists() or not samples.read_text().strip()
+
+
+def test_the_params_carry_the_outage_limits() -> None:
+    cfg = load_config(REPO_ROOT / "params.yaml")
+    assert 0 < cfg.train.max_run_outage_share <= cfg.train.max_step_outage_share < 1
+
+
+# --- search and Redis killed --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def search_params(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("search")
+    index_dir = tmp / "index"
+    build_index(SearchConfig(corpus_path=str(shared_data / "hotpotqa_distractor_sample/"
+                                             "hotpot_distractor_sample100_paragraphs.jsonl"),
+                             corpus_format="jsonl", index_dir=str(index_dir)))
+    (tmp / "params.yaml").write_text(yaml.safe_dump({"search": {"index_dir": str(index_dir)}}))
+    return tmp / "params.yaml"
+
+
+async def test_search_killed_is_an_outage_and_redis_killed_is_not(search_params: Path, tmp_path: Path) -> None:
+    redis = redis_service(tmp_path / "redis").start()
+    search = python_service("search", "sandbox.search", ["--redis-url", redis.url, "--params", str(search_params)],
+                            free_port(), tmp_path).start(timeout_s=120)
+    client = SearchClient(search.url, retries=1)
+    try:
+        assert (await client("Scott Derrickson")).ok
+        os.killpg(redis.process.pid, signal.SIGKILL)
+        redis.process.wait()
+        uncached = await client("Ed Wood director")
+        assert uncached.ok and not uncached.infrastructure  # served without its cache, as it should
+        os.killpg(search.process.pid, signal.SIGKILL)
+        search.process.wait()
+        down = await client("Ed Wood director")
+        assert down.infrastructure and not down.ok and "search service unavailable" in down.output
+        assert (client.counts.calls, client.counts.infrastructure) == (3, 1)
+    finally:
+        await client.aclose()
+        search.stop()
+        redis.stop()
+
+
+# --- the services flow restarts what died -------------------------------------------------------------------
+
+
+def test_the_services_flow_restarts_a_killed_sandbox_and_redis(tmp_path: Path) -> None:
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    raw["sandbox"]["workers"] = 1
+    raw["search"]["url"] = "http://127.0.0.1:9"  # search itself is not started; its Redis is
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    cfg = load_config(params)
+    with running_services(cfg, ("code", "search"), str(params), tmp_path / "logs", health_interval_s=0.1) as urls:
+        first = httpx.post(f"{urls['code']}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
+        assert first["stdout"] == "42\n"
+        for name in ("sandbox", "redis"):
+            pid = _pid_on_port(urls["code"] if name == "sandbox" else None, name)
+            os.killpg(pid, signal.SIGKILL)
+            wait_for(lambda: _pid_on_port(urls["code"] if name == "sandbox" else None, name) not in (None, pid),
+                     f"{name} to be restarted")
+        again = httpx.post(f"{urls['code']}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
+        assert again["stdout"] == "42\n"
+
+
+def _pid_on_port(url: str | None, name: str) -> int | None:
+    """The pid of the running service `name` started by this test process (None while there is none)."""
+    import psutil
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if (name == "sandbox" and "sandbox.code" in line or name == "redis" and "redis-server" in line) and alive(proc):
+            if name == "redis" or _healthy(f"{url}/health"):
+                return proc.pid
+    return None
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_restarts_are_bounded_and_logged(tmp_path: Path) -> None:
+    messages: list[str] = []
+    service = redis_service(tmp_path / "redis").start()
+    supervisor = ServiceSupervisor([service], interval_s=0.05, max_restarts=1, log=messages.append)
+    with supervisor:
+        for _ in range(2):
+            pid = service.process.pid
+            os.killpg(pid, signal.SIGKILL)
+            service.process.wait()
+            wait_for(lambda: service.process.pid != pid or "redis" in supervisor.given_up, "the supervisor's move")
+        wait_for(lambda: "redis" in supervisor.given_up, "the supervisor to give up")
+    service.stop()
+    assert supervisor.restarts["redis"] == 1
+    assert any("restarting it (1 of 1)" in m for m in messages)
+    assert any(m.startswith("error: service redis") and "not restarted again" in m for m in messages)
+
+
+# --- the judge down -------------------------------------------------------------------------------------------
+
+QUESTIONS = {f"What is {i} plus {i}?": str(2 * i) for i in range(1, 9)}
+
+
+def _curate_config(tmp_path: Path, url: str, *, time_judge: bool = False, **multi: object) -> CurateConfig:
+    qfile = tmp_path / "hard.jsonl"
+    qfile.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in QUESTIONS.items()))
+    multi = {"backoff_s": 0.0, "max_retries": 1, "timeout_s": 2.0, "deadline_s": 30.0, "concurrency": 2} | multi
+    return CurateConfig(
+        calculator={"n_train": 0, "n_test": 0},
+        sources=(SourceConfig(name="hard", path=str(qfile), adapter="hotpotqa", type="fact", split="train",
+                              judge=not time_judge),),
+        filters=FilterConfig(contamination_ngram=0, time_judge="m" if time_judge else "", time_ambiguous_types=("fact",)),
+        multi_llm=MultiLLMConfig(judges=(JudgeConfig(name="m", base_url=url, model="m"),),
+                                 cache_path=str(tmp_path / "cache.sqlite"), **multi),
+        output_dir=str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("time_judge", [False, True], ids=["multi-llm", "time-judge"])
+@pytest.mark.parametrize("outage", ["refused", 500, 502, 503, 504, 429, 408, "malformed", "hanging"])
+def test_a_judge_that_is_down_fails_curation_and_rejects_no_row(tmp_path: Path, scripted, outage, time_judge) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    if outage != "refused":
+        scripted.status = {"malformed": 200, "hanging": 0}.get(outage, outage)
+        scripted.body = b'{"choices": []}'
+        url = scripted.url + "/v1"
+    cfg = _curate_config(tmp_path, url, time_judge=time_judge, timeout_s=0.5, deadline_s=5.0)
+    with pytest.raises(JudgeUnavailable, match="judge 'm'"):
+        curate(cfg, tool_factory=dict)
+    assert not (tmp_path / "out").exists()  # nothing written: no row rejected, DVC records nothing
+
+
+def test_a_hanging_judge_costs_one_deadline_not_one_per_retry(tmp_path: Path, scripted) -> None:
+    """A long read timeout does not matter: the call's deadline ends it, and the first unreachable call stops
+    the stage's others (with the old client this hung for timeout_s x attempts per call)."""
+    scripted.status = 0
+    cfg = _curate_config(tmp_path, scripted.url + "/v1", timeout_s=3600.0, max_retries=4, deadline_s=1.0,
+                         concurrency=2)
+    with pytest.raises(JudgeUnavailable, match="deadline of 1s"):
+        curate(cfg, tool_factory=dict)
+    # the calls in flight when the first deadline passed, and at most one more each: not 8 questions x 5 attempts
+    assert scripted.requests <= 2 * 2
+    defaults = MultiLLMConfig()
+    assert defaults.deadline_s <= 300 and defaults.connect_timeout_s <= 10  # vs ~615 s per call before
+
+
+def test_a_judge_killed_mid_run_fails_the_stage_and_the_rerun_pays_only_the_rest(tmp_path: Path) -> None:
+    port = free_port()
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"answers": QUESTIONS, "die_after": 3}))
+    command = [PYTHON, "-m", "tests.data.openai_server", "--port", str(port), "--script", str(script)]
+    judge = ServiceProcess("judge", command, port, tmp_path / "judge.log", env=stage_env())
+    cfg = _curate_config(tmp_path, f"http://127.0.0.1:{port}/v1", concurrency=1)
+    with judge.start(timeout_s=60):
+        with pytest.raises(JudgeUnavailable, match="judge 'm'.*unreachable"):
+            curate(cfg, tool_factory=dict)  # the judge SIGKILLs itself after its third answer
+        assert judge.process.wait(60) == -signal.SIGKILL
+    assert not (tmp_path / "out").exists()
+    assert len(JudgeCache(cfg.multi_llm.cache_path)) == 3  # what was answered is kept
+    script.write_text(json.dumps({"answers": QUESTIONS}))
+    with ServiceProcess("judge", command, port, tmp_path / "judge2.log", env=stage_env()).start(timeout_s=60):
+        report = curate(cfg, tool_factory=dict)
+    assert report.n_train == len(QUESTIONS) and report.run_stats["judge_cache_hits"] == 3
+
+
+def test_the_judge_server_helper_really_dies(tmp_path: Path) -> None:
+    """The helper above: a real process that SIGKILLs itself, so a test cannot pass on a judge that lives."""
+    port = free_port()
+    (tmp_path / "s.json").write_text(json.dumps({"answers": {"q": "a"}, "die_after": 1}))
+    proc = subprocess.Popen([PYTHON, "-m", "tests.data.openai_server", "--port", str(port), "--script",
+                             str(tmp_path / "s.json")], env=stage_env())
+    wait_for(lambda: _answers(port), "the judge server")
+    body = {"model": "m", "messages": [{"role": "user", "content": "q"}]}
+    assert httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    assert proc.wait(60) == -signal.SIGKILL
+
+
+def _answers(port: int) -> bool:
+    return _healthy(f"http://127.0.0.1:{port}/health")

@@ -28,6 +28,7 @@ def write_run(tmp: Path, repo_root: Path) -> Path:
                         "ppo_mini_batches": 2,  # 2 groups then 1: the second leaves one rank idle
                         "checkpoint_dir": str(tmp / "run"), "output_dir": str(tmp / "policy"), "lr": 1e-3,
                         "algorithm": {"kind": "grpo", "eps": 0.2, "std_normalize": True, "dynamic_sampling": False,
+                                      "filter_metric": "accuracy",
                                       "kl_coef": 0.0}}
     params["rollout"] |= {"group_size": 2, "max_policy_tokens": 6, "max_total_tokens": 384}  # the prompt fits
     params["distributed"] |= {"enabled": True, "zero_stage": 3, "dist_backend": "gloo"}

@@ -67,8 +67,9 @@ ALLOWED_SYSCALLS = (
     "restart_syscall", "exit", "exit_group", "wait4", "waitid",
     # identity and limits, read-only (the uid is already dropped; setting them is denied)
     "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
-    "getpgrp", "getpgid", "getsid", "getpriority", "getrlimit", "prlimit64", "uname", "sysinfo", "getcpu",
+    "getpgrp", "getpgid", "getsid", "getpriority", "getrlimit", "prlimit64", "uname",
     "getrandom", "capget", "arch_prctl", "membarrier",
+    # not sysinfo (the host's free memory: a signal between concurrent snippets) nor getcpu
 )
 
 DENIED_SYSCALLS = (

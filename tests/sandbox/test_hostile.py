@@ -209,6 +209,7 @@ CASES += [
     Case("dnotify_site_packages", RAW + "import numpy, fractions\nos = fractions.sys.modules['os']\n"
          "fd = os.open(os.path.dirname(numpy.__file__), 0)\ncall(72, fd, 1026, 0x80000001)", ("ok",), stdout_has="blocked"),
     Case("mincore_page_cache_probe", RAW + "call(27, 0, 4096, 0)", ("ok",), stdout_has="blocked"),
+    Case("sysinfo_free_memory", RAW + "buf = ctypes.create_string_buffer(128)\ncall(99, ctypes.addressof(buf))", ("ok",), stdout_has="blocked"),
     Case("shared_anonymous_mmap", SYS + "mmap = sys.modules['mmap']\nm = mmap.mmap(-1, 8 << 30)", ("error", "memory")),
     Case("close_report_fd_and_stdout", OS + "os.close(3)\nos.close(1)\nprint('x')", ("error",)),
     Case("binary_garbage_on_stdout", OS + "os.write(1, bytes(range(256)))", ("ok",)),

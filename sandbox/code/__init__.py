@@ -30,8 +30,8 @@ Isolated (enforced by the kernel, not by Python):
     child would inherit (numpy's global one, sympy's) are reseeded by the zygote after each
     fork, and `random` reseeds itself in each child. The private /tmp is replaced by a
     fresh tmpfs unless its free inode and block counts and its directory times are exactly
-    those of a fresh one (no name is exempt), which also resets its inode numbers; O_TMPFILE
-    (an inode no directory shows) is refused. Monkeypatching builtins, modules or atexit
+    those of a fresh one (no name is exempt), which also resets its inode numbers; it has no
+    access times, and O_TMPFILE (an inode no directory shows) is refused. Monkeypatching builtins, modules or atexit
     dies with the child.
   * Secrets: workers start with a scrubbed environment (nothing from the server's, so no
     API keys or service URLs), and the zygote and children close every inherited
@@ -53,7 +53,9 @@ Isolated (enforced by the kernel, not by Python):
     mount/unshare/setns/ptrace/process_vm_*, bpf, keyctl, perf_event_open, userfaultfd,
     io_setup and io_uring_* (host-wide aio quota), inotify/fanotify (what other workers'
     snippets open in the shared site-packages), listmount/statmount (the mount table),
-    sync/syncfs, xattr setters, setuid and friends, clock setting, foreign syscall ABIs.
+    sync/syncfs, xattr setters, file locks and dnotify on the shared read-only files, mincore
+    (page-cache probing), sysinfo (the host's free memory), setuid and friends, clock
+    setting, foreign syscall ABIs.
   * Memory: RLIMIT_AS (zygote baseline + memory_mb) bounds anonymous and mapped memory; /tmp
     is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. This host
     gives the service no cgroup of its own, so `/health` reports `memory_limit.mode` =
@@ -80,8 +82,12 @@ Not isolated:
   * Total memory: each snippet is bounded, the sum is not: size --workers and
     --max-memory-mb so that workers x (worker size + max) fits in RAM (no cgroup limit).
     Kernel memory for a snippet's pipes and threads is bounded only by NOFILE and NPROC.
-  * Information the kernel shows every process: uname, CPU flags, time, free memory via
-    sysinfo(). Public Python and library files under the mounted prefixes are readable.
+  * Information the kernel shows every process: uname, CPU flags, time. Public Python and
+    library files under the mounted prefixes are readable. Timing (page faults on shared
+    library pages, CPU contention) remains a noisy signal between concurrent snippets.
+  * Whether the previous request on a worker changed /tmp: if it did, the next one finds a
+    freshly mounted /tmp (new times), if not, the same empty one (remounting every time
+    would close this one-bit signal at ~0.4 ms of wall time per request).
   * Python state inside one request (a snippet can rewrite its own report on fd 3; it
     changes only its own outcome, which printing could fake just as well).
   * The import allow-list (`policy`) is a courtesy that gives clear errors, not a

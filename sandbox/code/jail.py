@@ -37,7 +37,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_NOATIME = 1, 2, 4, 8, 1024
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 2, 4, 38
@@ -75,8 +75,9 @@ def die_with_parent() -> None:
 
 
 def mount_tmpfs(target: str, size_mib: int) -> None:
-    """A private writable scratch space: size- and inode-limited, and nothing in it can be executed."""
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+    """A private writable scratch space: size- and inode-limited, nothing in it can be executed, and
+    no access times (reading it changes nothing the next request could see)."""
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME,
            f"size={size_mib}m,mode=1777,nr_inodes={TMP_INODES}")
 
 
@@ -90,13 +91,14 @@ class TmpState:
 
     free_inodes: int
     free_blocks: int
+    atime_ns: int
     mtime_ns: int
     ctime_ns: int
 
 
 def tmp_state() -> TmpState:
     fs, info = os.statvfs(JAIL_TMP), os.stat(JAIL_TMP)
-    return TmpState(fs.f_ffree, fs.f_bfree, info.st_mtime_ns, info.st_ctime_ns)
+    return TmpState(fs.f_ffree, fs.f_bfree, info.st_atime_ns, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def wipe_tmp(size_mib: int) -> TmpState:

@@ -1,7 +1,9 @@
 """Messages between the HTTP server and its workers: length-prefixed JSON over a socketpair.
 
 Only the server and the (trusted, root) worker speak this; snippet processes never hold
-the socket (they close every inherited descriptor above 3 before running).
+the socket (they are forked from the zygote, which closed it, and close every inherited
+descriptor above 3 before running). An answer may carry `retire`: the worker cannot serve
+another request cleanly (the reason), and exits after sending it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ setuid and friends, namespaces and mounts, and personality.
 Argument checks: `clone` only with CLONE_THREAD (threads yes, processes no); `clone3`
 answers ENOSYS so glibc falls back to `clone`; `open`/`openat` never with O_TMPFILE (an
 unnamed inode in /tmp that no directory records, so the worker could not tell /tmp was
-used); `ioctl` only for the terminal and descriptor queries Python's I/O makes;
+used); `ioctl` only for the terminal and descriptor queries Python's I/O makes; `fcntl` only for
+descriptor flags and duplication (no locks, dnotify, leases or pipe resizing; `flock` and
+`mincore`, a page-cache probe, are out too);
 `prctl` only for reading settings and naming threads. Calls from a foreign ABI (i386
 `int 0x80`, x32) kill the process: libseccomp's default for a non-native architecture.
 
@@ -44,10 +46,10 @@ O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (O_TMPFILE is this | O_DIRECTORY)
 
 ALLOWED_SYSCALLS = (
     # memory
-    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "mincore", "msync", "mbind",  # mbind: OpenBLAS
+    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mbind",  # mbind: OpenBLAS
     # descriptors and files (the only writable filesystem is the snippet's private /tmp)
     "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
-    "close", "close_range", "lseek", "dup", "dup2", "dup3", "fcntl", "flock", "fsync", "fdatasync",
+    "close", "close_range", "lseek", "dup", "dup2", "dup3", "fsync", "fdatasync",
     "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2",
     "getdents64", "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "truncate", "ftruncate", "fallocate",
     "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
@@ -65,8 +67,9 @@ ALLOWED_SYSCALLS = (
     "restart_syscall", "exit", "exit_group", "wait4", "waitid",
     # identity and limits, read-only (the uid is already dropped; setting them is denied)
     "getpid", "getppid", "getuid", "geteuid", "getgid", "getegid", "getresuid", "getresgid", "getgroups",
-    "getpgrp", "getpgid", "getsid", "getpriority", "getrlimit", "prlimit64", "uname", "sysinfo", "getcpu",
+    "getpgrp", "getpgid", "getsid", "getpriority", "getrlimit", "prlimit64", "uname",
     "getrandom", "capget", "arch_prctl", "membarrier",
+    # not sysinfo (the host's free memory: a signal between concurrent snippets) nor getcpu
 )
 
 DENIED_SYSCALLS = (
@@ -105,6 +108,12 @@ DENIED_SYSCALLS = (
 # ioctl requests Python's own I/O makes (isatty, buffer sizing, non-blocking and close-on-exec flags).
 _TCGETS, _TIOCGWINSZ, _FIONREAD, _FIONBIO, _FIONCLEX, _FIOCLEX = 0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451
 ALLOWED_IOCTLS = (_TCGETS, _TIOCGWINSZ, _FIONREAD, _FIONBIO, _FIONCLEX, _FIOCLEX)
+# fcntl commands on descriptors themselves. Not locks (F_SETLK, F_OFD_*, and flock: a lock on a
+# shared read-only library file is a signal another worker's snippet can read), not F_NOTIFY
+# (dnotify: who opens what in the shared site-packages), not leases, not F_SETPIPE_SZ (kernel
+# memory that RLIMIT_AS does not count).
+_F_DUPFD, _F_GETFD, _F_SETFD, _F_GETFL, _F_SETFL, _F_DUPFD_CLOEXEC, _F_GETPIPE_SZ = 0, 1, 2, 3, 4, 1030, 1032
+ALLOWED_FCNTLS = (_F_DUPFD, _F_GETFD, _F_SETFD, _F_GETFL, _F_SETFL, _F_DUPFD_CLOEXEC, _F_GETPIPE_SZ)
 # prctl options that only read state or name a thread.
 _PR_GET_PDEATHSIG, _PR_GET_DUMPABLE, _PR_SET_NAME, _PR_GET_NAME, _PR_GET_SECCOMP, _PR_CAPBSET_READ = 2, 3, 15, 16, 21, 23
 _PR_GET_NO_NEW_PRIVS, _PR_GET_THP_DISABLE = 39, 42
@@ -162,6 +171,8 @@ def _add_allow_list(lib: ctypes.CDLL, ctx: int) -> None:
         _add_rule(lib, ctx, SCMP_ACT_ALLOW, name)
     for request in ALLOWED_IOCTLS:  # the 32-bit request number: glibc passes it as unsigned long
         _add_rule(lib, ctx, SCMP_ACT_ALLOW, "ioctl", _ArgCmp(1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, request))
+    for command in ALLOWED_FCNTLS:
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, "fcntl", _ArgCmp(1, SCMP_CMP_EQ, command, 0))
     for option in ALLOWED_PRCTLS:
         _add_rule(lib, ctx, SCMP_ACT_ALLOW, "prctl", _ArgCmp(0, SCMP_CMP_EQ, option, 0))
     deny = _errno_action(errno.EPERM)

@@ -8,7 +8,7 @@ usual jail, attaches strace to its zygote (following every fork), runs `WORKLOAD
 stdin, signals, timers, errors, deep recursion, memory and output limits), and prints the
 names of the calls the snippet processes made after their filter was installed, as a
 JSON list on the last line. `sandbox.code.seccomp.ALLOWED_SYSCALLS` is that list (plus
-a few calls glibc makes on rarer paths, each commented), and `tests/sandbox/test_workloads.py`
+a few calls glibc makes on rarer paths, each commented), and `tests/sandbox/test_seccomp_allow_list.py`
 runs the same workloads through the real filter.
 """
 

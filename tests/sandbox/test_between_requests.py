@@ -129,6 +129,14 @@ def test_inode_numbers_carry_nothing_from_one_request_to_the_next(lone_sandbox: 
     assert _run(lone_sandbox, probe)["stdout"] == first
 
 
+def test_reading_tmp_leaves_no_trace_for_the_next_request(lone_sandbox: Sandbox) -> None:
+    probe = "import fractions\nos = fractions.sys.modules['os']\ns = os.stat('/tmp')\nprint(s.st_atime_ns, s.st_mtime_ns, s.st_ino)"
+    reader = "import fractions\nos = fractions.sys.modules['os']\nprint(os.listdir('/tmp'), [os.listdir('.') for _ in range(3)])"
+    first = _run(lone_sandbox, probe)["stdout"]
+    assert _run(lone_sandbox, reader)["status"] == "ok"
+    assert _run(lone_sandbox, probe)["stdout"] == first  # no access time, no remount: nothing to see
+
+
 def test_a_full_tmp_is_empty_again_for_the_next_request(lone_sandbox: Sandbox) -> None:
     fill = ("import fractions\nos = fractions.sys.modules['os']\nos.mkdir('/tmp/d')\ni = 0\ntry:\n    while True:\n"
             "        open(f'/tmp/d/{i}', 'w').close()\n        i += 1\nexcept OSError as e:\n    print('full after', i > 1000, e.errno)")

@@ -199,8 +199,17 @@ CASES += [
     Case("stop_self", SYS + "signal = sys.modules['signal']\nsignal.raise_signal(signal.SIGSTOP)\nprint('not stopped')", ("ok",), stdout_has="not stopped"),
     # --- descriptors and kernel memory a snippet can pin
     Case("descriptor_exhaustion", "fs = [open('/dev/null') for _ in range(10000)]", ("error",), error_has="Too many open files"),
-    Case("pipe_grow_past_max", RAW + "import fractions\nr, w = fractions.sys.modules['os'].pipe()\nprint('grow', libc.fcntl(w, 1031, 1 << 30), ctypes.get_errno())",
-         ("ok",), stdout_has="grow -1 1"),
+    Case("pipe_grow", RAW + "import fractions\nr, w = fractions.sys.modules['os'].pipe()\ncall(72, w, 1031, 1 << 20)",
+         ("ok",), stdout_has="blocked"),
+    # --- locks and notifications on the read-only files every worker shares: signals between workers
+    Case("flock_shared_library_file", RAW + "import json, fractions\nfd = fractions.sys.modules['os'].open(json.__file__, 0)\ncall(73, fd, 2)",
+         ("ok",), stdout_has="blocked"),
+    Case("posix_lock_shared_file", RAW + "import json, fractions\nfd = fractions.sys.modules['os'].open(json.__file__, 0)\n"
+         "lock = (ctypes.c_short * 16)()\ncall(72, fd, 6, ctypes.addressof(lock))", ("ok",), stdout_has="blocked"),
+    Case("dnotify_site_packages", RAW + "import numpy, fractions\nos = fractions.sys.modules['os']\n"
+         "fd = os.open(os.path.dirname(numpy.__file__), 0)\ncall(72, fd, 1026, 0x80000001)", ("ok",), stdout_has="blocked"),
+    Case("mincore_page_cache_probe", RAW + "call(27, 0, 4096, 0)", ("ok",), stdout_has="blocked"),
+    Case("sysinfo_free_memory", RAW + "buf = ctypes.create_string_buffer(128)\ncall(99, ctypes.addressof(buf))", ("ok",), stdout_has="blocked"),
     Case("shared_anonymous_mmap", SYS + "mmap = sys.modules['mmap']\nm = mmap.mmap(-1, 8 << 30)", ("error", "memory")),
     Case("close_report_fd_and_stdout", OS + "os.close(3)\nos.close(1)\nprint('x')", ("error",)),
     Case("binary_garbage_on_stdout", OS + "os.write(1, bytes(range(256)))", ("ok",)),

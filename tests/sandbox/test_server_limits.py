@@ -240,3 +240,44 @@ async def test_bodies_in_flight_are_bounded_together() -> None:
     assert statuses == [503, 200], statuses
     assert seen == [b"a" * 900 + b"b" * 10]
     assert limits.buffered == 0
+
+
+def _request(body: bytes, path: str = "/run", extra: bytes = b"") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+            + extra + b"\r\n" + body)
+
+
+def test_pipelined_requests_are_all_answered_in_order(impatient_sandbox: ServiceProcess) -> None:
+    sock = _raw(impatient_sandbox.port)
+    sock.sendall(b"".join(_request(json.dumps({"code": f"print({i})"}).encode()) for i in range(3)))
+    data = b""
+    while data.count(b"HTTP/1.1 200") < 3 or not data.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    bodies = [json.loads(part[part.index(b"{"):part.rindex(b"}") + 1]) for part in data.split(b"HTTP/1.1 ")[1:]]
+    assert [b["stdout"] for b in bodies] == ["0\n", "1\n", "2\n"], data[:500]
+
+
+@pytest.mark.parametrize("raw, status", [
+    (b"GET /run HTTP/1.1\r\nHost: x\r\n\r\n", b"405"),
+    (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", b"404"),
+    (b"POST /run HTTP/1.0\r\nContent-Length: 20\r\n\r\n{\"code\": \"print(5)\"}", b"200"),
+    (_request(b'{"code": "print(6)"}', extra=b"Expect: 100-continue\r\n"), b"200"),
+    (b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n{}", b"400"),
+    (b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+    (b"POST /run HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", b"400"),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 32, b"400"),  # a TLS hello
+], ids=["wrong_method", "unknown_path", "http_1_0", "expect_100", "two_lengths", "negative_length", "bad_chunk", "tls_hello"])
+def test_odd_http_gets_an_http_answer(impatient_sandbox: ServiceProcess, raw: bytes, status: bytes) -> None:
+    sock = _raw(impatient_sandbox.port)
+    sock.sendall(raw)
+    answer = _read_response(sock) if status == b"200" else sock.recv(65536)
+    sock.close()
+    if status == b"200":  # after a "100 Continue" where one was asked for
+        assert b"HTTP/1.1 200" in answer and b'"status": "ok"' in answer, answer[:300]
+    else:
+        assert answer.split(b" ", 2)[1] == status or answer == b"", answer[:300]
+    assert httpx.get(f"{impatient_sandbox.url}/health", timeout=30).json()["status"] == "ok"

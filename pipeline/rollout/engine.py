@@ -93,8 +93,21 @@ def system_turn_length(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, p
 
 def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool
               ) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    """The template's ids. A message that writes a special token (a question quoting `<|im_end|>`) is text
+    like a tool's output: the template is rendered around placeholders and each content encoded as plain
+    text (`encode_plain`), so it cannot open or close a turn. Other prompts keep the template's own ids."""
+    specials = [tokenizer.convert_ids_to_tokens(i) for i in special_token_ids(tokenizer)]
+    if not any(token and token in m["content"] for m in messages for token in specials):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    marks = [f"\x00{k}\x00" for k in range(len(messages))]
+    rendered = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
+                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    ids: list[int] = []
+    for message, mark in zip(messages, marks):
+        template, rendered = rendered.split(mark, 1)
+        ids += tokenizer(template, add_special_tokens=False)["input_ids"] + encode_plain(tokenizer, message["content"])
+    return ids + tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
 class HFBackend:
@@ -182,7 +195,7 @@ class RolloutEngine:
         t0 = time.perf_counter()
         # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
         with tqdm(total=len(draws.seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
-            decoder_stats: DecoderStats = await asyncio.to_thread(decoder.run, run)
+            decoder_stats: DecoderStats = await asyncio.to_thread(_run_decoder, decoder, run)
             await run.drain()
         if run.error is not None:
             raise run.error
@@ -199,6 +212,15 @@ class RolloutEngine:
     def encode_output(self, text: str) -> list[int]:
         """The wrapped tool output (or notice) as plain-text tokens (`encode_plain`)."""
         return encode_plain(self.tokenizer, self.protocol.wrap_output(text), self._special_ids)
+
+
+def _run_decoder(decoder: HFDecoder, run) -> DecoderStats:
+    """The decoder's loop, off the event loop. A StopIteration escaping it would never reach the awaiting
+    coroutine (asyncio cannot set it on a future: the rollout would hang), so it is re-raised as a RuntimeError."""
+    try:
+        return decoder.run(run)
+    except StopIteration as err:
+        raise RuntimeError(f"the decoder raised StopIteration: {err!r}") from err
 
 
 class _Draws:

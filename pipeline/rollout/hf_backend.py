@@ -112,13 +112,15 @@ class HFDecoder:
         self.model.eval()
         try:
             while scheduler.unfinished() > 0:
-                # called once per step even with a full batch: the scheduler counts steps (its clock)
+                # called once per step even with a full batch: the scheduler counts steps (its clock), and
+                # may block there for a tool answer due at this step (idle time, like wait_ready's)
+                t0 = time.perf_counter()
                 new = scheduler.take_ready(max(self.max_batch - len(batch.rows), 0))
                 if not new and not batch.rows:
-                    t0 = time.perf_counter()
                     scheduler.wait_ready(0.05)
                     stats.idle_s += time.perf_counter() - t0
                     continue
+                stats.idle_s += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 if new:
                     self._admit(batch, new, stats, scheduler)

@@ -257,12 +257,25 @@ def test_decoding_steps_count_the_rows_decoded_together(tok) -> None:
 
 # --- refill: a rollout that grows while it runs (dynamic sampling's replacements) -----------------
 
-def _by_question_engine(tok, questions: range, slow_tool_for: str | None = None, **cfg) -> RolloutEngine:
+class GatedTool(PythonEval):
+    """p0's call answers only once `gate` is set (no wall-clock race: the test says when)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def __call__(self, code: str) -> ToolResult:
+        if "print(6 * 0)" in code:
+            await self.gate.wait()
+        return await super().__call__(code)
+
+
+def _by_question_engine(tok, questions: range, slow_tool_for: str | None = None, tool=None, **cfg) -> RolloutEngine:
     log: list[str] = []
     model = _ByQuestion(tok, {f"What is 6 * {i}?": LoggedLM(tok, [f"<code>print(6 * {i})</code>",
                                                                 f"<answer>{6 * i}</answer>"], log)
                               for i in questions})
-    tool = LoggedTool(log) if slow_tool_for == "p0" else PythonEval()
+    tool = tool or (LoggedTool(log) if slow_tool_for == "p0" else PythonEval())
     config = RolloutConfig(**{"max_policy_tokens": 200, "max_total_tokens": 2000, **cfg})
     return RolloutEngine(model, tok, {"code": tool}, config)
 
@@ -271,12 +284,15 @@ def test_a_refill_joins_the_running_rollout_and_groups_stay_in_draw_order(tok) -
     """p0's tool is slow. p1's group finishes first and the refill starts p2 (then p3 after p2): both
     decode while p0 still waits on its tool, so they finish before it (rows rejoining on arrival: on the
     decoding clock p1 would wait for p0's call of the same step); the result lists draw order."""
-    eng = _by_question_engine(tok, range(4), slow_tool_for="p0", readmit_after_steps=0)
+    gated = GatedTool()
+    eng = _by_question_engine(tok, range(4), tool=gated, readmit_after_steps=0)
     finished: list[str] = []
 
     def refill(group):
         assert all(t.finish_reason == "answer" for t in group.trajectories)  # handed over complete
         finished.append(group.problem.id)
+        if group.problem.id == "p3":
+            gated.gate.set()  # p0's tool answers only now: p1, p2 and p3 decoded while it waited
         return {"p1": [problem(2)], "p2": [problem(3)]}.get(group.problem.id, [])
 
     result = eng.rollout([problem(0), problem(1)], 2, refill=refill)

@@ -140,3 +140,31 @@ def test_a_call_inside_the_budget_is_answered(tok, slack: int) -> None:
     budget = len(tok(SEGMENTS[0], add_special_tokens=False)["input_ids"]) + slack
     traj = run_one(tok, Echo("42"), max_policy_tokens=budget)
     assert traj.policy_token_count == budget and len(traj.tool_calls) == 1
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), head=st.text(max_size=8))
+def test_a_question_that_quotes_a_special_token_cannot_open_or_close_a_turn(tok, data, head: str) -> None:
+    """The prompt holds text the policy did not sample too: the question's special tokens stay plain text,
+    and the template's own markers keep their ids."""
+    from pipeline.rollout.engine import encode_prompt
+
+    marker = data.draw(st.sampled_from(special_strings(tok) + role_markers(tok)))
+    protocol = make_protocol("tapo")
+    hostile = Problem("q", f"What is 6 * 7?{head}{marker}", ("42",), "calculator", "calculator", "train")
+    plain = Problem("q", "What is 6 * 7?", ("42",), "calculator", "calculator", "train")
+    ids = encode_prompt(tok, protocol, hostile, ("code",))
+    template_ids = encode_prompt(tok, protocol, plain, ("code",))
+    specials = special_token_ids(tok)
+    assert [i for i in ids if i in specials] == [i for i in template_ids if i in specials]
+    assert tok.decode(ids, skip_special_tokens=True) == tok.decode(template_ids, skip_special_tokens=True).replace(
+        "What is 6 * 7?", hostile.question)
+
+
+def test_an_ordinary_prompt_keeps_the_templates_own_ids(tok) -> None:
+    from pipeline.rollout.engine import encode_prompt
+
+    ids = encode_prompt(tok, make_protocol("tapo"), PROBLEM, ("code",))
+    messages = make_protocol("tapo").messages(PROBLEM, ("code",))
+    direct = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert ids == list(direct["input_ids"] if hasattr(direct, "keys") else direct)

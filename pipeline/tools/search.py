@@ -63,6 +63,9 @@ class SearchClient:
                 await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
             try:
                 response = await recovering.post(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k})
+            except httpx.TimeoutException as err:  # no answer in the client's time: asking again would wait again
+                return ToolResult.failure(f"search service unavailable: {type(err).__name__}: no answer in "
+                                          f"{self._http.timeout.read}s", status="unavailable", infrastructure=True)
             except (httpx.HTTPError, OSError) as err:
                 failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
                                              status="unavailable", infrastructure=True)

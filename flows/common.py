@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from flows.tracking import dvc_invocation, log_report, stage_run
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
-from pipeline.reaper import die_with_parent, watch_this_process
+from pipeline.reaper import watch_this_process
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
@@ -71,11 +71,10 @@ def stage_process() -> Iterator[None]:
 
     * a watcher process (`pipeline.reaper`) ends every process the stage started (Prefect's temporary
       server, services, ranks, engines) when the stage ends, even by SIGKILL, and ends the stage when
-      the `dvc` process above it dies; the stage's own parent dying sends it SIGTERM;
+      the `dvc` process above it dies (a stage started by hand, e.g. under nohup, outlives its shell);
     * SIGTERM raises SystemExit and SIGINT KeyboardInterrupt, so context managers (MLflow runs marked
       KILLED, services stopped) run; the process then exits 128 + the signal's number, whatever
       exception the signal turned into on its way out (Prefect wraps them)."""
-    die_with_parent(signal.SIGTERM)
     invocation = dvc_invocation()  # '<host>:<pid>:<start>' of the dvc process above, if any
     watcher = watch_this_process((int(invocation.split(":")[1]),) if invocation else ())
     signal.signal(signal.SIGTERM, _raise_on_signal)

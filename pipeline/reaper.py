@@ -12,7 +12,8 @@ its children are re-parented to init, so the stage cannot clean up after itself.
 * `anchors` are processes the stage must not outlive, such as the `dvc repro` above it (which
   starts the stage through a shell): when one of them dies the watcher ends the stage too, so no
   orphaned stage goes on writing outputs that a re-run also writes.
-* The stage's own parent is covered by a parent-death signal (`die_with_parent`).
+* No parent-death signal on the stage itself: a stage started by hand (under nohup, say) must
+  outlive the shell that started it; only the `dvc` process above it is its anchor.
 
 A descendant started and detached within one poll of the stage's death can escape; every
 process named above lives for seconds at least.
@@ -20,7 +21,6 @@ process named above lives for seconds at least.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -31,17 +31,6 @@ import psutil
 
 POLL_S = 0.25
 GRACE_S = 5.0
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Have Linux send this process `sig` when its parent dies (no-op elsewhere); exit now if it already has."""
-    if not sys.platform.startswith("linux"):
-        return
-    parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
-    if parent == 1 or not psutil.pid_exists(parent):
-        os.kill(os.getpid(), sig)
 
 
 def identity(pid: int) -> str:

@@ -26,6 +26,9 @@ class SearchConfig(StageConfig):
     max_query_chars: int = Field(512, ge=8, le=10000, description="Longer queries are refused with HTTP 413.")
     backend_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one backend call.")
     backend_retries: int = Field(2, ge=0, le=10, description="Retries of a failed backend call before answering 502/503.")
+    recover_s: float = Field(20.0, ge=0.0, le=600.0, description=(
+        "Client: keep retrying a refused connection this long (a search service the services flow is restarting) "
+        "before the call counts as an outage; 0 = no waiting."))
     serper_url: str = Field("https://google.serper.dev/search", description="Serper search endpoint.")
     serper_api_key_env: str = Field("SERPER_API_KEY", description="Environment variable that holds the Serper API key.")
     serper_rate_per_s: float = Field(5.0, gt=0, le=1000, description="Maximum Serper requests per second from one service.")

@@ -13,8 +13,12 @@ snippet's limit, its query was refused as too long) is an observation to learn f
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
 
 from pipeline.types import ToolName, ToolResult
 
@@ -53,3 +57,26 @@ class CallCounts:
             self.infrastructure += 1
             self.last_infrastructure_error = result.error or result.output
         return result
+
+
+class Recovery:
+    """Waits out a service being restarted: a POST whose connection is refused is sent again, with a
+    back-off of at most a second, until `recover_s` seconds after the first refusal; then the refusal is
+    raised (and the caller's own retries or outage accounting take over). `recover_s` 0: no waiting."""
+
+    def __init__(self, recover_s: float) -> None:
+        self.recover_s = recover_s
+        self._refused_since: float | None = None
+
+    async def post(self, http: httpx.AsyncClient, url: str, payload: Any) -> httpx.Response:
+        wait = 0.1
+        while True:
+            try:
+                return await http.post(url, json=payload)
+            except httpx.ConnectError:
+                now = time.monotonic()
+                self._refused_since = self._refused_since or now
+                if now - self._refused_since + wait > self.recover_s:
+                    raise
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, 1.0)

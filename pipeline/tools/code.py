@@ -11,7 +11,8 @@ how to word it.
 
 Retries: connection failures and 429/502/503/504 are retried (with the server's
 Retry-After, else exponential backoff) up to `retries` times; a snippet that ran is never
-re-run. A semaphore bounds requests in flight so a large batch queues here, not in the
+re-run. A refused connection is also retried for up to `recover_s` seconds (the time the
+services flow needs to restart a sandbox that died), so a restart costs a wait, not outages. A semaphore bounds requests in flight so a large batch queues here, not in the
 server's bounded queue.
 """
 
@@ -23,7 +24,7 @@ import time
 import httpx
 
 from pipeline.config.sandbox import SandboxConfig
-from pipeline.tools.base import CallCounts, infrastructure_status
+from pipeline.tools.base import CallCounts, Recovery, infrastructure_status
 from pipeline.types import ToolName, ToolResult
 
 _RETRYABLE_STATUS = {429, 502, 503, 504}
@@ -44,16 +45,17 @@ class CodeSandboxClient:
     name: ToolName = "code"
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, memory_mb: int = 512, concurrency: int = 8,
-                 retries: int = 2) -> None:
+                 retries: int = 2, recover_s: float = 0.0) -> None:
         if not url:
             raise ValueError("CodeSandboxClient needs the sandbox URL (e.g. http://127.0.0.1:PORT)")
-        if concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0:
+        if concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0 or recover_s < 0:
             raise ValueError(f"bad client limits: concurrency={concurrency} retries={retries} "
                              f"timeout_s={timeout_s} memory_mb={memory_mb}")
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.retries = retries
+        self.recover_s = recover_s
         self._slots = asyncio.Semaphore(concurrency)
         self.counts = CallCounts()
         self._http = httpx.AsyncClient(
@@ -64,7 +66,7 @@ class CodeSandboxClient:
     @classmethod
     def from_config(cls, cfg: SandboxConfig, url: str) -> CodeSandboxClient:
         return cls(url, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, concurrency=cfg.concurrency,
-                   retries=cfg.retries)
+                   retries=cfg.retries, recover_s=cfg.recover_s)
 
     async def __call__(self, call_input: str) -> ToolResult:
         return self.counts.count(await self._run(call_input))
@@ -84,10 +86,11 @@ class CodeSandboxClient:
 
     async def _post_with_retries(self, code: str) -> dict:
         payload = {"code": code, "timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
+        recovering = Recovery(self.recover_s)
         for attempt in range(self.retries + 1):
             last_try = attempt == self.retries
             try:
-                response = await self._http.post(f"{self.url}/run", json=payload)
+                response = await recovering.post(self._http, f"{self.url}/run", payload)
             except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
                 # ReadError/RemoteProtocolError: a kept-alive connection the server had closed.
                 if last_try:

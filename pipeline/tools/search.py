@@ -6,7 +6,8 @@ raises: an unreachable or failing service (after `retries` retries with back-off
 a malformed answer, or no answer within the client's timeout) gives `ToolResult.failure(...,
 status="unavailable", infrastructure=True)`, counted in `counts`; a query the service refuses (empty,
 too long) gives status "rejected" without retrying, the policy's doing; no results gives an ok result
-saying nothing was found.
+saying nothing was found. A refused connection is retried for up to `recover_s` seconds first (a
+service the services flow is restarting), so a restart costs a wait, not outages.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import httpx
 
 from pipeline.config.search import SearchConfig
-from pipeline.tools.base import CallCounts, infrastructure_status
+from pipeline.tools.base import CallCounts, Recovery, infrastructure_status
 from pipeline.types import ToolResult
 
 
@@ -30,10 +31,11 @@ class SearchClient:
     name = "search"
 
     def __init__(self, url: str, *, top_k: int = 3, timeout_s: float = 10.0, concurrency: int = 8,
-                 retries: int = 2) -> None:
+                 retries: int = 2, recover_s: float = 0.0) -> None:
         self.url = url.rstrip("/")
         self.top_k = top_k
         self.retries = retries
+        self.recover_s = recover_s
         self._limit = asyncio.Semaphore(concurrency)
         self.counts = CallCounts()
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s))
@@ -42,7 +44,7 @@ class SearchClient:
     def from_config(cls, cfg: SearchConfig, url: str) -> SearchClient:
         # The service itself retries the backend; the client's timeout covers all of those attempts.
         timeout_s = cfg.backend_timeout_s * (cfg.backend_retries + 1) + 5.0
-        return cls(url, top_k=cfg.top_k, timeout_s=timeout_s, retries=2)
+        return cls(url, top_k=cfg.top_k, timeout_s=timeout_s, retries=2, recover_s=cfg.recover_s)
 
     async def __call__(self, call_input: str) -> ToolResult:
         started = time.perf_counter()
@@ -55,11 +57,15 @@ class SearchClient:
 
     async def _search_with_retries(self, query: str) -> ToolResult:
         failure = ToolResult.failure("search service unavailable", status="unavailable", infrastructure=True)
+        recovering = Recovery(self.recover_s)
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
             try:
-                response = await self._http.post(f"{self.url}/search", json={"query": query, "top_k": self.top_k})
+                response = await recovering.post(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k})
+            except httpx.TimeoutException as err:  # no answer in the client's time: asking again would wait again
+                return ToolResult.failure(f"search service unavailable: {type(err).__name__}: no answer in "
+                                          f"{self._http.timeout.read}s", status="unavailable", infrastructure=True)
             except (httpx.HTTPError, OSError) as err:
                 failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
                                              status="unavailable", infrastructure=True)

@@ -189,6 +189,11 @@ class KillAfter:
         await self.client.aclose()
 
 
+def _no_waiting(cfg):
+    """The sandbox killed here is not restarted: a second's wait for it is enough."""
+    return cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(update={"recover_s": 1.0})})
+
+
 def _killing_tools(monkeypatch: pytest.MonkeyPatch, service: ServiceProcess, n: int) -> None:
     def tools(cfg, urls):
         made = make_tools(cfg, urls)
@@ -198,7 +203,7 @@ def _killing_tools(monkeypatch: pytest.MonkeyPatch, service: ServiceProcess, n: 
 
 def test_training_stops_naming_the_sandbox_killed_mid_run(tmp_path: Path, toy_model: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = toy_config(tmp_path, toy_model, group_size=4, steps=4, max_gen_rounds=1, checkpoint_every=1)
+    cfg = _no_waiting(toy_config(tmp_path, toy_model, group_size=4, steps=4, max_gen_rounds=1, checkpoint_every=1))
     with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
         _killing_tools(monkeypatch, service, n=10)  # dies during the second step's rollout
         with pytest.raises(ToolOutage, match="tool service 'code'.*failed for infrastructure reasons"):
@@ -211,8 +216,8 @@ def test_training_stops_naming_the_sandbox_killed_mid_run(tmp_path: Path, toy_mo
 
 def test_groups_that_read_an_outage_are_never_trained_on(tmp_path: Path, toy_model: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = toy_config(tmp_path, toy_model, group_size=4, prompts_per_step=4, max_gen_rounds=1,
-                     max_step_outage_share=1.0, max_run_outage_share=1.0)
+    cfg = _no_waiting(toy_config(tmp_path, toy_model, group_size=4, prompts_per_step=4, max_gen_rounds=1,
+                                 max_step_outage_share=1.0, max_run_outage_share=1.0))
     with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
         _killing_tools(monkeypatch, service, n=6)  # some of the step's calls answer, the rest meet a dead sandbox
         tr = set_up(cfg, {"code": service.url}, resume=False)
@@ -308,6 +313,25 @@ def test_the_services_flow_restarts_a_killed_sandbox_and_redis(tmp_path: Path) -
                      f"{name} to be restarted")
         again = httpx.post(f"{urls['code']}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
         assert again["stdout"] == "42\n"
+
+
+async def test_a_call_during_a_restart_waits_for_the_service_instead_of_failing(tmp_path: Path) -> None:
+    """Recovery first: a sandbox killed under a running services flow comes back, and a call made while it
+    is down is answered once it is up (the client waits out the refused connections), not an outage."""
+    raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    raw["sandbox"] |= {"workers": 1, "recover_s": 240.0}  # a bound on the wait, not a timing
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(raw))
+    cfg = load_config(params)
+    with running_services(cfg, ("code",), str(params), tmp_path / "logs", health_interval_s=0.1) as urls:
+        client = CodeSandboxClient.from_config(cfg.sandbox, urls["code"])
+        try:
+            assert (await client("print(6 * 7)")).output == "42\n"
+            os.killpg(_pid_on_port(urls["code"], "sandbox"), signal.SIGKILL)
+            result = await client("print(6 * 7)")
+        finally:
+            await client.aclose()
+    assert result.ok and not result.infrastructure and result.output == "42\n", result
 
 
 def _pid_on_port(url: str | None, name: str) -> int | None:

@@ -71,9 +71,11 @@ def train_child(root: Path, mode: str, kill_at: str = "") -> subprocess.Complete
 
 
 def new_run(root: Path, model_dir: Path) -> Path:
+    """A run folder with its params; every run shares one MLflow database (made once: its set-up is slow)."""
     root.mkdir()
-    write_params(toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3),
-                 root / "params.yaml")
+    cfg = toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3)
+    shared = cfg.run.model_copy(update={"tracking_uri": f"sqlite:///{model_dir.parent / 'mlruns.db'}"})
+    write_params(cfg.model_copy(update={"run": shared}), root / "params.yaml")
     return root
 
 

@@ -27,7 +27,7 @@ class MetricHistory:
         text = self.path.read_text(encoding="utf-8") if keep_existing and self.path.is_file() else ""
         if text and not text.endswith("\n"):  # a kill mid-line: that step has no checkpoint, so it runs again
             text = text[: text.rfind("\n") + 1]
-        self.rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        self.rows = [_row(self.path, n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
         _write_atomically(self.path, text)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -55,6 +55,14 @@ class MetricHistory:
         for row in sorted(self.rows, key=lambda r: r["step"]):
             writer.writerow([row["step"], *(row.get(c, "") for c in columns)])
         _write_atomically(path, out.getvalue())
+
+
+def _row(path: Path, lineno: int, line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{lineno}: not a metrics row ({err.msg}); the history was edited or "
+                         "damaged, so the resumed run cannot reproduce its metrics") from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

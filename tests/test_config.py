@@ -1,4 +1,5 @@
-"""params.yaml loads into frozen configs; bad keys, types and ranges name the key and the file."""
+"""params.yaml loads into frozen configs; bad keys, types and ranges name the key and the file (the strict
+and completeness rules in depth: tests/faults/test_params.py)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,15 @@ def test_cli_check(repo_root: Path, tmp_path: Path) -> None:
                          capture_output=True, text=True, cwd=repo_root)
     assert res.returncode == 1
     assert "train.stepz" in res.stderr
+
+
+def test_params_yaml_is_complete_at_every_depth(repo_root: Path) -> None:
+    """The completeness rule comes from the config classes: a key added to any of them (nested settings and the
+    chosen variants included) must be added to params.yaml, or every stage refuses the file."""
+    from pipeline.config import RunConfig, read_params
+    from pipeline.config.params_file import missing_keys
+
+    assert missing_keys(RunConfig, read_params((repo_root / "params.yaml").read_text())) == []
+    assert "train.algorithm.eps_high" in missing_keys(RunConfig, {"train": {"algorithm": {"kind": "dapo"}}})
+    assert "train.algorithm.eps" in missing_keys(RunConfig, {"train": {"algorithm": {"kind": "grpo"}}})
+    assert "train.finetune.r" in missing_keys(RunConfig, {"train": {"finetune": {"kind": "lora"}}})

@@ -73,6 +73,23 @@ def _construct_float(loader: yaml.SafeLoader, node: yaml.Node) -> float:
     return math.nan if text == ".nan" else float(text)
 
 
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """A mapping whose keys are unique: a key written twice (PyYAML lets the second silently win) is an error.
+    Keys a `<<` merge brings in may be overridden: that is what merging is for."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice (lines {seen[key]} "
+                                                    f"and {line}): the second would silently win", key_node.start_mark)
+        seen[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=True)
+
+
+ParamsLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping)
 ParamsLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 ParamsLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 

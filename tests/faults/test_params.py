@@ -192,3 +192,16 @@ def test_configs_built_in_python_are_as_strict() -> None:
     for bad in ({"steps": "4"}, {"lr": "1e-6"}, {"gradient_checkpointing": "yes"}, {"steps": 4.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             TrainConfig(**bad)
+
+
+@pytest.mark.parametrize("key", [k for k, _ in SCALARS][::4])
+def test_a_key_written_twice_is_refused_naming_it_and_both_lines(tmp_path: Path, key: str) -> None:
+    """PyYAML lets the second of two equal keys win silently; an operator who appends `steps: 8` below the
+    existing `steps: 4` must hear about it."""
+    *parents, leaf = key.split(".")
+    lines = yaml.safe_dump(FULL, sort_keys=False).splitlines()
+    own = f"{'  ' * len(parents)}{leaf}: "
+    at = next(i for i, text in enumerate(lines) if text.startswith(own))
+    lines.insert(at + 1, lines[at])
+    message = refused(write(tmp_path, "\n".join(lines) + "\n"))
+    assert f"key '{leaf}' appears twice (lines {at + 1} and {at + 2})" in message

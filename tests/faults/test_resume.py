@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from flows.train import checkpoints_of_run
 from pipeline.config import load_config
+from pipeline.history import MetricHistory
 from pipeline.outputs import OutputNotWritable
 from pipeline.paths import REPO_ROOT
 from pipeline.train import run
@@ -37,6 +38,7 @@ from pathlib import Path
 import pipeline.checkpoint as checkpoint
 import pipeline.train as train
 from pipeline.config import load_config
+from pipeline.history import MetricHistory
 
 params, mode, metrics_dir, kill_at = sys.argv[1:5]
 
@@ -71,9 +73,11 @@ def train_child(root: Path, mode: str, kill_at: str = "") -> subprocess.Complete
 
 
 def new_run(root: Path, model_dir: Path) -> Path:
+    """A run folder with its params; every run shares one MLflow database (made once: its set-up is slow)."""
     root.mkdir()
-    write_params(toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3),
-                 root / "params.yaml")
+    cfg = toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3)
+    shared = cfg.run.model_copy(update={"tracking_uri": f"sqlite:///{model_dir.parent / 'mlruns.db'}"})
+    write_params(cfg.model_copy(update={"run": shared}), root / "params.yaml")
     return root
 
 
@@ -170,3 +174,18 @@ def test_an_unwritable_output_folder_stops_the_run_before_any_compute(tmp_path: 
     metrics_dir = blocker / "metrics" if which == "metrics" else tmp_path / "metrics"
     with pytest.raises(OutputNotWritable, match=re.escape(str(blocker))):
         run(cfg, {}, metrics_dir=metrics_dir)
+
+
+def test_a_history_line_torn_by_a_kill_is_dropped_and_a_damaged_one_named(tmp_path: Path) -> None:
+    """A kill mid-write leaves half a line (that step has no checkpoint and runs again); a damaged line in the
+    middle is not a kill's doing and stops the resume, naming file and line."""
+    path = tmp_path / "train_history.jsonl"
+    path.write_text('{"step": 0, "reward/mean": 0.5}\n{"step": 1, "rew')
+    history = MetricHistory(path, keep_existing=True)
+    assert history.rows == [{"step": 0, "reward/mean": 0.5}] and path.read_text().endswith("0.5}\n")
+    assert history.final_metrics(1) == {"reward/mean": 0.5}
+    with pytest.raises(RuntimeError, match="no metrics for step 1"):
+        history.final_metrics(2)
+    path.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: not a metrics row")):
+        MetricHistory(path, keep_existing=True)

@@ -83,14 +83,18 @@ def _json_value(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not a params value")
 
 
-def _validate(data: Any, source: str, *, complete: bool) -> RunConfig:
-    """Strict validation (no string becomes a number or a boolean, no float an integer) of a parsed mapping;
-    with `complete`, every key the config classes define must be present. Every problem is reported."""
+def _missing(data: dict[str, Any], source: str) -> list[str]:
+    """One problem per key a complete params file leaves out."""
+    return [f"{source}: {key}: missing (a complete params file sets every key; or start the file with "
+            f"'{EXTENDS}: <params file>' or '{EXTENDS}: {CLASS_DEFAULTS}')" for key in missing_keys(RunConfig, data)]
+
+
+def _validate(data: Any, source: str, *, missing: list[str]) -> RunConfig:
+    """Strict validation (no string becomes a number or a boolean, no float an integer) of a parsed mapping,
+    reported together with `missing` (the completeness problems of the file it came from)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: top level must be a mapping of sections, got {type(data).__name__}")
-    problems = [f"{source}: {key}: missing (a complete params file sets every key; or start the file with "
-                f"'{EXTENDS}: <params file>' or '{EXTENDS}: {CLASS_DEFAULTS}')" for key in missing_keys(RunConfig, data)
-                ] if complete else []
+    problems = list(missing)
     try:
         # JSON mode: strict about scalars, yet a list still validates as a tuple and a string as a path
         cfg = RunConfig.model_validate_json(json.dumps(data, default=_json_value), strict=True)
@@ -106,17 +110,21 @@ def _validate(data: Any, source: str, *, complete: bool) -> RunConfig:
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> RunConfig:
     """Validate a partial params mapping over the config classes' defaults (Python callers, tests), as strictly
     as a file; raises ConfigError naming every bad key."""
-    return _validate({} if data is None else data, source, complete=False)
+    return _validate({} if data is None else data, source, missing=[])
 
 
 def load_config(path: str | Path = DEFAULT_PARAMS, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Read and validate a params file: complete, or an override file (`extends:`; see
-    `pipeline.config.params_file`). `overrides` maps dotted keys to values (tests, CLIs), applied last."""
+    `pipeline.config.params_file`). `overrides` maps dotted keys to values (tests, CLIs), applied last: the
+    file must be complete, the overrides need not be (what a replaced mapping leaves unset takes its default)."""
     path = Path(path)
     data, complete = resolve_extends(_read_mapping(path), path, _read_mapping)
+    # completeness is the file's: an override's mapping (`train.algorithm: {kind: grpo}`) replaces the file's
+    # and its unset keys take the class defaults, as for `config_from_dict`
+    missing = _missing(data, str(path)) if complete and isinstance(data, dict) else []
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
-    return _validate(data, str(path), complete=complete)
+    return _validate(data, str(path), missing=missing)
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:

@@ -77,6 +77,9 @@ UNSUPPORTED_CASES = {  # one params change per refused combination (each rule of
         "train.refill_dropped_groups": True, "train.algorithm": {"kind": "grpo", "dynamic_sampling": False}},
     "train.anchor_dropped_tokens+train.algorithm.kl_coef+train.algorithm.dynamic_sampling": {
         "train.anchor_dropped_tokens": 8},
+    "reward.tepo.kind+rollout.backend": {"reward.tepo": {"kind": "sparse"}, "rollout.backend": "vllm"},
+    "rollout.backend+rollout.top_p+rollout.temperature+train.logprobs_source": {
+        "rollout.backend": "vllm", "rollout.top_p": 0.9, "rollout.temperature": 0.7, "train.logprobs_source": "rollout"},
 }
 
 

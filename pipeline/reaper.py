@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -33,9 +34,19 @@ POLL_S = 0.25
 GRACE_S = 5.0
 
 
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22); None when it is gone
+    or a zombie. Exact, unlike a start time in seconds, which is derived from a boot time that can drift."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
 def identity(pid: int) -> str:
-    """'<pid>:<start time>' of a running process (its start time tells apart a reused pid)."""
-    return f"{pid}:{psutil.Process(pid).create_time()!r}"
+    """'<pid>:<start ticks>' of a running process (its start time tells apart a reused pid)."""
+    return f"{pid}:{_start_ticks(pid)}"
 
 
 def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -45,72 +56,54 @@ def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
                             start_new_session=True, close_fds=True)
 
 
-def _process(ident: str) -> psutil.Process | None:
-    """The running process `ident` names, or None (gone, a zombie, or its pid reused)."""
-    pid, started = ident.split(":", 1)
+def _running(ident: str) -> bool:
+    pid, _, ticks = ident.partition(":")
+    return _start_ticks(int(pid)) == ticks
+
+
+def _descendants(pid: int) -> set[str]:
+    """Identities of the running descendants of `pid` (this watcher left out)."""
     try:
-        proc = psutil.Process(int(pid))
-        if repr(proc.create_time()) != started or proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc
+        children = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
-        return None
+        return set()
+    found = {f"{c.pid}:{_start_ticks(c.pid)}" for c in children if c.pid != os.getpid()}
+    return {i for i in found if not i.endswith(":None")}
 
 
-def _alive(procs: dict[int, psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for proc in procs.values():
+def _signal(ident: str, sig: int) -> None:
+    if _running(ident):
         try:
-            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:  # is_running checks the start time
-                out.append(proc)
-        except psutil.Error:
+            os.kill(int(ident.split(":")[0]), sig)
+        except OSError:
             pass
-    return out
 
 
-def _with_children(procs: list[psutil.Process]) -> dict[int, psutil.Process]:
-    found = {p.pid: p for p in procs}
-    for proc in procs:
-        try:
-            found |= {c.pid: c for c in proc.children(recursive=True)}
-        except psutil.Error:
-            pass
-    found.pop(os.getpid(), None)
-    return found
-
-
-def end_all(procs: dict[int, psutil.Process], grace_s: float = GRACE_S, *, children: bool = True) -> None:
-    """SIGTERM every process still alive (and its children), SIGKILL what is left after `grace_s`."""
-    targets = _alive(_with_children(_alive(procs)) if children else procs)
-    for proc in targets:
-        try:
-            proc.terminate()
-        except psutil.Error:
-            pass
-    _, left = psutil.wait_procs(targets, timeout=grace_s)
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=grace_s)
+def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True) -> None:
+    """SIGTERM every process still running (and its children), SIGKILL what is left after `grace_s`."""
+    targets = {i for i in idents if _running(i)}
+    if children:
+        for ident in list(targets):
+            targets |= _descendants(int(ident.split(":")[0]))
+    for ident in targets:
+        _signal(ident, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(_running(i) for i in targets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for ident in targets:
+        _signal(ident, signal.SIGKILL)
 
 
 def watch(stage: str, anchors: list[str]) -> None:
     """Note the stage's descendants until it (or an anchor) ends; then end them (see the module)."""
-    proc = _process(stage)
-    noted: dict[int, psutil.Process] = {}
-    while proc is not None:
-        try:
-            noted |= {c.pid: c for c in proc.children(recursive=True)}
-        except psutil.Error:
-            break
-        noted.pop(os.getpid(), None)
-        if any(_process(a) is None for a in anchors):  # e.g. the dvc repro above the stage was killed
-            end_all({proc.pid: proc}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
+    noted: set[str] = set()
+    stage_pid = int(stage.split(":")[0])
+    while _running(stage):
+        noted |= _descendants(stage_pid)
+        if not all(_running(a) for a in anchors):  # e.g. the dvc repro above the stage was killed
+            end_all({stage}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
             break
         time.sleep(POLL_S)
-        proc = _process(stage)
     end_all(noted)
 
 

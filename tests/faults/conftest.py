@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -109,3 +112,50 @@ def sandbox_service(log_dir: Path) -> ServiceProcess:
 
 
 PYTHON = sys.executable
+
+
+def healthy(url: str) -> bool:
+    """GET `url` answers 200 (False while nothing listens or it errs)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """The `scripted` server's handler: `status` and `body` are set by the test; `requests` counts POSTs."""
+
+    protocol_version = "HTTP/1.1"
+    status = 200
+    body = b"{}"
+    release = threading.Event()  # a "hanging" server waits on this instead of answering
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        with self.lock:
+            type(self).requests += 1
+        if self.status == 0:
+            self.release.wait(60)
+            return
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+@pytest.fixture()
+def scripted() -> Iterator[type[_Scripted]]:
+    """A loopback HTTP server answering every POST with `status` and `body` (0: no answer at all)."""
+    handler = type("Handler", (_Scripted,), {"release": threading.Event(), "requests": 0, "lock": threading.Lock()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield handler
+    handler.release.set()
+    server.shutdown()
+    server.server_close()

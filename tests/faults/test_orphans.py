@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from mlflow import MlflowClient
@@ -16,7 +17,7 @@ from mlflow import MlflowClient
 from flows.tracking import stage_run
 from pipeline.config import load_config
 from pipeline.paths import REPO_ROOT
-from tests.faults.conftest import PYTHON, assert_all_gone, descendants, stage_env, wait_for
+from tests.faults.conftest import PYTHON, alive, assert_all_gone, descendants, stage_env, wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
 
@@ -143,3 +144,26 @@ def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path, run_stage) 
     launcher.proc.kill()
     assert launcher.wait() == -9
     assert_all_gone(ranks, "the ranks of a killed launcher")
+
+
+def test_a_stage_started_by_hand_outlives_its_shell_and_its_helpers_die_with_it(tmp_path: Path) -> None:
+    """Not under dvc, the stage's parent is no anchor (`nohup python -m flows.train &` must survive the
+    shell); SIGKILL of the stage still ends what it started."""
+    (tmp_path / "stage.py").write_text(STAGE)
+    shell = subprocess.run(["sh", "-c", f"{PYTHON} stage.py out.txt > stage.log 2>&1 & echo $!"], cwd=tmp_path,
+                           env=stage_env(), capture_output=True, text=True, check=True)
+    stage = psutil.Process(int(shell.stdout.strip()))  # its shell has exited
+    try:
+        log = tmp_path / "stage.log"
+        wait_for(lambda: log.is_file() and "started" in log.read_text() or not alive(stage), "the stage")
+        assert alive(stage), log.read_text()
+        helper = psutil.Process(int(log.read_text().split("started", 1)[1].split()[0]))
+        size = (tmp_path / "out.txt").stat().st_size
+        wait_for(lambda: (tmp_path / "out.txt").stat().st_size > size, "the orphaned stage to go on working")
+        tree = [stage, *descendants(stage.pid)]
+        assert helper in tree
+        stage.kill()
+        assert_all_gone(tree, "a stage killed by SIGKILL")
+    finally:
+        if alive(stage):
+            stage.kill()

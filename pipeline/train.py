@@ -174,50 +174,50 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     place = tr.placement  # single process, or one rank of a data-parallel job (only rank 0 records)
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0,
                             enabled=place.is_main())
+    last: dict[str, float] = {}
     run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id,
                           tags=data_hash_tags([cfg.train.train_file])) \
         if place.is_main() else contextlib.nullcontext(None)
+    every = cfg.train.log_samples_every
     with run_ctx as active:
-        last = train_steps(tr, history, active)
-        staging = staging_dir(output_dir) if place.is_main() else output_dir
-        place.save_final_model(tr, staging)  # collective under data parallelism; rank 0 writes
-        if place.is_main():
-            publish_dir(staging, output_dir)
+        # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
+        first, run_started = tr.state.step, time.perf_counter()
+        bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
+        for step in bar:
+            started = time.perf_counter()
+            collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
+            sampled = time.perf_counter()
+            anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
+            update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
+            seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
+            last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
+            history.log(step, last)
+            if bar.disable and place.is_main():
+                print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
+                                    step + 1 - first), file=sys.stderr, flush=True)
+            if active is not None and every and step % every == 0:
+                log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
+            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
+            if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
+                place.save_checkpoint(tr)
+        finish_run(tr, output_dir)
     tr.engine.close()
     if place.is_main():
         last = history.final_metrics(tr.state.step)  # what the uninterrupted run logged last, however resumed
         history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
         write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-        register_once(cfg, active.info.run_id, output_dir)
+        register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
     return last
 
 
-def train_steps(tr: Trainer, history: MetricHistory, active) -> dict[str, float]:
-    """The steps from the trainer's state to `train.steps` (none for a resume at or past the end); returns
-    the metrics of the last step this call ran ({} when it ran none)."""
-    cfg, place, last = tr.cfg, tr.placement, {}
-    every = cfg.train.log_samples_every
-    # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
-    first, run_started = tr.state.step, time.perf_counter()
-    bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
-    for step in bar:
-        started = time.perf_counter()
-        collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
-        sampled = time.perf_counter()
-        anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
-        update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
-        seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-        last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
-        history.log(step, last)
-        if bar.disable and place.is_main():
-            print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
-                                step + 1 - first), file=sys.stderr, flush=True)
-        if active is not None and every and step % every == 0:
-            log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
-        tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
-        if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-            place.save_checkpoint(tr)
-    return last
+def finish_run(tr: Trainer, output_dir: Path) -> None:
+    """The final model, written beside `output_dir` and renamed into place (collective under data parallelism:
+    rank 0 writes), so a kill while saving leaves the old model or none, never half of one."""
+    main = tr.placement.is_main()
+    staging = staging_dir(output_dir) if main else output_dir
+    tr.placement.save_final_model(tr, staging)
+    if main:
+        publish_dir(staging, output_dir)
 
 
 def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:

@@ -8,7 +8,6 @@ on the same worker; each test fails on a worker that forks snippets from its own
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import uuid

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from pipeline.config import ConfigError
 from pipeline.lr_schedule import lr_multiplier

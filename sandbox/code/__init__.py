@@ -58,7 +58,7 @@ Isolated (enforced by the kernel, not by Python):
     setting, foreign syscall ABIs.
   * Memory: RLIMIT_AS (zygote baseline + memory_mb) bounds anonymous and mapped memory; /tmp
     is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. Where a cgroup
-    v2 is delegated to the service (`--cgroup PATH`, or its own writable cgroup with memory
+    v2 is delegated to the service (`--cgroup PATH` on a cgroup2 filesystem, or its own writable cgroup with memory
     and pids available and no other process in it; see `sandbox.code.cgroup`), each worker
     slot also gets a cgroup of its own, made by the service and removed at shutdown: its
     memory.max is set to the request's memory_mb before each snippet, which moves itself in

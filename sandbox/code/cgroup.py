@@ -16,14 +16,19 @@ cgroup (from /proc/self/cgroup) on a unified hierarchy, writable by it, with no 
 it but this one. Writes go only to: the delegated directory's `cgroup.subtree_control`
 (enabling memory and pids for the slots), for the own-cgroup case a `sandbox-server` leaf
 created here that the server moves itself into first (cgroup v2 lets only leaves hold
-processes), and the slot cgroups created here. `remove` deletes what `create` made.
+processes), and the slot cgroups created here. `remove` deletes the slot cgroups at shutdown
+(the server's own leaf, which still holds it, and the enabled controllers stay: both are
+inside the delegation). A slot cgroup that cannot be joined fails the child closed: it exits
+before any snippet code runs.
 memfd_create stays denied even with a cgroup (defence in depth: it would be counted, but
 nothing the allowed packages need uses it).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +37,17 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("memory", "pids")
 SLOT_PREFIX = "sandbox-slot-"
 SERVER_LEAF = "sandbox-server"
+CGROUP2_SUPER_MAGIC = 0x63677270
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def is_cgroup2_mount(path: str) -> bool:
+    """Whether `path` lies on a cgroup2 filesystem (statfs f_type), not a directory that only
+    looks like one: limits written to plain files would bound nothing while /health said they did."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type is its first field (a long)
+    if _libc.statfs(os.fsencode(path), buf) != 0:
+        return False
+    return int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little") == CGROUP2_SUPER_MAGIC
 
 
 @dataclass(frozen=True)
@@ -84,9 +100,11 @@ def unusable_reason(path: str, own: bool, self_pid: int | None = None) -> str | 
     return None
 
 
-def detect(flag_path: str | None, proc_cgroup: str = "/proc/self/cgroup",
-           root: str = CGROUP_ROOT) -> tuple[Delegation | None, str]:
+def detect(flag_path: str | None, proc_cgroup: str = "/proc/self/cgroup", root: str = CGROUP_ROOT,
+           on_cgroupfs: Callable[[str], bool] = is_cgroup2_mount) -> tuple[Delegation | None, str]:
     """The delegated cgroup to use and a sentence on why (or why none)."""
+    if flag_path and not on_cgroupfs(flag_path):
+        return None, f"--cgroup {flag_path} is not on a cgroup2 filesystem"
     if flag_path:
         reason = unusable_reason(flag_path, own=False)
         return (None, f"--cgroup {reason}") if reason else (Delegation(flag_path, own=False), "named by --cgroup")
@@ -95,6 +113,8 @@ def detect(flag_path: str | None, proc_cgroup: str = "/proc/self/cgroup",
         return None, f"{root} is not a cgroup v2 mount (cgroup v1 or hybrid host): nothing delegated"
     if os.path.realpath(own) == os.path.realpath(root):
         return None, "the service runs in the root cgroup, which it did not create: not touched"
+    if not on_cgroupfs(own):
+        return None, f"{own} is not on a cgroup2 filesystem"
     reason = unusable_reason(own, own=True, self_pid=os.getpid())
     return (None, reason) if reason else (Delegation(own, own=True), "the service's own writable cgroup")
 

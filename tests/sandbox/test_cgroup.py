@@ -38,13 +38,19 @@ def _host(tmp_path: Path, own: str = "/svc", **layout) -> tuple[Path, Path, Path
 
 def _detect(tmp_path: Path, flag: str | None = None, **host) -> tuple[cgroup.Delegation | None, str]:
     root, _, proc = _host(tmp_path, **host)
-    return cgroup.detect(flag, proc_cgroup=str(proc), root=str(root))
+    return cgroup.detect(flag, proc_cgroup=str(proc), root=str(root), on_cgroupfs=_laid_out)
+
+
+def _laid_out(path: str) -> bool:
+    """Stands in for the statfs check: these directories are cgroups in layout only."""
+    return True
 
 
 def test_a_v1_only_host_has_no_delegation(tmp_path: Path) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("9:memory:/\n8:pids:/\n1:name=systemd:/\n")
-    delegation, reason = cgroup.detect(None, proc_cgroup=str(proc), root=str(_cgroup_dir(tmp_path / "root")))
+    delegation, _ = cgroup.detect(None, proc_cgroup=str(proc), root=str(_cgroup_dir(tmp_path / "root")),
+                                  on_cgroupfs=_laid_out)
     assert delegation is None and cgroup.own_cgroup_dir(str(proc), str(tmp_path / "root")) is None
 
 
@@ -53,7 +59,8 @@ def test_a_hybrid_host_has_no_delegation(tmp_path: Path) -> None:
     proc = tmp_path / "cgroup"
     proc.write_text("4:memory:/job\n0::/\n")
     (tmp_path / "root" / "unified").mkdir(parents=True)
-    delegation, reason = cgroup.detect(None, proc_cgroup=str(proc), root=str(tmp_path / "root"))
+    delegation, reason = cgroup.detect(None, proc_cgroup=str(proc), root=str(tmp_path / "root"),
+                                       on_cgroupfs=_laid_out)
     assert delegation is None and "not a cgroup v2 mount" in reason
 
 
@@ -89,8 +96,16 @@ def test_the_service_own_writable_cgroup_is_detected(tmp_path: Path) -> None:
 
 def test_a_flag_names_the_delegation_and_must_be_v2(tmp_path: Path) -> None:
     named = _cgroup_dir(tmp_path / "delegated")
-    assert cgroup.detect(str(named))[0] == cgroup.Delegation(str(named), own=False)
-    assert cgroup.detect(str(tmp_path / "missing"))[0] is None
+    assert cgroup.detect(str(named), on_cgroupfs=_laid_out)[0] == cgroup.Delegation(str(named), own=False)
+    assert cgroup.detect(str(tmp_path / "missing"), on_cgroupfs=_laid_out)[0] is None
+
+
+def test_a_directory_that_only_looks_like_a_cgroup_is_refused(tmp_path: Path) -> None:
+    """Limits written to plain files bound nothing: the real check reads the filesystem type."""
+    named = _cgroup_dir(tmp_path / "lookalike")
+    delegation, reason = cgroup.detect(str(named))
+    assert delegation is None and "not on a cgroup2 filesystem" in reason
+    assert not cgroup.is_cgroup2_mount(str(tmp_path)) and not cgroup.is_cgroup2_mount("/proc")
 
 
 @pytest.mark.parametrize("own", [False, True])
@@ -141,10 +156,13 @@ def test_health_reports_the_rlimit_mode_without_a_delegated_cgroup(sandbox: Sand
     assert denied["status"] != "ok"
 
 
-def test_a_named_cgroup_that_is_not_delegated_stops_the_server(tmp_path: Path) -> None:
-    service = python_service("bad-cgroup", "sandbox.code", ["--workers", "1", "--cgroup", str(tmp_path / "nope")],
+@pytest.mark.parametrize("named", ["nope", "lookalike"])
+def test_a_named_cgroup_that_is_not_delegated_stops_the_server(tmp_path: Path, named: str) -> None:
+    if named == "lookalike":
+        _cgroup_dir(tmp_path / named)
+    service = python_service("bad-cgroup", "sandbox.code", ["--workers", "1", "--cgroup", str(tmp_path / named)],
                              free_port(), tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="exited with code 2(.|\n)*--cgroup"):
         service.start(timeout_s=60)
     service.stop()
 

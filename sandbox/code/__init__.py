@@ -57,9 +57,16 @@ Isolated (enforced by the kernel, not by Python):
     (page-cache probing), sysinfo (the host's free memory), setuid and friends, clock
     setting, foreign syscall ABIs.
   * Memory: RLIMIT_AS (zygote baseline + memory_mb) bounds anonymous and mapped memory; /tmp
-    is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. This host
-    gives the service no cgroup of its own, so `/health` reports `memory_limit.mode` =
-    "rlimit" (no cgroup is created or touched). Also CPU (timeout + 1 s; the kernel ends a
+    is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. Where a cgroup
+    v2 is delegated to the service (`--cgroup PATH` on a cgroup2 filesystem, or its own writable cgroup with memory
+    and pids available and no other process in it; see `sandbox.code.cgroup`), each worker
+    slot also gets a cgroup of its own, made by the service and removed at shutdown: its
+    memory.max is set to the request's memory_mb before each snippet, which moves itself in
+    before any of its code runs, so every page it charges (anonymous, tmpfs, page cache) is
+    bounded, and pids.max caps its tasks; memfd stays denied anyway. `/health` reports
+    `memory_limit.mode` ("cgroup2" or "rlimit+memfd-denied"), the cgroup and why. On hosts
+    with cgroup v1 or nothing delegated (these CI machines) no cgroup is created or touched.
+    Also CPU (timeout + 1 s; the kernel ends a
     pid-1 snippet at the hard limit, reported as a timeout), FSIZE, NOFILE 64, NPROC 32,
     CORE 0, MEMLOCK 0.
   * The server's own cost per request is bounded before work is done (`app`, `limits`,
@@ -80,7 +87,8 @@ Not isolated:
     (how long a neighbour's snippet delays yours) is a noisy channel between concurrent
     requests of different workers.
   * Total memory: each snippet is bounded, the sum is not: size --workers and
-    --max-memory-mb so that workers x (worker size + max) fits in RAM (no cgroup limit).
+    --max-memory-mb so that workers x (worker size + max) fits in RAM (the slot cgroups, where
+    there are any, bound snippets, not workers or the server).
     Kernel memory for a snippet's pipes and threads is bounded only by NOFILE and NPROC.
   * Information the kernel shows every process: uname, CPU flags, time. Public Python and
     library files under the mounted prefixes are readable. Timing (page faults on shared
@@ -105,7 +113,8 @@ runs a fresh interpreter per request with no isolation by default; nsjail and is
 each run a PID namespace and a cgroup. Here the import list is advisory, the OS is the
 boundary, each run gets a PID namespace and a process forked from a request-free zygote
 (the warm interpreter is reused without reusing any request's state), and memory is
-bounded by rlimits plus the refusal of what rlimits cannot count, not by a cgroup. The
+bounded by rlimits plus the refusal of what rlimits cannot count, and by a per-slot cgroup
+only where one is delegated to the service. The
 `Dockerfile.code` image is an optional outer layer; nothing here depends on it.
 Linux x86_64/aarch64 only (raw syscall numbers for pivot_root).
 """

@@ -14,6 +14,7 @@ import sys
 
 import uvicorn
 
+from sandbox.code import cgroup
 from sandbox.code.app import ServerSettings, create_app
 from sandbox.code.jail import isolation_unavailable_reason
 from sandbox.code.limits import bounded_protocol
@@ -46,6 +47,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--uid-base", type=int, default=None,
                         help="Worker slot i runs snippets as uid base+i (default: derived from the port, so "
                              "two sandboxes on one host never share a uid).")
+    parser.add_argument("--cgroup", default=None,
+                        help="A cgroup v2 directory delegated to this service (empty of processes); each worker "
+                             "slot gets a child cgroup bounding its snippet's memory (memory.max) and tasks. "
+                             "Default: the service's own cgroup if it is a writable v2 one, else rlimits only.")
     parser.add_argument("--allow-degraded", action="store_true", help="Start without root (much weaker isolation).")
     args = parser.parse_args(argv)
     if args.uid_base is None:
@@ -73,9 +78,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not isolated:
         logging.getLogger("sandbox.code").warning("DEGRADED ISOLATION (%s): %s", reason, NOT_ISOLATED_MESSAGE)
+    delegation, cgroup_reason = cgroup.detect(args.cgroup)
+    if args.cgroup and delegation is None:
+        print(f"sandbox.code: {cgroup_reason}", file=sys.stderr)
+        return 2
+    logging.getLogger("sandbox.code").info("memory limits: %s (%s)",
+                                           "cgroup2" if delegation else "rlimit+memfd-denied", cgroup_reason)
     pool = PoolSettings(
         workers=args.workers, queue_size=args.queue_size, isolated=isolated, uid_base=args.uid_base,
         tmp_size_mib=args.tmp_size_mib, output_limit_bytes=args.output_limit_kib * 1024,
+        cgroup=delegation, cgroup_reason=cgroup_reason,
     )
     app = create_app(ServerSettings(pool, args.max_timeout_s, args.max_memory_mb, args.body_timeout_s))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import TYPE_CHECKING
 
-from sandbox.code import jail, policy
+from sandbox.code import cgroup, jail, policy
 
 if TYPE_CHECKING:
     from sandbox.code.zygote import ZygoteSetup
@@ -124,6 +124,8 @@ def child_main(setup: ZygoteSetup, fds: list[int], status_fd: int) -> None:
     try:
         job_fd, stdin_fd, stdout_fd, stderr_fd, report_fd = fds
         os.setsid()  # own session and process group, apart from the zygote's
+        if setup.cgroup_procs_fd >= 0:  # into the slot's cgroup before any snippet code (fd closed below)
+            cgroup.join(setup.cgroup_procs_fd)
         job = _read_job(job_fd)
         limits = limits_for(job, _virtual_memory_bytes(status_fd), setup.tmp_size_mib)
         _wire_fds(stdin_fd, stdout_fd, stderr_fd, report_fd)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.code import protocol
+from sandbox.code.cgroup import Delegation, SlotCgroups
 from sandbox.code.seccomp import SeccompMode
 from sandbox.code.supervise import REAP_TIMEOUT_S
 
@@ -64,6 +65,9 @@ class PoolSettings:
     output_limit_bytes: int
     start_timeout_s: float = 120.0
     seccomp: SeccompMode = "allow-list"  # "census": allow every call (only for measuring, see syscall_census)
+    cgroup: Delegation | None = None  # a cgroup v2 delegated to the service (see sandbox.code.cgroup)
+    cgroup_reason: str = "not probed"  # why that cgroup, or why none
+    tasks_per_snippet: int = 32  # the slot cgroup's pids.max (RLIMIT_NPROC bounds the same)
 
 
 def worker_environment() -> dict[str, str]:
@@ -134,9 +138,17 @@ class WorkerPool:
         self._unreaped = 0
         self._by_status: collections.Counter[str] = collections.Counter()
         self._respawns: set[asyncio.Task] = set()
+        self._cgroups = (SlotCgroups(settings.cgroup, settings.workers, settings.tasks_per_snippet)
+                         if settings.cgroup else None)
 
     async def start(self) -> None:
         """Start every worker; raise `WorkerStartError` with the worker's reason if one fails."""
+        if self._cgroups:
+            try:
+                self._cgroups.create()
+            except OSError as exc:
+                self._cgroups.remove()
+                raise WorkerStartError(f"could not set up the delegated cgroup: {exc!r}") from exc
         results = await asyncio.gather(*(self._spawn(slot) for slot in range(self.settings.workers)),
                                        return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -161,6 +173,7 @@ class WorkerPool:
             "uid": self.settings.uid_base + slot, "tmp_size_mib": self.settings.tmp_size_mib,
             "output_limit_bytes": self.settings.output_limit_bytes, "python_paths": list(jail_python_paths()),
             "degraded_tmp": scratch, "seccomp": self.settings.seccomp,
+            "cgroup_dir": self._cgroups.slot_dir(slot) if self._cgroups else "",
         }
         process = subprocess.Popen(
             [sys.executable, "-m", "sandbox.code.worker", json.dumps(settings)],
@@ -248,10 +261,17 @@ class WorkerPool:
             "by_status": {status: self._by_status.get(status, 0) for status in protocol.STATUSES},
             "isolation": "full" if self.settings.isolated else "degraded",
             "pid_namespace": "per-snippet" if self.settings.isolated else "none",
-            # No cgroup is delegated to this service here, so memory is bounded per snippet by
-            # RLIMIT_AS plus the size-limited /tmp, and what RLIMIT_AS cannot count (memfd) is denied.
-            "memory_limit": {"mode": "rlimit", "memfd": "denied", "tmp_mib": self.settings.tmp_size_mib},
+            "memory_limit": self._memory_limit(),
         }
+
+    def _memory_limit(self) -> dict:
+        # With a delegated cgroup every page a snippet charges is bounded (memfd stays denied
+        # anyway); without one, RLIMIT_AS plus the size-limited /tmp, and memfd (which
+        # RLIMIT_AS cannot count) is denied.
+        cgroups = self._cgroups
+        return {"mode": "cgroup2" if cgroups else "rlimit+memfd-denied", "memfd": "denied",
+                "tmp_mib": self.settings.tmp_size_mib, "rlimit_as": True,
+                "cgroup": cgroups.delegation.path if cgroups else None, "reason": self.settings.cgroup_reason}
 
     async def close(self) -> None:
         for task in list(self._respawns):
@@ -259,3 +279,5 @@ class WorkerPool:
         for worker in list(self._all.values()):
             self._kill(worker)
         self._all.clear()
+        if self._cgroups:
+            self._cgroups.remove()

@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sandbox.code import files, jail, policy, protocol, seccomp, supervise
+from sandbox.code import cgroup, files, jail, policy, protocol, seccomp, supervise
 from sandbox.code.seccomp import SeccompMode
 from sandbox.code.child import ChildJob
 from sandbox.code.zygote import ChildNotReaped, Zygote, ZygoteLost, ZygoteSetup, start_zygote
@@ -45,6 +45,7 @@ class WorkerSettings:
     python_paths: tuple[str, ...]
     degraded_tmp: str = ""  # per-worker scratch dir on the host, degraded mode only
     seccomp: SeccompMode = "allow-list"
+    cgroup_dir: str = ""  # the slot's cgroup v2 (made by the server) where one is delegated
 
 
 def warm_imports() -> None:
@@ -110,8 +111,9 @@ _MAX_RSS_GROWTH_BYTES = 1 << 30  # the worker's own memory (answers, files) must
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, zygote: Zygote, status_fd: int) -> None:
+    def __init__(self, settings: WorkerSettings, zygote: Zygote, status_fd: int, memory_max_fd: int = -1) -> None:
         self.settings = settings
+        self._memory_max_fd = memory_max_fd  # the slot cgroup's memory.max, opened before the jail
         self.zygote = zygote
         self._status_fd = status_fd  # the worker's own /proc status, opened before the jail hid /proc
         self.workdir = jail.JAIL_TMP if settings.isolated else settings.degraded_tmp
@@ -152,6 +154,8 @@ class Worker:
             job_fd = os.memfd_create("job", os.MFD_CLOEXEC)
             opened.callback(os.close, job_fd)
             os.write(job_fd, ChildJob(code, job.code, job.timeout_s, job.memory_mb).dumps())
+            if self._memory_max_fd >= 0:  # every page the child charges, memfd and tmpfs included
+                cgroup.set_memory_max(self._memory_max_fd, job.memory_mb)
             pipes = supervise.ChildPipes.open(job.stdin.encode("utf-8", "surrogatepass"))
             opened.callback(pipes.close)
             try:
@@ -247,17 +251,25 @@ def _start(settings: WorkerSettings, channel: socket.socket) -> Worker:
     gc.freeze()  # the collector must not touch (and so copy) the warm heap in every child
     prefer_huge_pages()  # reads /proc, so before the jail hides it
     proc_dir_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    memory_max_fd = procs_fd = -1
+    if settings.cgroup_dir:  # opened now: the jail shows no /sys
+        memory_max_fd = os.open(os.path.join(settings.cgroup_dir, "memory.max"), os.O_WRONLY | os.O_CLOEXEC)
+        procs_fd = os.open(os.path.join(settings.cgroup_dir, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
     try:
         if settings.isolated:
             jail.enter_worker_jail(jail.JailLayout(settings.python_paths, settings.tmp_size_mib))
             jail.unshare_pid_namespace()  # the zygote becomes pid 1 of the worker's PID namespace
         workdir = jail.JAIL_TMP if settings.isolated else settings.degraded_tmp
         uid = settings.uid if settings.isolated or os.geteuid() == 0 else None
-        setup = ZygoteSetup(program, uid, workdir, settings.tmp_size_mib, pid_namespaces=settings.isolated)
-        zygote = start_zygote(setup, proc_dir_fd, (channel.fileno(), status_fd), ZYGOTE_ANSWER_TIMEOUT_S)
+        setup = ZygoteSetup(program, uid, workdir, settings.tmp_size_mib, pid_namespaces=settings.isolated,
+                            cgroup_procs_fd=procs_fd)
+        worker_only = (channel.fileno(), status_fd) + ((memory_max_fd,) if memory_max_fd >= 0 else ())
+        zygote = start_zygote(setup, proc_dir_fd, worker_only, ZYGOTE_ANSWER_TIMEOUT_S)
     finally:
         os.close(proc_dir_fd)
-    return Worker(settings, zygote, status_fd)
+        if procs_fd >= 0:
+            os.close(procs_fd)  # the zygote keeps its copy for its children; the worker needs none
+    return Worker(settings, zygote, status_fd, memory_max_fd)
 
 
 ZYGOTE_ANSWER_TIMEOUT_S = supervise.REAP_TIMEOUT_S  # per zygote answer; within the server's grace

@@ -49,6 +49,7 @@ class ZygoteSetup:
     workdir: str
     tmp_size_mib: int
     pid_namespaces: bool  # False in degraded mode (no privilege to create them)
+    cgroup_procs_fd: int = -1  # the slot cgroup's cgroup.procs, where a delegated cgroup exists
 
 
 class ZygoteLost(RuntimeError):

@@ -99,7 +99,7 @@ def test_a_child_that_cannot_be_reaped_is_reported_and_its_worker_replaced(lone_
 def test_health_reports_the_isolation_model(lone_sandbox: Sandbox) -> None:
     health = _health(lone_sandbox.url)
     assert health["pid_namespace"] == "per-snippet"
-    assert health["memory_limit"]["mode"] == "rlimit" and health["memory_limit"]["memfd"] == "denied"
+    assert health["memory_limit"]["mode"] == "rlimit+memfd-denied" and health["memory_limit"]["memfd"] == "denied"
     assert {"unreaped", "replaced", "restarts"} <= set(health)
 
 

@@ -17,7 +17,8 @@ in chunks of `chunk_problems` so a crash loses at most one chunk. Accuracy is th
 verifier's (the reward's f_T); the LLM judge, when enabled, may only turn a rejected fact
 answer into an accepted one, never the reverse. A chunk in which a tool service failed
 (`ToolResult.infrastructure`) is not scored as the model's answers: the run stops with
-`ToolOutage` naming the service, before the chunk is stored, so a resumed run samples it again.
+`ToolOutage` naming the service, before the chunk is stored, so a resumed run samples it again;
+likewise a judge that cannot answer stops the run with `JudgeUnavailable` before the chunk is stored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 import mlflow
 
 from pipeline.config import RunConfig
+from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
 from pipeline.evaluation.model_source import fingerprint, resolve_model
@@ -146,7 +148,12 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
                          f"chunk {position} of {bench.name} (e.g. {outages.example[tool][:300]!r}); stopped before "
                          "scoring it (a resumed run samples it again)")
     records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
-    plan.store.append(await judge_records(records, ec.judge))
+    try:
+        judged = await judge_records(records, ec.judge)
+    except JudgeUnavailable as err:  # an outage scores nothing: the chunk is judged again on resume
+        raise JudgeUnavailable(f"{err}; stopped before storing chunk {position} of {bench.name} "
+                               "(a resumed run judges it again)") from None
+    plan.store.append(judged)
 
 
 async def _evaluate(plan: _Plan) -> None:

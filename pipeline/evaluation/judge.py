@@ -5,8 +5,14 @@ rule score is not already correct are sent. The judge sees the question, the gol
 the prediction and must reply `\\boxed{yes}` or `\\boxed{no}`; a yes sets the sample's score
 to 1, and `rule_score` keeps the verifier's. Verdicts are cached in SQLite keyed by judge
 model and prompt, committed as they arrive, so a re-run or a resumed run never asks twice.
-A request that fails for good leaves the rule score and records `judge_error`; it is not
-cached, so the next run asks again.
+
+Failures are told apart by whose fault they are (`pipeline.data.judge_client`), so a sample is
+never scored wrong for an outage: a judge that cannot answer (unreachable, 5xx or timeouts after
+its retries, a wrong key or URL) raises `JudgeUnavailable` out of `judge_records`, the other
+requests in flight are cancelled and the evaluation stops before the chunk is stored, so a resumed
+run judges it again (the verdicts that did arrive are cached). A request the endpoint refuses for
+its content (HTTP 400/413/422) or a reply without a verdict leaves that sample's rule score and
+records `judge_error`; it is not cached, so the next run asks again.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 from pipeline.config.curate import JudgeConfig
 from pipeline.config.evaluate import EvalJudgeConfig
-from pipeline.data.judge_client import ChatClient, JudgeError
+from pipeline.data.judge_client import ChatClient, JudgeRefused
 
 SYSTEM = "You grade answers to questions. Reply with \\boxed{yes} or \\boxed{no} and nothing else."
 _VERDICT = re.compile(r"\\boxed\{\s*(yes|no)\s*\}", re.IGNORECASE)
@@ -64,16 +70,32 @@ def needs_judge(record: dict[str, Any], kinds: tuple[str, ...]) -> bool:
     return record["verifier"] in kinds and record["predicted"] is not None and record["score"] <= 0.9
 
 
-async def _ask(client: ChatClient, prompt: str, limit: asyncio.Semaphore) -> bool | str:
+async def _ask(client: ChatClient, prompt: str, key: str, cache: VerdictCache, limit: asyncio.Semaphore
+               ) -> bool | str:
+    """The verdict (cached as it arrives), or why this sample has none; `JudgeUnavailable` propagates."""
     async with limit:
         try:
             reply = await client.complete({"messages": [{"role": "system", "content": SYSTEM},
                                                         {"role": "user", "content": prompt}],
                                            "temperature": 0.0, "max_tokens": 16})
-        except JudgeError as err:
+        except JudgeRefused as err:  # this request's content, not the endpoint: this sample alone
             return str(err)
     verdict = parse_verdict(reply.message.get("content"))
-    return verdict if verdict is not None else f"no verdict in reply {str(reply.message.get('content'))[:100]!r}"
+    if verdict is None:
+        return f"no verdict in reply {str(reply.message.get('content'))[:100]!r}"
+    cache.put(key, verdict)
+    return verdict
+
+
+async def _ask_all(client: ChatClient, jobs: list[tuple[str, str]], cache: VerdictCache,
+                   limit: asyncio.Semaphore) -> list[bool | str]:
+    """Ask for every (prompt, key); the first outage cancels the rest and is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(_ask(client, prompt, key, cache, limit)) for prompt, key in jobs]
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    return [task.result() for task in tasks]
 
 
 async def _judge(records: list[dict[str, Any]], cfg: EvalJudgeConfig) -> None:
@@ -89,15 +111,13 @@ async def _judge(records: list[dict[str, Any]], cfg: EvalJudgeConfig) -> None:
         prompts = [judge_prompt(r["question"], r["gold"], r["predicted"]) for r in todo]
         keys = [VerdictCache.key(cfg.model, p) for p in prompts]
         cached = [cache.get(k) for k in keys]
-        asked = await asyncio.gather(*(_ask(client, p, limit) for p, c in zip(prompts, cached) if c is None))
-        answers = iter(asked)
-        for record, key, hit in zip(todo, keys, cached):
+        jobs = [(p, k) for p, k, c in zip(prompts, keys, cached) if c is None]
+        answers = iter(await _ask_all(client, jobs, cache, limit))
+        for record, hit in zip(todo, cached):
             verdict = hit if hit is not None else next(answers)
             if isinstance(verdict, str):
                 record["judge_error"] = verdict
                 continue
-            if hit is None:
-                cache.put(key, verdict)
             record["judged"] = True
             record["score"] = 1.0 if verdict else record["score"]
     finally:
@@ -106,7 +126,8 @@ async def _judge(records: list[dict[str, Any]], cfg: EvalJudgeConfig) -> None:
 
 
 async def judge_records(records: list[dict[str, Any]], cfg: EvalJudgeConfig) -> list[dict[str, Any]]:
-    """Judge the eligible records in place (score, rule_score, judged, judge_error) and return them."""
+    """Judge the eligible records in place (score, rule_score, judged, judge_error) and return them;
+    raises `JudgeUnavailable` when the judge cannot answer (see the module)."""
     if not cfg.enabled:
         return records
     for r in records:

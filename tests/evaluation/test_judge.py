@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config.evaluate import EvalJudgeConfig
+from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark
 from pipeline.evaluation.evaluate import evaluate_engine
 from pipeline.evaluation.judge import judge_prompt, parse_verdict
@@ -66,14 +67,38 @@ def test_judge_accepts_an_alias_the_rules_reject_and_caches(tok, tmp_path) -> No
         assert again["nq/accuracy"] == metrics["nq/accuracy"]
 
 
-def test_failed_judge_keeps_the_rule_score_and_is_not_cached(tok, tmp_path) -> None:
-    failing = Script(answers={}, status={JUDGE_MODEL: 500})
-    with ScriptedOpenAIServer(failing) as server:
+@pytest.mark.parametrize("outage", ["answers 503", "killed"])
+def test_judge_outage_stops_the_run_and_a_resume_judges_the_chunk_again(tok, tmp_path, outage) -> None:
+    """An outage never scores a sample: the run fails naming the judge, the chunk is not stored."""
+    if outage == "killed":  # a port that was served and is no longer: connection refused
+        with ScriptedOpenAIServer(script()) as dead:
+            url = dead.url
+    else:
+        down = ScriptedOpenAIServer(Script(answers={}, status={JUDGE_MODEL: 503}))
+        url = down.url
+        down.__enter__()
+    try:
+        with pytest.raises(JudgeUnavailable, match=r"judge 'eval-judge'.*chunk 1 of nq"):
+            evaluate_judged(tok, tmp_path / "a", judge_cfg(url, tmp_path, max_retries=1))
+    finally:
+        if outage != "killed":
+            down.__exit__(None, None, None)
+    samples = tmp_path / "a" / "eval_samples.jsonl"
+    assert not samples.exists() or [r for _, r in iter_json_lines(samples)] == []
+    with ScriptedOpenAIServer(script()) as server:
+        metrics = evaluate_judged(tok, tmp_path / "a", judge_cfg(server.url, tmp_path))
+        assert server.requests[JUDGE_MODEL] == 2  # nothing was cached for the outage
+    assert metrics["nq/accuracy"] == pytest.approx(2 / 3) and metrics["nq/judge_accepted"] == 1
+
+
+def test_a_request_refused_for_its_content_keeps_the_rule_score_and_is_not_cached(tok, tmp_path) -> None:
+    refusing = Script(answers={}, status={JUDGE_MODEL: 400})
+    with ScriptedOpenAIServer(refusing) as server:
         metrics = evaluate_judged(tok, tmp_path / "a", judge_cfg(server.url, tmp_path, max_retries=1))
-        assert server.requests[JUDGE_MODEL] == 4  # 2 questions x (1 try + 1 retry)
+        assert server.requests[JUDGE_MODEL] == 2  # refusals are not retried
     assert metrics["nq/accuracy"] == pytest.approx(1 / 3)
     rows = [r for _, r in iter_json_lines(tmp_path / "a" / "eval_samples.jsonl")]
-    assert sum("HTTP 500" in r.get("judge_error", "") for r in rows) == 2
+    assert sum("HTTP 400" in r.get("judge_error", "") for r in rows) == 2
     with ScriptedOpenAIServer(script()) as server:
         metrics = evaluate_judged(tok, tmp_path / "b", judge_cfg(server.url, tmp_path))
         assert server.requests[JUDGE_MODEL] == 2

@@ -64,6 +64,13 @@ def prepare_base_model(name_or_path: str, out_dir: str | Path) -> Path:
     return out_dir
 
 
+def load_prepared_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase | None:
+    """The tokenizer `prepare_base_model` saved in `model_dir`, or None when it has not been prepared."""
+    if not (Path(model_dir) / "tokenizer_config.json").is_file():
+        return None
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def _load_hf(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     local = Path(path)
     if local.exists() and not (local / "config.json").is_file():

@@ -9,7 +9,12 @@
 
 Filters run cheapest first so judges are only paid for rows that passed everything else:
 malformed -> invalid answer -> time-ambiguous rules -> duplicates -> contamination ->
-time-ambiguity LLM judge (optional) -> multi-LLM judges.
+too long -> time-ambiguity LLM judge (optional) -> multi-LLM judges.
+"too long" rejects a row whose chat-templated prompt leaves no room for a full response within the
+rollout's token budget, encoded exactly as training's load-time check encodes it
+(`pipeline.training_problems.prompt_overruns`), so a kept row is never refused when training loads
+it. It needs the tokenizer of the model the run trains (`prompt_budget`); without one the filter is
+skipped, and the log and report.json (`prompt_budget`) say so.
 Duplicates are resolved with test rows first, so a training row that repeats a test row is
 the one dropped. Generated calculator rows are exempt from the n-gram contamination check
 (their shared template wording would match; the generator already keeps train and test
@@ -28,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -43,10 +48,14 @@ from pipeline.data.time_judge import time_judge_filter
 from pipeline.jsonl import write_json, write_json_lines, write_problems
 from pipeline.types import Problem
 
+if TYPE_CHECKING:
+    from pipeline.training_problems import PromptBudget
+
 log = logging.getLogger(__name__)
 
 FILTERS: tuple[str, ...] = ("malformed", "invalid_answer", "time_ambiguous", "duplicate", "near_duplicate",
-                            "contamination", "judges")
+                            "contamination", "too_long", "judges")
+NO_BUDGET = "not checked: no tokenizer of the model to train (prepare the model before curating)"
 
 
 @dataclass(frozen=True)
@@ -60,11 +69,13 @@ class CurationReport:
     per_source: dict[str, dict[str, int]]
     per_filter: dict[str, int]
     judges: dict[str, dict[str, float]] = field(default_factory=dict)
+    prompt_budget: str = NO_BUDGET  # whether rows were checked against the rollout's token budget
     run_stats: dict[str, float] = field(default_factory=dict)  # timings, cache hits: not written
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_train": self.n_train, "n_test": self.n_test, "n_rejected": self.n_rejected,
-                "per_source": self.per_source, "per_filter": self.per_filter, "judges": self.judges}
+                "per_source": self.per_source, "per_filter": self.per_filter, "judges": self.judges,
+                "prompt_budget": self.prompt_budget}
 
 
 def _progress(items: Iterable[Any], desc: str) -> Iterable[Any]:
@@ -140,6 +151,20 @@ def drop_contaminated(problems: list[Problem], n: int) -> tuple[list[Problem], l
     return kept, rejected
 
 
+def drop_too_long(problems: list[Problem], budget: PromptBudget | None) -> tuple[list[Problem], list[Rejection], str]:
+    """Rows whose prompt leaves no room for a full response; what was checked, for the report."""
+    if budget is None:
+        log.warning("curate: prompt lengths %s", NO_BUDGET)
+        return problems, [], NO_BUDGET
+    from pipeline.training_problems import prompt_overruns  # the rollout's encoding: torch, only when asked
+
+    over = dict(prompt_overruns(problems, budget))
+    kept = [p for i, p in enumerate(problems) if i not in over]
+    rejected = [Rejection.of(problems[i], "too_long", budget.reason(n)) for i, n in over.items()]
+    return kept, rejected, (f"checked: prompts of at most {budget.room} tokens (rollout.max_total_tokens - "
+                            f"rollout.max_policy_tokens), protocol {budget.rollout.protocol}")
+
+
 def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejected: list[Rejection]) -> tuple[
         dict[str, dict[str, int]], dict[str, int]]:
     names = ["calculator", *(s.name for s in cfg.sources)]
@@ -158,11 +183,13 @@ def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejec
     return per_source, {f: counts.get(f, 0) for f in FILTERS}
 
 
-def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationReport:
+def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None,
+        prompt_budget: PromptBudget | None = None) -> CurationReport:
     """Curate, write the split files, rejected rows and report; return the report.
 
     `tool_factory` builds the judges' tools inside the judging event loop; by default they are
-    clients of `multi_llm.code_url` and `multi_llm.search_url`.
+    clients of `multi_llm.code_url` and `multi_llm.search_url`. `prompt_budget` (the trained model's
+    tokenizer, the rollout config, the tools training offers) enables the "too_long" filter.
     """
     started = time.perf_counter()
     check_sources(cfg)
@@ -172,6 +199,8 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationR
     kept, dropped = drop_duplicates(kept, cfg.filters)
     rejected += dropped
     kept, dropped = drop_contaminated(kept, cfg.filters.contamination_ngram)
+    rejected += dropped
+    kept, dropped, budget_checked = drop_too_long(kept, prompt_budget)
     rejected += dropped
     judge_totals: dict[str, dict[str, float]] = {}
     run_stats: dict[str, float] = {}
@@ -187,6 +216,7 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None) -> CurationR
     write_json_lines(out / "rejected.jsonl", (r.to_dict() for r in rejected))
     per_source, per_filter = summarize(cfg, read, kept, rejected)
     report = CurationReport(str(out), n_train, n_test, len(rejected), per_source, per_filter, judge_totals,
+                            budget_checked,
                             {**run_stats, "rows_read": float(len(read) + sum(1 for r in rejected if not r.id)),
                              "wall_s": time.perf_counter() - started})
     write_json(out / "report.json", report.to_dict())

@@ -224,7 +224,7 @@ def search_params(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -
     build_index(SearchConfig(corpus_path=str(shared_data / "hotpotqa_distractor_sample/"
                                              "hotpot_distractor_sample100_paragraphs.jsonl"),
                              corpus_format="jsonl", index_dir=str(index_dir)))
-    (tmp / "params.yaml").write_text(yaml.safe_dump({"search": {"index_dir": str(index_dir)}}))
+    (tmp / "params.yaml").write_text(yaml.safe_dump({"extends": "defaults", "search": {"index_dir": str(index_dir)}}))
     return tmp / "params.yaml"
 
 

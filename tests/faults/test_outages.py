@@ -260,13 +260,15 @@ def test_the_services_flow_restarts_a_killed_sandbox_and_redis(tmp_path: Path) -
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     cfg = load_config(params)
+    # services this test process already runs (the session's Redis, other fixtures' sandboxes) are not the flow's
+    others = {p for name in ("sandbox", "redis") for p in _service_pids(None, name)}
     with running_services(cfg, ("code", "search"), str(params), tmp_path / "logs", health_interval_s=0.1) as urls:
         first = httpx.post(f"{urls['code']}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
         assert first["stdout"] == "42\n"
         for name in ("sandbox", "redis"):
-            pid = _pid_on_port(urls["code"] if name == "sandbox" else None, name)
+            pid = _pid_on_port(urls["code"] if name == "sandbox" else None, name, others)
             os.killpg(pid, signal.SIGKILL)
-            wait_for(lambda: _pid_on_port(urls["code"] if name == "sandbox" else None, name) not in (None, pid),
+            wait_for(lambda: _pid_on_port(urls["code"] if name == "sandbox" else None, name, others) not in (None, pid),
                      f"{name} to be restarted")
         again = httpx.post(f"{urls['code']}/run", json={"code": "print(6 * 7)"}, timeout=30).json()
         assert again["stdout"] == "42\n"
@@ -280,29 +282,37 @@ async def test_a_call_during_a_restart_waits_for_the_service_instead_of_failing(
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     cfg = load_config(params)
+    others = set(_service_pids(None, "sandbox"))  # other fixtures' sandboxes are not the flow's
     with running_services(cfg, ("code",), str(params), tmp_path / "logs", health_interval_s=0.1) as urls:
         client = CodeSandboxClient.from_config(cfg.sandbox, urls["code"])
         try:
             assert (await client("print(6 * 7)")).output == "42\n"
-            os.killpg(_pid_on_port(urls["code"], "sandbox"), signal.SIGKILL)
+            os.killpg(_pid_on_port(urls["code"], "sandbox", others), signal.SIGKILL)
             result = await client("print(6 * 7)")
         finally:
             await client.aclose()
     assert result.ok and not result.infrastructure and result.output == "42\n", result
 
 
-def _pid_on_port(url: str | None, name: str) -> int | None:
-    """The pid of the running service `name` started by this test process (None while there is none)."""
+def _service_pids(url: str | None, name: str) -> list[int]:
+    """The pids of running services `name` started by this test process (with a url: the one answering there)."""
     import psutil
+    pids = []
     for proc in psutil.Process().children(recursive=True):
         try:
             line = " ".join(proc.cmdline())
         except psutil.Error:
             continue
         if (name == "sandbox" and "sandbox.code" in line or name == "redis" and "redis-server" in line) and alive(proc):
-            if name == "redis" or healthy(f"{url}/health"):
-                return proc.pid
-    return None
+            if url is None or name == "redis" or healthy(f"{url}/health"):
+                pids.append(proc.pid)
+    return pids
+
+
+def _pid_on_port(url: str | None, name: str, others: set[int] = frozenset()) -> int | None:
+    """The pid of the service `name` this test started (None while there is none): not one in `others`."""
+    mine = [pid for pid in _service_pids(url, name) if pid not in others]
+    return mine[0] if mine else None
 
 
 def test_restarts_are_bounded_and_logged(tmp_path: Path) -> None:

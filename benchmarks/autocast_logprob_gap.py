@@ -31,14 +31,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.batching import make_train_batch  # noqa: E402
+from pipeline.trainer.batching import make_train_batch  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
 from pipeline.sft import sft_step, to_batch  # noqa: E402
 from pipeline.types import Group, RewardBreakdown, ScoredGroup, TrainBatch  # noqa: E402
-from pipeline.update import masked_logprobs_no_grad, micro_batches, padded_cat, token_logprobs_and_entropy  # noqa: E402
+from pipeline.trainer.update import masked_logprobs_no_grad, micro_batches, padded_cat, token_logprobs_and_entropy  # noqa: E402
 from tests.train.toy_task import direct_traces, toy_problems, toy_tokenizer  # noqa: E402
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28

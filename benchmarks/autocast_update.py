@@ -40,7 +40,7 @@ from benchmarks.update_bench import timed_update  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
-from pipeline.update import token_logprobs_and_entropy  # noqa: E402
+from pipeline.trainer.update import token_logprobs_and_entropy  # noqa: E402
 
 SIDES = {"float32": None, "autocast": torch.bfloat16}
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # DAPO's clip range (params.yaml)

@@ -33,7 +33,7 @@ from pipeline.data.formats import read_file  # noqa: E402
 from pipeline.data.judging import judge_filter  # noqa: E402
 from pipeline.paths import shared_data_dir  # noqa: E402
 from pipeline.types import Problem, ToolResult  # noqa: E402
-from pipeline.services import free_port, python_service  # noqa: E402
+from pipeline.services.processes import free_port, python_service  # noqa: E402
 
 
 def mix_config(out: Path) -> CurateConfig:

@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pipeline.rollout.hf_backend import SamplingParams, sample_tokens
+from pipeline.rollout.backends.hf import SamplingParams, sample_tokens
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 

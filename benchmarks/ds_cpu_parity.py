@@ -32,9 +32,9 @@ from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.distributed.launch import launch  # noqa: E402
 from pipeline.distributed.sharding import assign_groups, rank_rows  # noqa: E402
-from pipeline.loss import make_policy_loss  # noqa: E402
+from pipeline.rl.loss import make_policy_loss  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
-from pipeline.update import UpdateSettings, apply_policy_gradient, policy_gradient_step  # noqa: E402
+from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, policy_gradient_step  # noqa: E402
 
 VOCAB, GROUPS, GROUP_SIZE, T, MICRO = 512, 8, 4, 64, 4
 NO_CLIP = 1e9

@@ -6,7 +6,7 @@ longest row. DAPO's generation rounds then pay that tail once per round, and row
 `rollout.max_batch_sequences` decode in a thin wave behind the first. Settings (`mode@rows`):
 - baseline `rounds@16`: what learning_cpu ran through run 11 (params.yaml's 16 rows, rounds);
 - `rounds@24`: the same rounds with room for a whole 3 x 8 first round;
-- ours `refill@24`: `train.refill_dropped_groups` (pipeline.group_sampling), 24 rows.
+- ours `refill@24`: `train.refill_dropped_groups` (pipeline.sampling.dynamic_sampling), 24 rows.
 Each setting is a trainer built by `pipeline.train.set_up` from the SFT model of a learning_cpu run,
 with learning_cpu's RL settings, the real sandbox and search services, and its own problem stream
 and engine with the same seed (the same problems in the same order); steps only sample (no update), so

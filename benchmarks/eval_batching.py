@@ -33,7 +33,7 @@ from flows.services import running_services
 from pipeline.config import RunConfig, load_config
 from pipeline.jsonl import iter_json_lines
 from pipeline.paths import REPO_ROOT
-from pipeline.services import redis_service
+from pipeline.services.processes import redis_service
 
 
 def parse_args() -> argparse.Namespace:

@@ -36,7 +36,7 @@ from pipeline.evaluation.evaluate import evaluate_engine, load_model, make_eval_
 from pipeline.evaluation.model_source import fingerprint
 from pipeline.model import prepare_base_model
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.services import redis_service
+from pipeline.services.processes import redis_service
 
 
 def parse_args() -> argparse.Namespace:

@@ -30,13 +30,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.advantage import group_advantages  # noqa: E402
+from pipeline.rl.advantage import group_advantages  # noqa: E402
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
-from pipeline.loss import make_policy_loss  # noqa: E402
-from pipeline.services import free_port  # noqa: E402
+from pipeline.rl.loss import make_policy_loss  # noqa: E402
+from pipeline.services.processes import free_port  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
-from pipeline.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy  # noqa: E402
+from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy  # noqa: E402
 
 # Dense bf16 peak FLOP/s by device-name fragment (vendor data sheets, SXM parts).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}

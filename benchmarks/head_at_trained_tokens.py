@@ -4,7 +4,7 @@ A TAPO row is prompt, sampled tokens, tool output, sampled tokens. The update ne
 sampled tokens only, but the usual implementation (TRL, verl, and ours before) runs the output head and
 the vocabulary softmax at every response position, tool output and padding included; with a 49k-token
 vocabulary that is a large share of a small model's step. Ours runs them at the trained tokens only
-(`pipeline.update._head_only_at`).
+(`pipeline.trainer.update._head_only_at`).
 
 Rows below follow the held-out evaluation of the learning_cpu SFT model (SmolLM2-135M, task mix): a fact
 row spends ~42 sampled tokens around ~260 tokens of search output, a calculator row ~61 sampled tokens
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pipeline.update as update  # noqa: E402
+import pipeline.trainer.update as update  # noqa: E402
 from benchmarks.update_bench import args_and_base_model, swapped, timed_update  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
 

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from flows.services import running_services
-from pipeline.checkpoint import checkpoint_dir
+from pipeline.trainer.checkpoint import checkpoint_dir
 from pipeline.config import RunConfig, load_config
 from pipeline.data.adapters import nq_open as nq_row
 from pipeline.data.calculator import generate

@@ -44,8 +44,8 @@ from pipeline.config import RunConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
-from pipeline.search.build_index import build_index
-from pipeline.services import free_port, python_service, redis_service
+from sandbox.search.build_index import build_index
+from pipeline.services.processes import free_port, python_service, redis_service
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
 from pipeline.types import Problem, ToolResult

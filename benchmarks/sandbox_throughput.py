@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from pipeline.services import ServiceProcess, free_port, python_service
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 
 SNIPPETS = {
     "trivial": ("print(6 * 7)", "42\n"),

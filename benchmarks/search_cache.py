@@ -41,14 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pipeline.config.search import SearchConfig  # noqa: E402
 from pipeline.paths import shared_data_dir  # noqa: E402
-from pipeline.search.bm25 import BM25Index, index_vocabulary  # noqa: E402
-from pipeline.search.build_index import build_index  # noqa: E402
-from pipeline.search.cache import SearchCache  # noqa: E402
-from pipeline.search.corpus import load_corpus  # noqa: E402
-from pipeline.search.fuzzy import FuzzyIndex  # noqa: E402
-from pipeline.search.normalize import normalize_query  # noqa: E402
-from pipeline.search.results import Passage  # noqa: E402
-from pipeline.services import free_port, python_service, redis_service  # noqa: E402
+from sandbox.search.bm25 import BM25Index, index_vocabulary  # noqa: E402
+from sandbox.search.build_index import build_index  # noqa: E402
+from sandbox.search.cache import SearchCache  # noqa: E402
+from sandbox.search.corpus import load_corpus  # noqa: E402
+from sandbox.search.fuzzy import FuzzyIndex  # noqa: E402
+from sandbox.search.normalize import normalize_query  # noqa: E402
+from sandbox.search.results import Passage  # noqa: E402
+from pipeline.services.processes import free_port, python_service, redis_service  # noqa: E402
 
 QUESTION_FILES = [
     ("nq_open/NQ-open.dev.jsonl", "jsonl"), ("triviaqa/test.jsonl", "jsonl"), ("popqa/test.jsonl", "jsonl"),

@@ -3,7 +3,7 @@
 After the cold start, a group's rows often agree far past their prompt: a fact row opens with the same
 thought and the same query (the question), so the ~260 tokens of search output after it are the same
 too, and the rows part only at the answer; and rows differ in length, so a padded batch runs padding.
-Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.shared_prefix`: the tree's nodes
+Ours runs every distinct prefix of a micro-batch's rows once (`pipeline.trainer.prefix_tree`: the tree's nodes
 packed into one sequence under a tree attention mask, no padding). The baseline is ours before: each
 distinct prompt once, then all rows' continuations in one batch padded to the longest row (TRL and verl
 share nothing). With --checkpointing both sides run under gradient checkpointing (params.yaml's default),
@@ -45,19 +45,19 @@ from transformers.cache_utils import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pipeline.update as update  # noqa: E402
+import pipeline.trainer.update as update  # noqa: E402
 from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config  # noqa: E402
 from benchmarks.update_bench import swapped, timed_update  # noqa: E402
 from flows.services import running_services  # noqa: E402
-from pipeline.batching import make_train_batch, unique_rows  # noqa: E402
+from pipeline.trainer.batching import make_train_batch, unique_rows  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout import hf_backend  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
-from pipeline.rollout.hf_backend import KV  # noqa: E402
+from pipeline.rollout.backends.hf import KV  # noqa: E402
 from pipeline.rollout.sequence import Sequence  # noqa: E402
-from pipeline.shared_prefix import prefix_tree  # noqa: E402
+from pipeline.trainer.prefix_tree import prefix_tree  # noqa: E402
 from pipeline.tools.factory import make_tools  # noqa: E402
 from pipeline.types import Group, ScoredGroup, TrainBatch  # noqa: E402
 

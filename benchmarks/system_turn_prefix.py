@@ -26,7 +26,7 @@ from benchmarks.rollout_overlap import local_policy_dir
 from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.rollout.engine import encode_prompt, system_turn_length
-from pipeline.rollout.hf_backend import HFDecoder, SamplingParams
+from pipeline.rollout.backends.hf import HFDecoder, SamplingParams
 from pipeline.rollout.protocol import TapoProtocol
 from pipeline.rollout.sequence import Sequence
 

@@ -6,7 +6,7 @@ micro-batch pays for it. The row lengths below were measured on the learning_cpu
 calculator and fact groups of 8, SmolLM2-135M policy); the token ids are random (the cost does not depend
 on them). Both sides run the same `policy_gradient_step` (DAPO loss, KL-free), alternately in one process;
 the baseline only swaps in micro-batches that keep the full width. Prefixes are not shared here (as under
-gradient checkpointing): where they are, the prefix tree (`pipeline.shared_prefix`) runs no padding at
+gradient checkpointing): where they are, the prefix tree (`pipeline.trainer.prefix_tree`) runs no padding at
 all, so the cut no longer matters there.
 
     python benchmarks/trim_micro_batches.py [--reps 2] [--threads 2]
@@ -24,10 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pipeline.update as update  # noqa: E402
+import pipeline.trainer.update as update  # noqa: E402
 from benchmarks.update_bench import args_and_base_model, swapped  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
-from pipeline.loss import make_policy_loss  # noqa: E402
+from pipeline.rl.loss import make_policy_loss  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
 
 # (prompt tokens, total tokens per row) per group, from one learning_cpu step each

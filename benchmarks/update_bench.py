@@ -1,5 +1,5 @@
 """What the training-update benchmarks share: their command line, the base model, and one function of
-`pipeline.update` swapped for its baseline while the baseline side runs (both sides in one process)."""
+`pipeline.trainer.update` swapped for its baseline while the baseline side runs (both sides in one process)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import time
 
 import torch
 
-import pipeline.update as update
+import pipeline.trainer.update as update
 from pipeline.config.train import DAPOLoss
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
 from pipeline.types import TrainBatch
@@ -33,7 +33,7 @@ def args_and_base_model(description: str) -> tuple[argparse.Namespace, torch.nn.
 
 @contextlib.contextmanager
 def swapped(name: str, replacement: Callable, module: ModuleType = update) -> Iterator[None]:
-    """`<module>.<name>` (`pipeline.update` unless given) is `replacement` while open (the module looks
+    """`<module>.<name>` (`pipeline.trainer.update` unless given) is `replacement` while open (the module looks
     its helpers up at call time)."""
     original = getattr(module, name)
     setattr(module, name, replacement)

@@ -9,7 +9,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import reported_stage, run_stage
 from pipeline.config.search import SearchConfig
-from pipeline.search.build_index import build_index
+from sandbox.search.build_index import build_index
 
 
 @task(cache_policy=NO_CACHE)

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from flows.tracking import dvc_invocation, log_report, stage_run
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
-from pipeline.reaper import watch_this_process
+from pipeline.services.reaper import watch_this_process
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
@@ -69,7 +69,7 @@ def _raise_on_signal(number: int, frame: object) -> None:
 def stage_process() -> Iterator[None]:
     """The body runs as a stage process should (see the module):
 
-    * a watcher process (`pipeline.reaper`) ends every process the stage started (Prefect's temporary
+    * a watcher process (`pipeline.services.reaper`) ends every process the stage started (Prefect's temporary
       server, services, ranks, engines) when the stage ends, even by SIGKILL, and ends the stage when
       the `dvc` process above it dies (a stage started by hand, e.g. under nohup, outlives its shell);
     * SIGTERM raises SystemExit and SIGINT KeyboardInterrupt, so context managers (MLflow runs marked

@@ -35,7 +35,7 @@ from flows.common import load_or_exit
 from flows.evaluate import evaluate_flow
 from flows.pipeline import pipeline_flow
 from pipeline.config import read_params
-from pipeline.registry import MODEL_NAME, RegistryError, latest_version
+from pipeline.tracking.registry import MODEL_NAME, RegistryError, latest_version
 
 NIGHTLY_CRON = "0 2 * * *"
 TIMEZONE = "UTC"

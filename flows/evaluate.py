@@ -23,8 +23,8 @@ from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
 from pipeline.evaluation.model_source import ModelSourceError, resolve_model
-from pipeline.registry import update_champion
-from pipeline.tracking import tracked_run
+from pipeline.tracking.registry import update_champion
+from pipeline.tracking.runs import tracked_run
 
 BAD_INPUT = (BenchmarkError, EvaluationError, ModelSourceError, FileNotFoundError)
 

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger
 
 from flows.common import load_or_exit, run_stage
 from pipeline.config import RunConfig
-from pipeline.services import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
+from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
 from pipeline.types import ToolName
 
 LOG_DIR = Path("logs/services")

@@ -31,7 +31,7 @@ from mlflow.entities import Param, RunStatus, RunTag
 
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
+from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
                                mark_abandoned_runs, owner)
 
 INVOCATION_TAG = "dvc_invocation"

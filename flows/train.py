@@ -20,10 +20,10 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import load_or_exit, run_stage, tools_needed
 from flows.services import running_services
 from flows.tracking import stage_run
-from pipeline.checkpoint import is_complete, latest_checkpoint
+from pipeline.trainer.checkpoint import is_complete, latest_checkpoint
 from pipeline.config import RunConfig
-from pipeline.registry import quiet_progress_unless_tty
-from pipeline.tracking import log_checkpoints
+from pipeline.tracking.registry import quiet_progress_unless_tty
+from pipeline.tracking.runs import log_checkpoints
 from pipeline.train import run as train
 
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import torch
 
-from pipeline.advantage import GroupFilter, keep_every_group
-from pipeline.checkpoint import TrainerState
+from pipeline.rl.advantage import GroupFilter, keep_every_group
+from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config import RunConfig
-from pipeline.finetune import FullWeights, PolicyWeights
-from pipeline.group_sampling import Collected, collect_in_rounds
-from pipeline.outages import OutageGuard
-from pipeline.problem_stream import ProblemStream
-from pipeline.reference import NoReference, Reference
+from pipeline.trainer.weights import FullWeights, PolicyWeights
+from pipeline.sampling.dynamic_sampling import Collected, collect_in_rounds
+from pipeline.tools.outages import OutageGuard
+from pipeline.sampling.problem_stream import ProblemStream
+from pipeline.trainer.reference import NoReference, Reference
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.shaping import NoShaping, RewardShaping
 from pipeline.types import ScoredGroup
@@ -54,5 +54,5 @@ class Trainer:
     shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
     reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
     collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill
-    informative: GroupFilter = keep_every_group  # dynamic sampling's filter (pipeline.advantage.group_filter), or keep all
+    informative: GroupFilter = keep_every_group  # dynamic sampling's filter (pipeline.rl.advantage.group_filter), or keep all
     outages: OutageGuard | None = None  # the run's tool-outage counts; built from cfg.train by the first step

@@ -29,15 +29,15 @@ import torch
 from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
-from pipeline.progress import progress
+from pipeline.tracking.progress import progress
 from pipeline.reward import verify
 from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
 from pipeline.tools.base import Tool
 from pipeline.tools.factory import make_tools
-from pipeline.tracking import log_metrics, tracked_run
+from pipeline.tracking.runs import log_metrics, tracked_run
 from pipeline.types import Problem, ToolName, TrainBatch
-from pipeline.update import micro_batches, token_logprobs_and_entropy
+from pipeline.trainer.update import micro_batches, token_logprobs_and_entropy
 
 THOUGHT = "I will compute this exactly with Python."
 
@@ -96,7 +96,7 @@ def to_batch(traces: list[Trace], pad_id: int) -> TrainBatch:
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, micro_size: int,
              share_prefixes: bool = True) -> float:
     """Cross-entropy over mask-1 tokens, normalised once by the batch's mask-1 count. A micro-batch's rows
-    run as their prefix tree where that costs less (`pipeline.shared_prefix`): the system turn every trace
+    run as their prefix tree where that costs less (`pipeline.trainer.prefix_tree`): the system turn every trace
     opens with (274 tokens of TAPO's both-tool prompt, SmolLM2) then runs once, not once per row."""
     model.train()
     optimizer.zero_grad(set_to_none=True)

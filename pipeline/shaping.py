@@ -1,7 +1,7 @@
 """Reward shaping applied after rule-based scoring, chosen once at set-up from `reward.tepo`.
 
 Only TEPO sparse changes a trajectory's reward (R = base * m / n). TEPO dense shapes the
-advantages instead (`pipeline.advantage.token_advantages`), so for the reward it is the same
+advantages instead (`pipeline.rl.advantage.token_advantages`), so for the reward it is the same
 as off: neither computes segment entropies here, and the training step asks no question
 about which variant it has.
 """

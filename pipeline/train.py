@@ -12,14 +12,14 @@ Departures from the papers, and why:
 3. Dynamic sampling gives up after `max_gen_rounds` and trains on what it kept (TAPO pads
    with unfiltered groups "for testing", which adds zero-advantage rows); a step with no
    informative group makes no update. Optionally (`refill_dropped_groups`) a dropped group is
-   replaced inside the running rollout instead of in a further round (`pipeline.group_sampling`).
+   replaced inside the running rollout instead of in a further round (`pipeline.sampling.dynamic_sampling`).
 4. The policy is shared in-process with the `hf` rollout backend, so weight sync is free
    (with a LoRA adapter too: the backend samples from the adapted model).
 5. GRPO's KL penalty to the initial model (`kl_coef`, off by default as in DAPO) is available
-   to both variants; the frozen reference is loaded from `train.init_model` (`pipeline.reference`).
+   to both variants; the frozen reference is loaded from `train.init_model` (`pipeline.trainer.reference`).
 6. Optionally (`anchor_dropped_tokens`, with a KL term), the openings of the groups dynamic sampling
    drops stay in the batch at zero advantage, so the KL term holds the tool choice on problems the
-   policy always fails (`pipeline.anchor`).
+   policy always fails (`pipeline.rl.anchor`).
 7. Each rollout batch makes ppo_epochs x ppo_mini_batches optimiser steps; a mini-batch holds whole
    groups and is normalised by its own policy tokens (verl's ppo_mini_batch_size; TRL makes one step
    per generation batch unless it repeats the batch). The logged update metrics are their mean.
@@ -41,34 +41,34 @@ import torch
 from safetensors.torch import load_model
 from tqdm import tqdm
 
-from pipeline.advantage import group_filter, token_advantages
-from pipeline.anchor import step_openings
-from pipeline.batching import make_train_batch, mini_batch_groups
-from pipeline.checkpoint import FILES as CHECKPOINT_FILES
-from pipeline.checkpoint import TrainerState, load_checkpoint, resume_checkpoint, save_checkpoint
+from pipeline.rl.advantage import group_filter, token_advantages
+from pipeline.rl.anchor import step_openings
+from pipeline.trainer.batching import make_train_batch, mini_batch_groups
+from pipeline.trainer.checkpoint import FILES as CHECKPOINT_FILES
+from pipeline.trainer.checkpoint import TrainerState, load_checkpoint, resume_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed import trainer as data_parallel
-from pipeline.finetune import PolicyWeights, policy_weights
-from pipeline.group_sampling import group_collector
-from pipeline.history import MetricHistory, progress_line
+from pipeline.trainer.weights import PolicyWeights, policy_weights
+from pipeline.sampling.dynamic_sampling import group_collector
+from pipeline.tracking.history import MetricHistory, progress_line
 from pipeline.jsonl import write_json
-from pipeline.loss import make_policy_loss
-from pipeline.lr_schedule import lr_multiplier
+from pipeline.rl.loss import make_policy_loss
+from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.model import AUTOCAST, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
-from pipeline.problem_stream import problem_stream
-from pipeline.reference import make_reference
-from pipeline.registry import find_version, log_and_register
+from pipeline.sampling.problem_stream import problem_stream
+from pipeline.trainer.reference import make_reference
+from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.session import Placement, Trainer
 from pipeline.shaping import reward_shaping
 from pipeline.tools.factory import make_tools
-from pipeline.tracking import tracked_run
-from pipeline.training_problems import check_prompt_budget, read_training_problems
-from pipeline.train_tracking import data_hash_tags, log_samples
+from pipeline.tracking.runs import tracked_run
+from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
+from pipeline.tracking.train_samples import data_hash_tags, log_samples
 from pipeline.types import ScoredGroup, ToolName, TrainBatch
-from pipeline.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
+from pipeline.trainer.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
                  "train/entropy", "train/kept_group_fraction"]

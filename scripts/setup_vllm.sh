@@ -19,7 +19,7 @@ PROJECT_DEPS=("pydantic>=2.10,<3" "pyyaml==6.0.3" "httpx==0.28.1" numpy "pytest=
 
 WANTED="$TORCH_PIN $TRANSFORMERS_PIN $VLLM_PIN ${PROJECT_DEPS[*]}"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANTED" ]] \
-    && "$VENV/bin/python" -c "import vllm, pipeline.rollout.vllm_backend" 2>/dev/null; then
+    && "$VENV/bin/python" -c "import vllm, pipeline.rollout.backends.vllm" 2>/dev/null; then
     echo "$VENV ready"
     exit 0
 fi

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.paths import REPO_ROOT, shared_data_dir
-from pipeline.services import ServiceProcess, free_port, python_service, redis_service
+from pipeline.services.processes import ServiceProcess, free_port, python_service, redis_service
 
 
 @pytest.fixture(scope="session")

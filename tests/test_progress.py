@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from pipeline.progress import LineProgress, progress
+from pipeline.tracking.progress import LineProgress, progress
 
 
 class StepClock:

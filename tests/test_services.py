@@ -18,7 +18,7 @@ from pipeline.paths import REPO_ROOT
 PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from pipeline.services import ServiceProcess, free_port
+    from pipeline.services.processes import ServiceProcess, free_port
     port = free_port()
     server = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
     service = ServiceProcess("http", server, port, Path(sys.argv[1]) / "http.log", health_path=None).start()

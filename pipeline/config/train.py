@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
-from pipeline.lr_schedule import LrDecay
+from pipeline.trainer.lr_schedule import LrDecay
 
 
 FilterMetric = Literal["accuracy", "total"]
@@ -17,7 +17,7 @@ FILTER_METRIC_HELP = (
     "acc: 0 < #correct < G, a trajectory correct when its verifier score f_T > 0.9, so a fact answer counts when "
     "its Levenshtein partial credit 1 - r exceeds 0.9) or total (the trained reward, length and code penalties "
     "included). Under reward.tepo dense a group whose tool-level advantages are not all zero is kept either way "
-    "(pipeline.advantage.group_filter).")
+    "(pipeline.rl.advantage.group_filter).")
 KL_HELP = "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3 estimate; 0 = off, no reference kept)."
 
 
@@ -107,7 +107,7 @@ class TrainConfig(StageConfig):
         "Dynamic sampling: replace a dropped group with the next problem inside the running rollout, instead of "
         "a further round after it (continuous schedule; under data parallelism each rank refills from its share of "
         "the step's window of prompts_per_step x max_gen_rounds problems and the unused ones are skipped; "
-        "pipeline.group_sampling)."))
+        "pipeline.sampling.dynamic_sampling)."))
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     ppo_mini_batches: int = Field(
         1, ge=1, description=(
@@ -119,7 +119,7 @@ class TrainConfig(StageConfig):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     lr_decay: LrDecay = Field("constant", description=(
         "After warm-up: constant (DAPO), or linear / cosine decay over the run's steps to min_lr_ratio x lr "
-        "(pipeline.lr_schedule)."))
+        "(pipeline.trainer.lr_schedule)."))
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="The decay's floor, a share of lr (unused when constant).")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
@@ -131,7 +131,7 @@ class TrainConfig(StageConfig):
         "faster; the update's log-probs then differ from the sampler's by ~0.014 nats a token on average, "
         "noise the importance ratio carries with logprobs_source rollout; logprobs_source recompute removes it "
         "(the old log-probs then come from the update's own forward: ratio exactly 1 before the first step, "
-        "benchmarks/autocast_logprob_gap.py; pipeline.update.forward_precision)."))
+        "benchmarks/autocast_logprob_gap.py; pipeline.trainer.update.forward_precision)."))
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
     output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
@@ -147,12 +147,12 @@ class TrainConfig(StageConfig):
     anchor_dropped_tokens: int = Field(0, ge=0, le=4096, description=(
         "KL anchor on dropped groups: the first N response tokens of each group dynamic sampling drops stay in the "
         "batch at zero advantage, so only the KL term (algorithm.kl_coef > 0) acts on them; it holds the opening "
-        "(where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.anchor)."))
+        "(where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.rl.anchor)."))
     max_step_outage_share: float = Field(0.5, ge=0.0, le=1.0, description=(
         "Stop the run, naming the service, when more than this share of one tool service's calls in a step failed "
         "for infrastructure reasons (refused, 5xx, no answer in time; not the policy's own errors), before the step "
         "trains; 0 = stop at the first such failure. Groups that read an outage are never trained on "
-        "(pipeline.outages)."))
+        "(pipeline.tools.outages)."))
     max_run_outage_share: float = Field(0.2, ge=0.0, le=1.0, description=(
         "The same limit over all of a service's calls in the run so far (since the last start or resume)."))
     max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")

@@ -1,7 +1,7 @@
 """Data-parallel training with DeepSpeed ZeRO: the same trainer, spread over processes.
 
 - `ds_config`: the DeepSpeed JSON, generated from `params.yaml` (never hand-edited).
-- `backend`: `DeepSpeedBackend`, the data-parallel `GradientBackend` of `pipeline.update`.
+- `backend`: `DeepSpeedBackend`, the data-parallel `GradientBackend` of `pipeline.trainer.update`.
 - `sharding`: groups assigned to ranks whole; rollouts sampled per rank and all-gathered.
 - `checkpointing`: DeepSpeed checkpoints with exact resume; Hugging Face export (ZeRO-3 too).
 - `weight_sync`: full weights (gathered from ZeRO-3 shards, chunk by chunk) for the vLLM rollout engine.

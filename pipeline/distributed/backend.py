@@ -1,4 +1,4 @@
-"""`DeepSpeedBackend`: the data-parallel `GradientBackend` of `pipeline.update`.
+"""`DeepSpeedBackend`: the data-parallel `GradientBackend` of `pipeline.trainer.update`.
 
 DeepSpeed *averages* gradients over ranks; our loss is already divided by the global
 denominator (policy tokens summed over all ranks), so the true gradient is the *sum* of the

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.checkpoint import TrainerState
+from pipeline.trainer.checkpoint import TrainerState
 from pipeline.distributed.backend import DeepSpeedBackend
 
 KEEP_LAST = 2

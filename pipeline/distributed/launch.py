@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pipeline.services import free_port, parent_death_signal
+from pipeline.services.processes import free_port, parent_death_signal
 
 POLL_S = 0.2
 

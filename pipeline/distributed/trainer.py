@@ -26,19 +26,19 @@ from pathlib import Path
 
 import torch
 
-from pipeline.advantage import token_advantages
-from pipeline.batching import make_train_batch, mini_batch_groups
-from pipeline.checkpoint import TrainerState
+from pipeline.rl.advantage import token_advantages
+from pipeline.trainer.batching import make_train_batch, mini_batch_groups
+from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config import RunConfig
 from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.backend import DeepSpeedBackend, make_deepspeed_backend
 from pipeline.distributed.sharding import ShardedRolloutEngine, assign_groups
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.model import AUTOCAST, model_device
-from pipeline.problem_stream import problem_stream
+from pipeline.sampling.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
 from pipeline.types import ScoredGroup, TrainBatch
-from pipeline.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches, padded_cat,
+from pipeline.trainer.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches, padded_cat,
                              token_logprobs_and_entropy)
 
 

@@ -42,8 +42,8 @@ from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
 from pipeline.evaluation.summary import summarise
 from pipeline.jsonl import write_json
 from pipeline.model import load_policy
-from pipeline.outages import OutageCounts, ToolOutage
-from pipeline.progress import progress
+from pipeline.tools.outages import OutageCounts, ToolOutage
+from pipeline.tracking.progress import progress
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.protocol import TOOLS_FOR_TYPE

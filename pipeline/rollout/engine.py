@@ -21,7 +21,7 @@ Malformed calls get an error message as their tool output, never an exception.
 A rollout can grow while it runs (`refill`): when a problem's group finishes, a callback may
 name further problems, whose sequences join the running batch (on the hf clock, like a tool's
 result, `readmit_after_steps` after the group closed). Dynamic sampling uses
-it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.group_sampling`).
+it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.sampling.dynamic_sampling`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
-from pipeline.rollout.hf_backend import DecoderStats, HFDecoder, SamplingParams
+from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
 from pipeline.rollout.sequence import Sequence
@@ -133,7 +133,7 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
     (a missing install raises `VLLMUnavailable` naming the fix). The vllm backend loads the model
     from its directory (`model.name_or_path`) and takes new weights through `update_weights`."""
     if cfg.backend == "vllm":
-        from pipeline.rollout.vllm_backend import VLLMBackend
+        from pipeline.rollout.backends.vllm import VLLMBackend
 
         return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
                            options=cfg.vllm, logprobs_mode=vllm_logprobs_mode(cfg.temperature, cfg.top_p))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.rollout.hf_backend import DecoderStats
+from pipeline.rollout.backends.hf import DecoderStats
 from pipeline.types import Group, ToolName, ToolResult
 
 

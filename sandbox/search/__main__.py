@@ -14,9 +14,9 @@ import uvicorn
 
 from pipeline.config import load_config
 from pipeline.paths import REPO_ROOT
-from pipeline.search.bm25 import index_vocabulary
-from pipeline.search.cache import SearchCache
-from pipeline.search.engine import SearchEngine, make_backend
+from sandbox.search.bm25 import index_vocabulary
+from sandbox.search.cache import SearchCache
+from sandbox.search.service import SearchEngine, make_backend
 from sandbox.search.app import create_app
 
 

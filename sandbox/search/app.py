@@ -19,8 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.search.engine import SearchEngine, SearchOutcome
-from pipeline.search.serper import BackendError
+from sandbox.search.service import SearchEngine, SearchOutcome
+from sandbox.search.serper import BackendError
 
 MAX_TOP_K = 50
 MAX_BATCH = 256

@@ -13,8 +13,8 @@ import yaml
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig, SourceConfig
 from pipeline.config.search import SearchConfig
 from pipeline.data.curate import run
-from pipeline.search.build_index import build_index
-from pipeline.services import ServiceProcess, free_port, python_service
+from sandbox.search.build_index import build_index
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 from pipeline.tools.search import format_results
 from tests.data.openai_server import Script, ScriptedOpenAIServer
 

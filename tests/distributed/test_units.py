@@ -101,7 +101,7 @@ def test_launcher_gives_each_rank_its_environment(tmp_path) -> None:
 
 def test_bf16_model_gives_float32_logprobs() -> None:
     """GPU runs train in bf16; the importance ratio must not be computed from bf16 log-probs."""
-    from pipeline.update import token_logprobs_and_entropy
+    from pipeline.trainer.update import token_logprobs_and_entropy
     from tests.helpers.tiny import tiny_llama
 
     batch = make_batch(1, seed=0)

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from pipeline.checkpoint import TrainerState
+from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config.distributed import DistributedConfig
 from pipeline.config.train import DAPOLoss
 from pipeline.distributed import checkpointing
 from pipeline.distributed.backend import make_deepspeed_backend
 from pipeline.distributed.sharding import assign_groups, rank_rows
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.types import TrainBatch
-from pipeline.update import UpdateSettings, apply_policy_gradient, policy_gradient_step
+from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, policy_gradient_step
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 GROUP = 4

@@ -20,7 +20,7 @@ import yaml
 from mlflow import MlflowClient
 
 from flows.tracking import INVOCATION_TAG
-from pipeline.tracking import DVC_TAG_PREFIX
+from pipeline.tracking.runs import DVC_TAG_PREFIX
 from tests.helpers.workspace import make_workspace
 
 pytestmark = pytest.mark.slow

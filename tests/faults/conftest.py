@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from pipeline.paths import REPO_ROOT
-from pipeline.services import ServiceProcess, free_port, python_service
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 
 EVENT_TIMEOUT_S = 240.0  # an upper bound on waiting for an event on a loaded 2-core machine, not a timing
 

@@ -24,9 +24,9 @@ from pipeline.data.curate import run as curate
 from pipeline.data.formats import SourceError
 from pipeline.rollout.engine import encode_prompt
 from pipeline.rollout.protocol import make_protocol, tools_for
-from pipeline.search.corpus import CorpusError, load_corpus
+from sandbox.search.corpus import CorpusError, load_corpus
 from pipeline.train import run
-from pipeline.training_problems import BadProblems, check_prompt_budget
+from pipeline.sampling.training_problems import BadProblems, check_prompt_budget
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 from tests.train.toy_task import toy_config

@@ -18,7 +18,7 @@ from pipeline.config.curate import CurateConfig, FilterConfig, JudgeConfig, Mult
 from pipeline.data.curate import run as curate
 from pipeline.data.judge_cache import JudgeCache
 from pipeline.data.judge_client import JudgeUnavailable
-from pipeline.services import ServiceProcess, free_port
+from pipeline.services.processes import ServiceProcess, free_port
 from tests.faults.conftest import PYTHON, healthy, stage_env, wait_for
 
 QUESTIONS = {f"What is {i} plus {i}?": str(2 * i) for i in range(1, 9)}

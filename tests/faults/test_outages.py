@@ -27,10 +27,10 @@ import pipeline.train
 from flows.services import running_services
 from pipeline.config import load_config
 from pipeline.config.search import SearchConfig
-from pipeline.outages import OutageCounts, OutageGuard, ToolOutage
+from pipeline.tools.outages import OutageCounts, OutageGuard, ToolOutage
 from pipeline.paths import REPO_ROOT
-from pipeline.search.build_index import build_index
-from pipeline.services import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
+from sandbox.search.build_index import build_index
+from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.factory import make_tools
 from pipeline.tools.search import SearchClient

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from flows.train import checkpoints_of_run
 from pipeline.config import load_config
-from pipeline.history import MetricHistory
+from pipeline.tracking.history import MetricHistory
 from pipeline.outputs import OutputNotWritable
 from pipeline.paths import REPO_ROOT
 from pipeline.train import run
@@ -35,10 +35,10 @@ TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")
 DRIVER = r"""
 import json, os, signal, sys
 from pathlib import Path
-import pipeline.checkpoint as checkpoint
+import pipeline.trainer.checkpoint as checkpoint
 import pipeline.train as train
 from pipeline.config import load_config
-from pipeline.history import MetricHistory
+from pipeline.tracking.history import MetricHistory
 
 params, mode, metrics_dir, kill_at = sys.argv[1:5]
 

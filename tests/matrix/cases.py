@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.advantage import token_advantages
-from pipeline.anchor import step_openings
+from pipeline.rl.advantage import token_advantages
+from pipeline.rl.anchor import step_openings
 from pipeline.config import RunConfig
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.types import ScoredGroup, TrainBatch
 
 ALGORITHMS = {  # name -> (train.algorithm mapping, kl_coef)

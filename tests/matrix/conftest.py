@@ -13,8 +13,8 @@ from pipeline.config import RunConfig, load_config  # noqa: E402
 from pipeline.config.search import SearchConfig
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
-from pipeline.search.build_index import build_index
-from pipeline.services import ServiceProcess
+from sandbox.search.build_index import build_index
+from pipeline.services.processes import ServiceProcess
 from pipeline.types import Problem
 from tests.matrix.cases import FACTORS, overrides
 from tests.matrix.toy_protocols import TASKS, build_protocol_model

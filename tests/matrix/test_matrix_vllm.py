@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.anchor import step_openings
-from pipeline.group_sampling import score_group
+from pipeline.rl.anchor import step_openings
+from pipeline.sampling.dynamic_sampling import score_group
 from pipeline.paths import REPO_ROOT
 from pipeline.train import prepared_batch, set_up
 from tests.matrix.cases import (check_dropped_have_zero_advantage, check_dropped_rows_of_the_batch_train_nothing,

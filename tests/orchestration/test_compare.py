@@ -1,4 +1,4 @@
-"""`python -m pipeline.compare`: one row per top-level run, nested stage metrics gathered into it."""
+"""`python -m pipeline.tracking.compare`: one row per top-level run, nested stage metrics gathered into it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from pipeline.compare import main
+from pipeline.tracking.compare import main
 from pipeline.config.run import RunSection
-from pipeline.tracking import PARENT_ENV, tracked_run
+from pipeline.tracking.runs import PARENT_ENV, tracked_run
 
 
 @pytest.fixture()

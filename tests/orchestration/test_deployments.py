@@ -20,7 +20,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.deploy import NIGHTLY_CRON
 from pipeline.config.run import RunSection
-from pipeline.registry import CHAMPION, MODEL_NAME, log_and_register
+from pipeline.tracking.registry import CHAMPION, MODEL_NAME, log_and_register
 from tests.helpers.workspace import TINY_EVAL, make_workspace, subprocess_env
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.pipeline import pipeline_flow
 from flows.tracking import LockFileError, dvc_input_hashes
-from pipeline.tracking import DVC_TAG_PREFIX
+from pipeline.tracking.runs import DVC_TAG_PREFIX
 from tests.helpers.workspace import TINY_EVAL, make_workspace, merge
 
 pytestmark = pytest.mark.slow

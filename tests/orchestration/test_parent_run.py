@@ -17,7 +17,7 @@ import flows.tracking
 from flows.tracking import INVOCATION_TAG, dvc_invocation, log_report, parent_run, stage_run
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking import PARENT_ENV, STAGE_RUN_ENV, log_checkpoints, tracked_run
+from pipeline.tracking.runs import PARENT_ENV, STAGE_RUN_ENV, log_checkpoints, tracked_run
 
 
 @pytest.fixture()

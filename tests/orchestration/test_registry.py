@@ -9,7 +9,7 @@ import pytest
 from mlflow import MlflowClient
 
 from pipeline.config.run import RunSection
-from pipeline.registry import (ACCURACY_TAG, CHAMPION, MODEL_NAME, RegistryError, champion_dir, find_version,
+from pipeline.tracking.registry import (ACCURACY_TAG, CHAMPION, MODEL_NAME, RegistryError, champion_dir, find_version,
                                log_and_register, model_digest, update_champion)
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 

@@ -75,7 +75,7 @@ def test_stacked_blocks_are_right_aligned_over_zeros_and_appendable() -> None:
 
 
 def test_runs_of_consecutive_rows() -> None:
-    from pipeline.rollout.hf_backend import _runs
+    from pipeline.rollout.backends.hf import _runs
 
     assert _runs([0, 1, 2, 5, 6, 9]) == [(0, 3), (5, 7), (9, 10)]
     assert _runs([]) == [] and _runs([4]) == [(4, 5)]

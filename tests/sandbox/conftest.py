@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.services import free_port, python_service
+from pipeline.services.processes import free_port, python_service
 from tests.sandbox.support import LONE_UID_BASE, UID_BASE, WORKERS, Sandbox
 
 

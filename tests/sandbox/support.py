@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from pipeline.services import ServiceProcess
+from pipeline.services.processes import ServiceProcess
 
 WORKERS = 2
 # Our own uid range, so other sandboxes on this host (other test runs, services) never look

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.services import free_port, python_service
+from pipeline.services.processes import free_port, python_service
 from sandbox.code import cgroup
 from tests.sandbox.support import UID_BASE, Sandbox
 

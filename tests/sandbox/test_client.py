@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pipeline.config.sandbox import SandboxConfig
-from pipeline.services import free_port
+from pipeline.services.processes import free_port
 from pipeline.tools.base import Tool
 from pipeline.tools.code import CodeSandboxClient, model_output
 from tests.sandbox.support import Sandbox

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from pipeline.services import free_port, python_service
+from pipeline.services.processes import free_port, python_service
 from tests.sandbox.support import (LONE_UID_BASE, UID_BASE, Sandbox, sandbox_processes, wait_until, worker_processes,
                                    zygote_of)
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.services import ServiceProcess, free_port, python_service
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 from sandbox.code.files import MAX_FETCH_FILES, MAX_FETCH_TOTAL_BYTES, MAX_FILES
 from tests.sandbox.support import UID_BASE, Sandbox, wait_until
 

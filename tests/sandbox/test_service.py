@@ -12,7 +12,7 @@ import httpx
 import psutil
 import pytest
 
-from pipeline.services import ServiceProcess, free_port, python_service
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 from sandbox.code import __main__ as cli
 from sandbox.code import jail
 from tests.sandbox.support import UID_BASE, WORKERS, Sandbox

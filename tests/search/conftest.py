@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from pipeline.config.search import SearchConfig
-from pipeline.search.bm25 import index_vocabulary
-from pipeline.search.build_index import build_index
-from pipeline.services import ServiceProcess, free_port, python_service
+from sandbox.search.bm25 import index_vocabulary
+from sandbox.search.build_index import build_index
+from pipeline.services.processes import ServiceProcess, free_port, python_service
 from tests.search.fake_serper import API_KEY, FakeSerper
 
 DATA = Path(__file__).parent / "data"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.search import cache as cache_module
-from pipeline.search.cache import SearchCache
-from pipeline.search.normalize import normalize_query
-from pipeline.search.results import Passage
-from pipeline.services import ServiceProcess, redis_service
+from sandbox.search import cache as cache_module
+from sandbox.search.cache import SearchCache
+from sandbox.search.normalize import normalize_query
+from sandbox.search.results import Passage
+from pipeline.services.processes import ServiceProcess, redis_service
 
 RESULTS = (Passage(id="7-0", title="Penicillin", text="Penicillin was discovered by Alexander Fleming.", score=3.5),)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from pipeline.config.search import SearchConfig
-from pipeline.services import ServiceProcess, free_port
+from pipeline.services.processes import ServiceProcess, free_port
 from pipeline.tools.base import Tool
 from pipeline.tools.search import SearchClient, _parse
 from tests.search.fake_serper import FakeSerper

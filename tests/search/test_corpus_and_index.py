@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.search import SearchConfig
-from pipeline.search.bm25 import BM25Index
-from pipeline.search.build_index import build_index, main
-from pipeline.search.corpus import load_corpus, split_passages
+from sandbox.search.bm25 import BM25Index
+from sandbox.search.build_index import build_index, main
+from sandbox.search.corpus import load_corpus, split_passages
 from tests.search.conftest import HOTPOT_PARAGRAPHS, write_params
 
 KILT_SAMPLE = "wiki_corpus_samples/filtered_kilt_sample_100.jsonl"

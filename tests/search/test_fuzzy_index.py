@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rapidfuzz import fuzz
 
-from pipeline.search.fuzzy import FuzzyIndex, _intersect_sorted
-from pipeline.search.normalize import may_merge, normalize_query, query_terms
+from sandbox.search.fuzzy import FuzzyIndex, _intersect_sorted
+from sandbox.search.normalize import may_merge, normalize_query, query_terms
 
 
 def _questions(shared_data: Path, n: int) -> list[str]:

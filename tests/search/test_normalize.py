@@ -7,8 +7,8 @@ import difflib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.search.fuzzy import FuzzyIndex
-from pipeline.search.normalize import is_numeric_token, may_merge, normalize_query, plural_stem, query_terms
+from sandbox.search.fuzzy import FuzzyIndex
+from sandbox.search.normalize import is_numeric_token, may_merge, normalize_query, plural_stem, query_terms
 from tests.search.conftest import read_pairs
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pipeline.search.serper import BackendError, RateLimiter, SerperClient, map_serper_response
+from sandbox.search.serper import BackendError, RateLimiter, SerperClient, map_serper_response
 from tests.search.fake_serper import API_KEY, FakeSerper, serper_answer
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pipeline.services import ServiceProcess, redis_service
+from pipeline.services.processes import ServiceProcess, redis_service
 from sandbox.search.__main__ import main as search_main
 from tests.search.conftest import search, start_search, write_params
 from tests.search.fake_serper import FakeSerper

@@ -1,4 +1,4 @@
-"""The KL anchor on the openings of dropped groups (`pipeline.anchor`): what an opening keeps, that it
+"""The KL anchor on the openings of dropped groups (`pipeline.rl.anchor`): what an opening keeps, that it
 trains the KL term alone (no gradient while the policy equals the reference, a pull when it does not),
 its config check, and its wiring into the training loop."""
 
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.advantage import group_advantages, group_filter, token_advantages
-from pipeline.anchor import dropped_openings, opening, step_openings
-from pipeline.batching import make_train_batch
+from pipeline.rl.advantage import group_advantages, group_filter, token_advantages
+from pipeline.rl.anchor import dropped_openings, opening, step_openings
+from pipeline.trainer.batching import make_train_batch
 from pipeline.config.reward import TepoDense, TepoOff
 from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
-from pipeline.loss import make_policy_loss
-from pipeline.reference import FrozenReference
+from pipeline.rl.loss import make_policy_loss
+from pipeline.trainer.reference import FrozenReference
 from pipeline.train import run
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
-from pipeline.update import UpdateSettings, policy_gradient_step
+from pipeline.trainer.update import UpdateSettings, policy_gradient_step
 from tests.helpers.tiny import tiny_llama
 from tests.train.test_learning import read_history
 from tests.train.toy_task import build_direct_model, toy_config

@@ -7,11 +7,11 @@ import torch
 
 from pipeline.config import ConfigError, load_config
 from pipeline.config.train import DAPOLoss
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.paths import REPO_ROOT
-from pipeline.reference import FrozenReference
+from pipeline.trainer.reference import FrozenReference
 from pipeline.types import TrainBatch
-from pipeline.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from pipeline.trainer.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
 from tests.train.test_loss import _random_batch
 from tests.train.test_shared_prefix import _agreeing_group

@@ -13,12 +13,12 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.advantage import (InformativeFilter, group_filter, is_informative, keep_every_group,
+from pipeline.rl.advantage import (InformativeFilter, group_filter, is_informative, keep_every_group,
                                 token_advantages)
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import DAPOLoss, DrGRPOLoss, GRPOLoss
 from pipeline.distributed.sharding import ShardedRolloutEngine
-from pipeline.group_sampling import RefillRule, collect_in_rounds, collect_with_refill, collect_with_sharded_refill
+from pipeline.sampling.dynamic_sampling import RefillRule, collect_in_rounds, collect_with_refill, collect_with_sharded_refill
 from pipeline.train import set_up
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 from tests.train.toy_task import build_direct_model, toy_config

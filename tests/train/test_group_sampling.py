@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from pipeline.advantage import is_informative
+from pipeline.rl.advantage import is_informative
 from pipeline.config import ConfigError, load_config
 from pipeline.distributed.sharding import ShardedRolloutEngine, window_shares
-from pipeline.group_sampling import collect_in_rounds, collect_with_refill, collect_with_sharded_refill, group_collector
+from pipeline.sampling.dynamic_sampling import collect_in_rounds, collect_with_refill, collect_with_sharded_refill, group_collector
 from pipeline.paths import REPO_ROOT
 from pipeline.train import set_up
 from tests.train.toy_task import build_direct_model, toy_config

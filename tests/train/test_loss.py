@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.advantage import group_advantages
+from pipeline.rl.advantage import group_advantages
 from pipeline.config.train import DAPOLoss, DrGRPOLoss, GRPOLoss
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.types import TrainBatch
-from pipeline.update import (UpdateSettings, masked_logprobs_no_grad, micro_batches, policy_gradient_step,
+from pipeline.trainer.update import (UpdateSettings, masked_logprobs_no_grad, micro_batches, policy_gradient_step,
                              token_logprobs_and_entropy)
 from tests.helpers.tiny import tiny_llama
 
@@ -69,7 +69,7 @@ def test_dr_grpo_is_a_token_sum_over_sequences_times_the_length_constant() -> No
 
 
 def test_dr_grpo_advantages_are_centred_not_std_divided() -> None:
-    from pipeline.advantage import advantages_of
+    from pipeline.rl.advantage import advantages_of
     from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup
     group = ScoredGroup(Group(Problem("p", "q", ("1",), "math", "gsm8k", "train"), ()),
                         tuple(RewardBreakdown(True, r, 0.0, 0.0, total=r) for r in (1.0, 0.0, 0.0, 0.0)))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError
-from pipeline.lr_schedule import lr_multiplier
+from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.train import set_up
 from tests.train.toy_task import build_direct_model, toy_config
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.batching import mini_batch_groups
-from pipeline.loss import make_policy_loss
+from pipeline.trainer.batching import mini_batch_groups
+from pipeline.rl.loss import make_policy_loss
 from pipeline.train import collect_batch, prepared_batch, set_up, train_step
-from pipeline.update import UpdateSettings, policy_gradient_step
+from pipeline.trainer.update import UpdateSettings, policy_gradient_step
 from tests.train.toy_task import build_direct_model, toy_config
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pipeline.problem_stream import ProblemStream, SourceBalancedStream, problem_stream
+from pipeline.sampling.problem_stream import ProblemStream, SourceBalancedStream, problem_stream
 from pipeline.types import Problem
 
 

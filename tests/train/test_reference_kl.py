@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from pipeline.config.train import DAPOLoss, GRPOLoss
-from pipeline.loss import make_policy_loss
+from pipeline.rl.loss import make_policy_loss
 from pipeline.model import load_policy
-from pipeline.reference import FrozenReference, NoReference, make_reference
+from pipeline.trainer.reference import FrozenReference, NoReference, make_reference
 from pipeline.train import run
 from pipeline.types import TrainBatch
-from pipeline.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from pipeline.trainer.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
 from tests.train.test_learning import read_history
 from tests.train.test_loss import _random_batch, batch_of

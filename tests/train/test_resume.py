@@ -30,7 +30,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.checkpoint import latest_checkpoint
+from pipeline.trainer.checkpoint import latest_checkpoint
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.engine import RolloutEngine

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from pipeline.config.train import DAPOLoss
-from pipeline.loss import make_policy_loss
-from pipeline.shared_prefix import MAX_PACKED_POSITIONS, common_prefix_lengths, pack_tree, packing_pays, prefix_tree
+from pipeline.rl.loss import make_policy_loss
+from pipeline.trainer.prefix_tree import MAX_PACKED_POSITIONS, common_prefix_lengths, pack_tree, packing_pays, prefix_tree
 from pipeline.types import TrainBatch
-from pipeline.update import token_logprobs_and_entropy
+from pipeline.trainer.update import token_logprobs_and_entropy
 from tests.helpers.tiny import tiny_llama
 
 PROMPT, OPENING, TOOL = 20, 6, 12  # a group's prompt; the rows' common opening; tool output after it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.group_sampling import tool_choice_metrics
+from pipeline.sampling.dynamic_sampling import tool_choice_metrics
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
 

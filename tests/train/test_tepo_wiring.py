@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.advantage import group_filter, token_advantages
+from pipeline.rl.advantage import group_filter, token_advantages
 from pipeline.config import RunConfig
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import DAPOLoss
 from pipeline.shaping import reward_shaping
-from pipeline.group_sampling import score_group
+from pipeline.sampling.dynamic_sampling import score_group
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
 PROBLEM = Problem("p", "What is 6 * 7?", ("42",), "calculator", "calculator", "train")

@@ -13,9 +13,9 @@ import mlflow
 import pytest
 from dvc_data.hashfile.hash import file_md5 as dvc_file_md5
 
-from pipeline.history import progress_line
+from pipeline.tracking.history import progress_line
 from pipeline.train import run
-from pipeline.train_tracking import data_hash_tags
+from pipeline.tracking.train_samples import data_hash_tags
 from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 

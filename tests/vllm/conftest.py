@@ -34,7 +34,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def backend(tiny_dir: Path) -> Iterator[object]:
-    from pipeline.rollout.vllm_backend import VLLMBackend
+    from pipeline.rollout.backends.vllm import VLLMBackend
 
     with VLLMBackend(tiny_dir, max_batch=8, max_model_len=512, seed=0) as b:
         yield b

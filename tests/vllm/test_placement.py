@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pipeline.config.rollout import VLLMConfig
-from pipeline.rollout.vllm_backend import (VLLMBackend, engine_device_ids, layer_aligned_chunks, layer_key,
+from pipeline.rollout.backends.vllm import (VLLMBackend, engine_device_ids, layer_aligned_chunks, layer_key,
                                            placement_args)
 from tests.helpers.tiny import tiny_tokenizer
 from tests.vllm.test_vllm_backend import LONG_QUESTIONS, generate, reference_logprobs

@@ -4,7 +4,7 @@ dynamic sampling, in generation rounds or by refilling the running rollout.
 DAPO's dynamic sampling over-samples and drops the groups that carry no signal, in rounds: by default
 a group whose trajectories are all correct or all wrong (`0 < #correct < G` keeps it, DAPO's and verl's
 `filter_groups.metric: acc`), not one whose totals merely differ; the test (`train.algorithm.filter_metric`,
-TEPO's tool-level signal included: `pipeline.advantage`) is resolved once at set-up as `Trainer.informative`
+TEPO's tool-level signal included: `pipeline.rl.advantage`) is resolved once at set-up as `Trainer.informative`
 and the rounds, the refill and the sharded refill all apply that one function. Each
 round samples the problems still missing and ends with its slowest row. Where a decoding
 step costs about as much for a few rows as for a full batch (a small model on CPU, or any
@@ -21,7 +21,7 @@ without a collective per dropped group, so every rank takes the step's whole win
 `prompts_per_step`, and refills from its own share of the rest; the window's unused problems are
 skipped, as verl skips the surplus of an oversampled generation batch.
 
-A group that read a tool-service outage (`pipeline.outages`) is never kept: it is dropped as an
+A group that read a tool-service outage (`pipeline.tools.outages`) is never kept: it is dropped as an
 uninformative group is (and replaced the same way), but not anchored, and every collector checks
 the step's outages (`OutageGuard`) before it hands the batch on, raising `ToolOutage` past the limits.
 """
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.advantage import GroupFilter
+from pipeline.rl.advantage import GroupFilter
 from pipeline.config import RunConfig
-from pipeline.outages import OutageGuard, has_outage
+from pipeline.tools.outages import OutageGuard, has_outage
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.shaping import RewardShaping

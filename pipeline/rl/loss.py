@@ -8,7 +8,7 @@ never changes the gradient.
   negative advantages, no KL. Denominator: policy tokens in the whole batch.
 - GRPO: same clipped surrogate with a symmetric eps, but each sequence's tokens are averaged
   first (sequence-mean). Denominator: sequences in the whole batch.
-- Dr.GRPO (Liu et al. 2025): GRPO's symmetric clip with neither the std division (`pipeline.advantage`)
+- Dr.GRPO (Liu et al. 2025): GRPO's symmetric clip with neither the std division (`pipeline.rl.advantage`)
   nor the per-sequence 1/|o_i| mean, whose length bias it removes: the token sum is divided by
   sequences x L with L a constant, `rollout.max_policy_tokens` (TRL's `dr_grpo` divides by
   `max_completion_length`). Denominator: sequences in the whole batch x L.

@@ -19,7 +19,7 @@ from typing import Any
 
 import mlflow
 
-from pipeline.tracking import dvc_dep_tags
+from pipeline.tracking.runs import dvc_dep_tags
 from pipeline.types import ScoredGroup
 
 SAMPLES_DIR = "samples"

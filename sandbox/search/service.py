@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.config.search import SearchConfig
-from pipeline.search.bm25 import BM25Index
-from pipeline.search.cache import CacheOutcome, SearchCache
-from pipeline.search.normalize import normalize_query
-from pipeline.search.results import Passage
-from pipeline.search.serper import BackendError, SerperClient
+from sandbox.search.bm25 import BM25Index
+from sandbox.search.cache import CacheOutcome, SearchCache
+from sandbox.search.normalize import normalize_query
+from sandbox.search.results import Passage
+from sandbox.search.serper import BackendError, SerperClient
 
 
 class Backend(Protocol):

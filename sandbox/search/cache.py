@@ -28,8 +28,8 @@ from typing import Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from pipeline.search.fuzzy import FuzzyIndex
-from pipeline.search.results import Passage
+from sandbox.search.fuzzy import FuzzyIndex
+from sandbox.search.results import Passage
 
 log = logging.getLogger(__name__)
 

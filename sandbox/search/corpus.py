@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.jsonl import iter_json_lines
-from pipeline.search.results import Passage
+from sandbox.search.results import Passage
 
 CorpusFormat = Literal["jsonl", "kilt", "wiki18", "wikidump"]
 GENSIM_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"

@@ -19,7 +19,7 @@ import bm25s
 import numpy as np
 
 from pipeline.jsonl import iter_json_lines, write_json_lines
-from pipeline.search.results import Passage
+from sandbox.search.results import Passage
 
 PASSAGES_FILE = "passages.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -52,7 +52,7 @@ class BM25Index:
     @classmethod
     def load(cls, directory: Path) -> BM25Index:
         if not (directory / MANIFEST_FILE).is_file():
-            raise FileNotFoundError(f"{directory}: no BM25 index here (run: python -m pipeline.search.build_index)")
+            raise FileNotFoundError(f"{directory}: no BM25 index here (run: python -m sandbox.search.build_index)")
         retriever = bm25s.BM25.load(str(directory), show_progress=False)
         passages = [Passage.from_dict(row) for _, row in iter_json_lines(directory / PASSAGES_FILE)]
         return cls(retriever, passages)

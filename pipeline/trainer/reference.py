@@ -16,10 +16,10 @@ from typing import Protocol
 import torch
 
 from pipeline.config import RunConfig
-from pipeline.loss import needs_reference
+from pipeline.rl.loss import needs_reference
 from pipeline.model import AUTOCAST, load_policy
 from pipeline.types import TrainBatch
-from pipeline.update import masked_logprobs_no_grad
+from pipeline.trainer.update import masked_logprobs_no_grad
 
 
 class Reference(Protocol):

@@ -41,7 +41,7 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
 def mini_batch_groups(kept: list[ScoredGroup], n: int,
                       anchored: Sequence[ScoredGroup] = ()) -> list[list[ScoredGroup]]:
     """Whole groups, in order, as min(n, len(kept)) mini-batches whose sizes differ by at most one, each
-    followed by its share of the `anchored` openings (`pipeline.anchor`), split the same way.
+    followed by its share of the `anchored` openings (`pipeline.rl.anchor`), split the same way.
 
     A group is never split: its rows share their prompt's pass and their advantages are relative to each other.
     The openings are spread over the mini-batches rather than appended to the last: a mini-batch of openings

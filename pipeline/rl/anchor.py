@@ -1,6 +1,6 @@
 """A KL anchor on the openings of the groups dynamic sampling drops (our addition; off by default).
 
-DAPO drops a group whose answers are all correct or all wrong (`pipeline.advantage.group_filter`):
+DAPO drops a group whose answers are all correct or all wrong (`pipeline.rl.advantage.group_filter`):
 it gets zero advantage, so it carries no policy gradient, and with it goes the only place a KL term to
 the initial model (`kl_coef`) could see that problem. On a tool mix that matters. A small model's fact groups are mostly all-zero and
 dropped, so the anchor acts only on the calculator rows, which reward the shared opening that picks

@@ -1,6 +1,6 @@
 """Compare the last N runs of an experiment: one row per top-level MLflow run, key metrics as columns.
 
-    python -m pipeline.compare [--last N] [--experiment NAME] [--tracking-uri URI] [--params params.yaml]
+    python -m pipeline.tracking.compare [--last N] [--experiment NAME] [--tracking-uri URI] [--params params.yaml]
 
 A pipeline run's row gathers the metrics of its nested stage runs (train, evaluate, sft); a
 stage run started on its own (e.g. `python -m flows.evaluate`) is a row by itself. Experiment

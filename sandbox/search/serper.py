@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from pipeline.search.results import Passage
+from sandbox.search.results import Passage
 
 
 class BackendError(Exception):

@@ -64,7 +64,7 @@ from typing import Any
 import torch
 
 from pipeline.config.rollout import VLLMConfig
-from pipeline.rollout.hf_backend import DecoderStats, SamplingParams, Scheduler
+from pipeline.rollout.backends.hf import DecoderStats, SamplingParams, Scheduler
 from pipeline.rollout.sequence import Sequence
 
 INSTALL_HINT = "build its environment with scripts/setup_vllm.sh and run with .venv-vllm/bin/python"

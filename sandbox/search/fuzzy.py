@@ -2,7 +2,7 @@
 
 TAPO's cache SCANs up to 200 Redis keys and runs difflib on each: slow (seconds at 100k keys with a
 full scan) and arbitrary (it only sees whichever 200 keys SCAN returns). This index finds every
-cached query that can pass the guard of `pipeline.search.normalize.may_merge`, and only those:
+cached query that can pass the guard of `sandbox.search.normalize.may_merge`, and only those:
 
 - Rule 2 of the guard says a match has the same words as the query, except at most one typo'd word
   (or the same words joined differently: a spacing variant). So a match contains at least
@@ -28,7 +28,7 @@ from collections import defaultdict
 import numpy as np
 from rapidfuzz import fuzz, process
 
-from pipeline.search.normalize import TYPO_MIN_LETTERS, QueryTerms, may_merge, query_terms
+from sandbox.search.normalize import TYPO_MIN_LETTERS, QueryTerms, may_merge, query_terms
 
 
 def _deletions(word: str) -> set[str]:

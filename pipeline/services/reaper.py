@@ -1,11 +1,11 @@
 """Nothing a stage starts outlives it: a watcher process that ends the stage's descendants.
 
 A stage starts processes it does not control the start of (Prefect's temporary API server,
-DeepSpeed ranks, vLLM engines) besides the services it does (`pipeline.services`, which also
+DeepSpeed ranks, vLLM engines) besides the services it does (`pipeline.services.processes`, which also
 get a parent-death signal). When the stage is killed with SIGKILL nothing in it can run, and
 its children are re-parented to init, so the stage cannot clean up after itself. Hence:
 
-* `watch_this_process(anchors)` starts `python -m pipeline.reaper`, a small process in its own
+* `watch_this_process(anchors)` starts `python -m pipeline.services.reaper`, a small process in its own
   session that notes the stage's descendants every `POLL_S` seconds (pid and start time, so a
   reused pid is never hit). When the stage ends, by any means, it sends SIGTERM to every noted
   descendant still alive (and to their own children), then SIGKILL after `GRACE_S`.
@@ -51,7 +51,7 @@ def identity(pid: int) -> str:
 
 def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
     """Start the watcher for this process (see the module); returns its handle."""
-    command = [sys.executable, "-m", "pipeline.reaper", identity(os.getpid()), *(identity(a) for a in anchors)]
+    command = [sys.executable, "-m", "pipeline.services.reaper", identity(os.getpid()), *(identity(a) for a in anchors)]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
                             start_new_session=True, close_fds=True)
 

@@ -12,8 +12,8 @@ import json
 import os
 from pathlib import Path
 
-from pipeline.progress import pace_and_eta
-from pipeline.tracking import log_metrics
+from pipeline.tracking.progress import pace_and_eta
+from pipeline.tracking.runs import log_metrics
 
 
 class MetricHistory:

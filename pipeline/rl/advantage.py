@@ -53,7 +53,7 @@ def rewards_agree(rewards_G: np.ndarray) -> bool:
 def group_advantages(rewards_G: np.ndarray, *, std_normalize: bool) -> np.ndarray:
     """A_i = (r_i - mean(r)) [/ (std(r, ddof=1) + eps)] over one group; shape [G]. Exactly 0 when the
     rewards all agree (the float mean of G equal values need not equal them: its rounding must not become
-    a gradient, e.g. on the dropped groups' openings of `pipeline.anchor`)."""
+    a gradient, e.g. on the dropped groups' openings of `pipeline.rl.anchor`)."""
     if rewards_agree(rewards_G):
         return np.zeros_like(rewards_G)
     centred = rewards_G - rewards_G.mean()
@@ -131,7 +131,7 @@ def token_advantages(groups: list[ScoredGroup], algo: AlgorithmConfig, tepo: Tep
     Outcome variants broadcast the trajectory's group-relative advantage. TEPO dense instead
     gives each tool call's segment its tool-level advantage (pooled over the group's calls)
     and keeps the outcome advantage on the final segment. A group `keep` drops (the dropped groups'
-    openings of `pipeline.anchor`) gets exactly zero everywhere, whatever its totals: under the
+    openings of `pipeline.rl.anchor`) gets exactly zero everywhere, whatever its totals: under the
     accuracy metric they may differ. Tool-output tokens are masked later.
     """
     out: list[np.ndarray] = []

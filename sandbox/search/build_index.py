@@ -1,4 +1,4 @@
-"""Build the local BM25 index declared in params.yaml: `python -m pipeline.search.build_index --params PATH`.
+"""Build the local BM25 index declared in params.yaml: `python -m sandbox.search.build_index --params PATH`.
 
 Reads `search.corpus_path`, `search.corpus_format`, `search.passage_words`; writes `search.index_dir`
 (relative paths are under the repository root). The DVC stage `build-index` calls `build_index(cfg)`.
@@ -16,8 +16,8 @@ from pathlib import Path
 from pipeline.config import load_config
 from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT
-from pipeline.search.bm25 import BM25Index
-from pipeline.search.corpus import default_dump_path, load_corpus
+from sandbox.search.bm25 import BM25Index
+from sandbox.search.corpus import default_dump_path, load_corpus
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def build_index(cfg: SearchConfig, root: Path = REPO_ROOT) -> IndexReport:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.search.build_index", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sandbox.search.build_index", description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(REPO_ROOT / "params.yaml"))
     args = parser.parse_args(argv)
     report = build_index(load_config(args.params).search)

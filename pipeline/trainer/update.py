@@ -8,7 +8,7 @@ chunks of tokens so a 150k-token vocabulary never materialises a full [N, V] flo
 softmax twice.
 
 Departures from TRL/verl, for speed only: a micro-batch's rows run as a prefix tree
-(`pipeline.shared_prefix`), packed into one sequence under a tree attention mask: what rows agree
+(`pipeline.trainer.prefix_tree`), packed into one sequence under a tree attention mask: what rows agree
 on (a group's prompt, and often its opening, first call and tool output too) runs once, and no
 padding runs: on groups sampled by learning_cpu's SFT model, 2.4x fewer positions and 2.05x faster
 than the prompt-shared padded batch before (`benchmarks/shared_prefix_update.py`, CPU). The mask is
@@ -30,8 +30,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from pipeline.loss import PolicyLoss
-from pipeline.shared_prefix import PackedTree, pack_tree, packing_pays, prefix_tree
+from pipeline.rl.loss import PolicyLoss
+from pipeline.trainer.prefix_tree import PackedTree, pack_tree, packing_pays, prefix_tree
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
@@ -160,7 +160,7 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: 
                              tokens_N: torch.Tensor) -> torch.Tensor:
     """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
 
-    The rows' prefix tree (`pipeline.shared_prefix`) runs as one packed sequence under a tree mask, each
+    The rows' prefix tree (`pipeline.trainer.prefix_tree`) runs as one packed sequence under a tree mask, each
     token at its own position: what rows share runs once (its gradient is the sum over the rows below),
     and no padding runs. Token t of a row is predicted at position t - 1, in the node of the row's path
     that holds that position (same context, hence the same logits for every row through it)."""

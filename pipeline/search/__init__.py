@@ -1,1 +1,0 @@
-"""Search: corpora, the BM25 index, the Serper client, and the exact + guarded fuzzy Redis cache."""

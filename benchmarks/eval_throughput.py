@@ -33,7 +33,7 @@ from pipeline.config import load_config
 from pipeline.config.evaluate import BenchmarkConfig
 from pipeline.evaluation.benchmarks import load_benchmarks
 from pipeline.evaluation.evaluate import evaluate_engine, load_model, make_eval_tools
-from pipeline.evaluation.model_source import fingerprint
+from pipeline.tracking.model_source import fingerprint
 from pipeline.model import prepare_base_model
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.services.processes import redis_service

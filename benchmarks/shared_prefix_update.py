@@ -49,7 +49,8 @@ import pipeline.trainer.update as update  # noqa: E402
 from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config  # noqa: E402
 from benchmarks.update_bench import swapped, timed_update  # noqa: E402
 from flows.services import running_services  # noqa: E402
-from pipeline.trainer.batching import make_train_batch, unique_rows  # noqa: E402
+from pipeline.rollout.sequence import unique_rows  # noqa: E402
+from pipeline.trainer.batching import make_train_batch  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402

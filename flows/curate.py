@@ -17,7 +17,7 @@ from pipeline.config.curate import CurateConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import run as curate
 from pipeline.model import load_prepared_tokenizer
-from pipeline.sampling.training_problems import PromptBudget
+from pipeline.rollout.prompt_budget import PromptBudget
 from pipeline.types import ToolName
 
 

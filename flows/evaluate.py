@@ -22,7 +22,7 @@ from pipeline.config import DEFAULT_PARAMS, RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
-from pipeline.evaluation.model_source import ModelSourceError, resolve_model
+from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
 from pipeline.tracking.runs import tracked_run
 

@@ -7,23 +7,22 @@ once at set-up; the loop calls its functions and never asks which one it has.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.rl.advantage import GroupFilter, keep_every_group
+from pipeline.rl.advantage import GroupFilter
 from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config import RunConfig
-from pipeline.trainer.weights import FullWeights, PolicyWeights
-from pipeline.sampling.dynamic_sampling import Collected, collect_in_rounds
+from pipeline.trainer.weights import PolicyWeights
 from pipeline.tools.outages import OutageGuard
 from pipeline.sampling.problem_stream import ProblemStream
-from pipeline.trainer.reference import NoReference, Reference
+from pipeline.trainer.reference import Reference
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.shaping import NoShaping, RewardShaping
-from pipeline.types import ScoredGroup
+from pipeline.shaping import RewardShaping
+from pipeline.types import Collected, ScoredGroup
 
 
 @dataclass(frozen=True)
@@ -48,11 +47,10 @@ class Trainer:
     stream: ProblemStream
     state: TrainerState
     placement: Placement
-    # Chosen from the config by `set_up`, which always sets these (the defaults serve the
-    # data-parallel builder's positional call; `set_up` replaces them on its result).
-    weights: PolicyWeights = field(default_factory=FullWeights)  # all weights, or a LoRA adapter
-    shaping: RewardShaping = field(default_factory=NoShaping)  # TEPO sparse, or nothing
-    reference: Reference = field(default_factory=NoReference)  # frozen initial model for a KL term, or nothing
-    collect_groups: Callable[[Trainer], Collected] = collect_in_rounds  # dynamic sampling in rounds, or by refill
-    informative: GroupFilter = keep_every_group  # dynamic sampling's filter (pipeline.rl.advantage.group_filter), or keep all
+    # The variants, chosen once from the config by `pipeline.train.set_up` (no defaults: both placements pass them).
+    weights: PolicyWeights  # all weights, or a LoRA adapter
+    shaping: RewardShaping  # TEPO sparse, or nothing
+    reference: Reference  # frozen initial model for a KL term, or nothing
+    collect_groups: Callable[[Trainer], Collected]  # dynamic sampling in rounds, or by refill
+    informative: GroupFilter  # dynamic sampling's filter (pipeline.rl.advantage.group_filter), or keep all
     outages: OutageGuard | None = None  # the run's tool-outage counts; built from cfg.train by the first step

@@ -105,10 +105,10 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     problems = [problem for _, problem in rows]
     state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
-        tr = data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
-                                                make_tools(cfg, tool_urls), resume, DATA_PARALLEL)
-        return dataclasses.replace(tr, weights=weights, shaping=shaping, collect_groups=collect_groups,
-                                   informative=informative, reference=make_reference(cfg, model_device(tr.model)))
+        return data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
+                                                  make_tools(cfg, tool_urls), resume, DATA_PARALLEL, weights=weights,
+                                                  shaping=shaping, collect_groups=collect_groups,
+                                                  informative=informative)
     checkpoint = resume_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, model, optimizer, scheduler)

@@ -240,3 +240,13 @@ class TrainBatch:
     def select(self, rows: slice | list[int]) -> TrainBatch:
         """A micro-batch: same global normaliser, subset of rows."""
         return self._map_tensors(lambda t: t[rows])
+
+
+@dataclass(frozen=True)
+class Collected:
+    """One step's rollout: the groups to train on, every group scored, and the rollout metrics."""
+
+    kept: list[ScoredGroup]
+    seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
+    metrics: dict[str, float]
+    dropped: list[ScoredGroup] = field(default_factory=list)  # seen, not kept (no signal: Trainer.informative)

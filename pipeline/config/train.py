@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
-from pipeline.trainer.lr_schedule import LrDecay
 
+LrDecay = Literal["constant", "linear", "cosine"]  # the schedule: pipeline.trainer.lr_schedule
 
 FilterMetric = Literal["accuracy", "total"]
 

@@ -12,7 +12,7 @@ malformed -> invalid answer -> time-ambiguous rules -> duplicates -> contaminati
 too long -> time-ambiguity LLM judge (optional) -> multi-LLM judges.
 "too long" rejects a row whose chat-templated prompt leaves no room for a full response within the
 rollout's token budget, encoded exactly as training's load-time check encodes it
-(`pipeline.sampling.training_problems.prompt_overruns`), so a kept row is never refused when training loads
+(`pipeline.rollout.prompt_budget.prompt_overruns`), so a kept row is never refused when training loads
 it. It needs the tokenizer of the model the run trains (`prompt_budget`); without one the filter is
 skipped, and the log and report.json (`prompt_budget`) say so.
 Duplicates are resolved with test rows first, so a training row that repeats a test row is
@@ -49,7 +49,7 @@ from pipeline.jsonl import write_json, write_json_lines, write_problems
 from pipeline.types import Problem
 
 if TYPE_CHECKING:
-    from pipeline.sampling.training_problems import PromptBudget
+    from pipeline.rollout.prompt_budget import PromptBudget
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ def drop_too_long(problems: list[Problem], budget: PromptBudget | None) -> tuple
     if budget is None:
         log.warning("curate: prompt lengths %s", NO_BUDGET)
         return problems, [], NO_BUDGET
-    from pipeline.sampling.training_problems import prompt_overruns  # the rollout's encoding: torch, only when asked
+    from pipeline.rollout.prompt_budget import prompt_overruns  # the rollout's encoding: torch, only when asked
 
     over = dict(prompt_overruns(problems, budget))
     kept = [p for i, p in enumerate(problems) if i not in over]

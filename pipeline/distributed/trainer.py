@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-from pipeline.rl.advantage import token_advantages
+from pipeline.rl.advantage import GroupFilter, token_advantages
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config import RunConfig
@@ -37,15 +37,20 @@ from pipeline.rl.loss import make_policy_loss
 from pipeline.model import AUTOCAST, model_device
 from pipeline.sampling.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
-from pipeline.types import ScoredGroup, TrainBatch
+from pipeline.shaping import RewardShaping
+from pipeline.trainer.reference import make_reference
+from pipeline.trainer.weights import PolicyWeights
+from pipeline.types import Collected, ScoredGroup, TrainBatch
 from pipeline.trainer.update import (UpdateSettings, apply_policy_gradient, mean_over_updates, micro_batches, padded_cat,
                              token_logprobs_and_entropy)
 
 
 def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
                          scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool,
-                         placement: Placement) -> Trainer:
-    """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine."""
+                         placement: Placement, *, weights: PolicyWeights, shaping: RewardShaping,
+                         collect_groups: Callable[[Trainer], Collected], informative: GroupFilter) -> Trainer:
+    """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine (the
+    variants are the ones `set_up` resolved)."""
     vllm = cfg.rollout.backend == "vllm"  # the engine keeps its own weights: no copy needed here
     rollout_model = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and not vllm else model
     backend = make_deepspeed_backend(model, optimizer, cfg.distributed, cfg.train.micro_batch_size,
@@ -61,7 +66,9 @@ def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, opti
         push_rollout_weights(cfg, backend, engine)
     engine.calls = state.rollout_calls
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
-    return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement)
+    reference = make_reference(cfg, model_device(backend.engine))  # for a KL term; nothing otherwise
+    return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement,
+                   weights, shaping, reference, collect_groups, informative)
 
 
 def local_groups(kept: list[ScoredGroup], rank: int, world: int) -> tuple[list[ScoredGroup], float]:

@@ -35,7 +35,7 @@ from pipeline.config import RunConfig
 from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
-from pipeline.evaluation.model_source import fingerprint, resolve_model
+from pipeline.tracking.model_source import fingerprint, resolve_model
 from pipeline.evaluation.report import write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
 from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from pipeline.reward.extract import last_boxed_span
-from pipeline.rollout.shown import CUT_MARK, cut_at, cut_middle
+from pipeline.tools.shown import CUT_MARK, cut_at, cut_middle
 
 __all__ = ["CUT_MARK", "FormatResult", "check_format", "cut_middle", "shown_as", "split_engine_outputs"]
 

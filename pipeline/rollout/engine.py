@@ -39,7 +39,7 @@ from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
 from pipeline.rollout.sequence import Sequence
 from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
-from pipeline.rollout.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
+from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
 from pipeline.tools.base import Tool
 from pipeline.types import Group, Problem, ToolName
 

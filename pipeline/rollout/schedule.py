@@ -25,7 +25,7 @@ from tqdm import tqdm
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.protocol import ParsedCall
 from pipeline.rollout.sequence import Sequence
-from pipeline.rollout.shown import cut_middle
+from pipeline.tools.shown import cut_middle
 from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
 
 if TYPE_CHECKING:
@@ -272,7 +272,9 @@ class _ClockedRun(_Run):
 
     def _start_call(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
         order = self._ask()
-        answered: Answered = lambda s, c, result, span: self._arrive(order, lambda: self._insert(s, c, result, span))
+        def answered(s, c, result, span) -> None:
+            self._arrive(order, lambda: self._insert(s, c, result, span))
+
         self.loop.call_soon_threadsafe(self._spawn, seq, call, call_span, answered)
 
     def _schedule_refill(self, k: int) -> None:

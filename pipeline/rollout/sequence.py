@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from dataclasses import dataclass, field
 
 import torch
@@ -76,3 +78,14 @@ class Sequence:
             turns=self.turns,
             entropies=tuple(self.entropies),
         )
+
+
+def unique_rows(keys: list[Hashable]) -> tuple[list[int], list[int]]:
+    """Rows with equal keys need one computation: the first row of each distinct key (in order
+    of first appearance), and for every row the position of its key among them, to index_select
+    the shared results back to all rows."""
+    first: dict[Hashable, int] = {}
+    for row, key in enumerate(keys):
+        first.setdefault(key, row)
+    slot = {key: j for j, key in enumerate(first)}
+    return list(first.values()), [slot[key] for key in keys]

@@ -42,20 +42,10 @@ from pipeline.tools.outages import OutageGuard, has_outage
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.shaping import RewardShaping
-from pipeline.types import Group, Problem, ScoredGroup
+from pipeline.types import Collected, Group, Problem, ScoredGroup
 
 if TYPE_CHECKING:
     from pipeline.session import Trainer
-
-
-@dataclasses.dataclass(frozen=True)
-class Collected:
-    """One step's rollout: the groups to train on, every group scored, and the rollout metrics."""
-
-    kept: list[ScoredGroup]
-    seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
-    metrics: dict[str, float]
-    dropped: list[ScoredGroup] = dataclasses.field(default_factory=list)  # seen, not kept (no signal: Trainer.informative)
 
 
 def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:

@@ -29,7 +29,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from pipeline.config.run import RunSection
-from pipeline.evaluation.model_source import download_mlflow_model
+from pipeline.tracking.model_source import download_mlflow_model
 
 MODEL_NAME = "tapo-policy"
 CHAMPION = "champion"

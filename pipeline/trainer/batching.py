@@ -7,7 +7,7 @@ denominator of the loss (TAPO's code zeroes their advantage but still counts the
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -58,14 +58,3 @@ def even_parts(items: Sequence[T], k: int) -> list[Sequence[T]]:
     size, extra = divmod(len(items), k)
     bounds = [i * size + min(i, extra) for i in range(k + 1)]
     return [items[a:b] for a, b in zip(bounds, bounds[1:])]
-
-
-def unique_rows(keys: list[Hashable]) -> tuple[list[int], list[int]]:
-    """Rows with equal keys need one computation: the first row of each distinct key (in order
-    of first appearance), and for every row the position of its key among them, to index_select
-    the shared results back to all rows."""
-    first: dict[Hashable, int] = {}
-    for row, key in enumerate(keys):
-        first.setdefault(key, row)
-    slot = {key: j for j, key in enumerate(first)}
-    return list(first.values()), [slot[key] for key in keys]

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Literal
 
-LrDecay = Literal["constant", "linear", "cosine"]
+from pipeline.config.train import LrDecay
 
 _DECAYS: dict[str, Callable[[float], float]] = {  # progress in [0, 1] after warm-up -> share of the way to the floor kept
     "constant": lambda progress: 1.0,

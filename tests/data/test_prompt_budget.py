@@ -17,7 +17,8 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import NO_BUDGET, run
 from pipeline.rollout.engine import encode_prompt
 from pipeline.rollout.protocol import make_protocol, tools_for
-from pipeline.sampling.training_problems import BadProblems, PromptBudget, check_prompt_budget, read_training_problems
+from pipeline.rollout.prompt_budget import PromptBudget
+from pipeline.sampling.training_problems import BadProblems, check_prompt_budget, read_training_problems
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_tokenizer
 

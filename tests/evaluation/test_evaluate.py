@@ -15,7 +15,7 @@ from pipeline.config.evaluate import EvaluateConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.evaluation.benchmarks import Benchmark
 from pipeline.evaluation.evaluate import EvaluationError, evaluate_engine, run
-from pipeline.evaluation.model_source import ModelSourceError
+from pipeline.tracking.model_source import ModelSourceError
 from pipeline.jsonl import iter_json_lines, write_problems
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.types import Problem

@@ -7,7 +7,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from pipeline.evaluation.model_source import ModelSourceError, fingerprint, is_mlflow_uri, resolve_model
+from pipeline.tracking.model_source import ModelSourceError, fingerprint, is_mlflow_uri, resolve_model
 
 
 def test_hub_ids_pass_through_and_local_paths_are_checked(tmp_path) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.register_assert_rewrite("tests.matrix.cases")  # the invariants' asserts report their values
+pytest.register_assert_rewrite("tests.matrix.cases")  # before the imports below: the invariants' asserts report their values
 
-from pipeline.config import RunConfig, load_config  # noqa: E402
+from pipeline.config import RunConfig, load_config
 from pipeline.config.search import SearchConfig
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT

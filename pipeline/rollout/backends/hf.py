@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
-from pipeline.trainer.batching import unique_rows
+from pipeline.rollout.sequence import unique_rows
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.rollout.sequence import Sequence
 

@@ -1,0 +1,56 @@
+"""The rollout's token budget for a prompt: a question whose chat-templated prompt, encoded as the
+rollout encodes it, leaves no room for a full response (`rollout.max_total_tokens` minus
+`rollout.max_policy_tokens`). One definition for curation (filter `too_long`) and the training run's
+load-time check (`pipeline.sampling.training_problems`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config.rollout import RolloutConfig
+from pipeline.rollout.engine import encode_prompt
+from pipeline.rollout.protocol import make_protocol, tools_for
+from pipeline.types import Problem, ToolName
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """What the rollout's token budget check needs: the tokenizer of the model that trains (its chat
+    template encodes the prompt), the rollout config (protocol and budget) and the tools it offers."""
+
+    tokenizer: Any
+    rollout: RolloutConfig
+    tools: tuple[ToolName, ...]
+
+    @property
+    def room(self) -> int:
+        """Prompt tokens that leave room for a full response."""
+        return self.rollout.max_total_tokens - self.rollout.max_policy_tokens
+
+    def reason(self, tokens: int) -> str:
+        return (f"the prompt is {tokens} tokens; rollout.max_total_tokens {self.rollout.max_total_tokens} - "
+                f"rollout.max_policy_tokens {self.rollout.max_policy_tokens} leaves {self.room}")
+
+
+def prompt_overruns(problems: Sequence[Problem], budget: PromptBudget) -> list[tuple[int, int]]:
+    """(index, prompt tokens) of every problem whose chat-templated prompt, encoded as the rollout
+    encodes it, leaves no room for a full response. Shared by curation and the load-time check."""
+    protocol, room = make_protocol(budget.rollout.protocol), budget.room
+    over, empty_prompt = [], {}
+    for index, problem in enumerate(problems):
+        offered = tools_for(problem, budget.tools)
+        key = (offered, problem.type, problem.source)
+        if key not in empty_prompt:  # the prompt around the question, encoded once per kind of problem
+            blank = dataclasses.replace(problem, question="")
+            empty_prompt[key] = len(encode_prompt(budget.tokenizer, protocol, blank, offered))
+        # A token covers at least one UTF-8 byte (byte-level BPE, byte-fallback SentencePiece), so a question
+        # of fewer bytes than the room left fits without encoding it (+2: merges across the boundary).
+        if empty_prompt[key] + len(problem.question.encode("utf-8")) + 2 <= room:
+            continue
+        n = len(encode_prompt(budget.tokenizer, protocol, problem, offered))
+        if n > room:
+            over.append((index, n))
+    return over

@@ -21,7 +21,7 @@ from pipeline.tools.outages import OutageGuard
 from pipeline.sampling.problem_stream import ProblemStream
 from pipeline.trainer.reference import Reference
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.shaping import RewardShaping
+from pipeline.rl.tepo import Tepo
 from pipeline.types import Collected, ScoredGroup
 
 
@@ -49,7 +49,7 @@ class Trainer:
     placement: Placement
     # The variants, chosen once from the config by `pipeline.train.set_up` (no defaults: both placements pass them).
     weights: PolicyWeights  # all weights, or a LoRA adapter
-    shaping: RewardShaping  # TEPO sparse, or nothing
+    tepo: Tepo  # TEPO off, sparse or dense (pipeline.rl.tepo)
     reference: Reference  # frozen initial model for a KL term, or nothing
     collect_groups: Callable[[Trainer], Collected]  # dynamic sampling in rounds, or by refill
     informative: GroupFilter  # dynamic sampling's filter (pipeline.rl.advantage.group_filter), or keep all

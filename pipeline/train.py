@@ -62,7 +62,7 @@ from pipeline.trainer.reference import make_reference
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.session import Placement, Trainer
-from pipeline.shaping import reward_shaping
+from pipeline.rl.tepo import tepo_variant
 from pipeline.tools.factory import make_tools
 from pipeline.tracking.runs import tracked_run
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
@@ -88,8 +88,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     # the variants, chosen once
-    weights, shaping, collect_groups = policy_weights(tc.finetune), reward_shaping(cfg.reward), group_collector(cfg)
-    informative = group_filter(tc.algorithm, cfg.reward.tepo)
+    weights, tepo, collect_groups = policy_weights(tc.finetune), tepo_variant(cfg.reward), group_collector(cfg)
+    informative = group_filter(tc.algorithm, tepo)
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
@@ -107,7 +107,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
         return data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
                                                   make_tools(cfg, tool_urls), resume, DATA_PARALLEL, weights=weights,
-                                                  shaping=shaping, collect_groups=collect_groups,
+                                                  tepo=tepo, collect_groups=collect_groups,
                                                   informative=informative)
     checkpoint = resume_checkpoint(Path(tc.checkpoint_dir)) if resume else None
     if checkpoint is not None:
@@ -119,7 +119,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     reference = make_reference(cfg, model_device(model))  # for a KL term; nothing otherwise
     return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
-                   weights, shaping, reference, collect_groups, informative)
+                   weights, tepo, reference, collect_groups, informative)
 
 
 def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
@@ -138,7 +138,7 @@ def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
 def prepared_batch(tr: Trainer, groups: list[ScoredGroup]) -> TrainBatch:
     """One mini-batch on the model's device, normalised over its own policy tokens, with its old log-probs
     (recomputed before any update when configured) and the reference's (for a KL term)."""
-    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.cfg.reward.tepo, tr.informative)
+    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.tepo, tr.informative)
     batch = make_train_batch(groups, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
     if tr.cfg.train.logprobs_source == "recompute":
         batch = recompute_old_logprobs(tr, batch)

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"pipeline.paths", "pipeline.outputs", "pipeline.jsonl", "pipeline.config"},
     {"pipeline.tools", "pipeline.model", "pipeline.services"},
     {"pipeline.reward", "pipeline.rollout", "pipeline.tracking"},
-    {"pipeline.rl", "pipeline.shaping", "pipeline.data"},
+    {"pipeline.rl", "pipeline.data"},
     {"pipeline.trainer", "pipeline.sampling", "pipeline.evaluation"},
     {"pipeline.session"},
     {"pipeline.distributed"},

@@ -37,7 +37,7 @@ from pipeline.rl.loss import make_policy_loss
 from pipeline.model import AUTOCAST, model_device
 from pipeline.sampling.problem_stream import problem_stream
 from pipeline.session import Placement, Trainer
-from pipeline.shaping import RewardShaping
+from pipeline.rl.tepo import Tepo
 from pipeline.trainer.reference import make_reference
 from pipeline.trainer.weights import PolicyWeights
 from pipeline.types import Collected, ScoredGroup, TrainBatch
@@ -47,7 +47,7 @@ from pipeline.trainer.update import (UpdateSettings, apply_policy_gradient, mean
 
 def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, optimizer: torch.optim.Optimizer,
                          scheduler: torch.optim.lr_scheduler.LRScheduler, problems: list, tools: dict, resume: bool,
-                         placement: Placement, *, weights: PolicyWeights, shaping: RewardShaping,
+                         placement: Placement, *, weights: PolicyWeights, tepo: Tepo,
                          collect_groups: Callable[[Trainer], Collected], informative: GroupFilter) -> Trainer:
     """`pipeline.train.set_up` for data parallelism: a `Trainer` whose model is the DeepSpeed engine (the
     variants are the ones `set_up` resolved)."""
@@ -68,7 +68,7 @@ def set_up_data_parallel(cfg: RunConfig, model: torch.nn.Module, tokenizer, opti
     stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
     reference = make_reference(cfg, model_device(backend.engine))  # for a KL term; nothing otherwise
     return Trainer(cfg, backend.engine, tokenizer, engine, optimizer, scheduler, stream, state, placement,
-                   weights, shaping, reference, collect_groups, informative)
+                   weights, tepo, reference, collect_groups, informative)
 
 
 def local_groups(kept: list[ScoredGroup], rank: int, world: int) -> tuple[list[ScoredGroup], float]:
@@ -119,7 +119,7 @@ def local_batch(tr: Trainer, backend: DeepSpeedBackend, groups: list[ScoredGroup
     """This rank's share of one mini-batch (with old and reference log-probs) and its weight (0: no data)."""
     tc = tr.cfg.train
     mine, weight = local_groups(groups, backend.rank, backend.world)
-    batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.cfg.reward.tepo, tr.informative),
+    batch = make_train_batch(mine, token_advantages(mine, tc.algorithm, tr.tepo, tr.informative),
                              tr.tokenizer.pad_token_id).to(model_device(backend.module))
     if tc.logprobs_source == "recompute":
         batch = recompute_old_logprobs(backend, batch, tc.micro_batch_size, tr.cfg.rollout.temperature,

@@ -6,9 +6,7 @@ Public API:
 - `score_trajectory(problem, trajectory, cfg, protocol=..., max_policy_tokens=...)`: a
   `RewardBreakdown` (score.py); `RewardScorer` is the same, built once, for batches.
 - `check_format(text, protocol, tool_outputs, ...)`: the format grammar (format.py).
-- TEPO (tepo.py): `delta_segment_entropies`, `tepo_sparse_reward`, `tepo_dense_call_rewards`,
-  `tool_level_advantages`, `tepo_dense_group_advantages`, `dense_token_advantages`;
-  `apply_tepo` adds the sparse term to a `RewardBreakdown`.
+- TEPO's terms need the policy's entropies and live with the algorithm (`pipeline.rl.tepo`).
 
 Rules every verifier kind follows (verifiers.py):
 - No credit for hedging (hedging.py): an answer naming several different candidate values
@@ -21,20 +19,9 @@ Rules every verifier kind follows (verifiers.py):
 
 from pipeline.reward.extract import extract_answer, last_answer_tag, last_boxed
 from pipeline.reward.format import FormatResult, check_format, split_engine_outputs
-from pipeline.reward.score import RewardScorer, apply_tepo, route, score_trajectory, scorer_for, verify
+from pipeline.reward.score import RewardScorer, route, score_trajectory, scorer_for, verify
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.symbolic import SymbolicChecker
-from pipeline.reward.tepo import (
-    delta_segment_entropies,
-    dense_token_advantages,
-    entropy_reducing,
-    policy_segments,
-    segment_entropy,
-    tepo_dense_call_rewards,
-    tepo_dense_group_advantages,
-    tepo_sparse_reward,
-    tool_level_advantages,
-)
 from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier, fast_math_equal
 
 __all__ = [
@@ -43,26 +30,16 @@ __all__ = [
     "RewardScorer",
     "SymbolicChecker",
     "Verifier",
-    "apply_tepo",
     "check_format",
     "code_failure_penalty",
-    "delta_segment_entropies",
-    "dense_token_advantages",
-    "entropy_reducing",
     "extract_answer",
     "fast_math_equal",
     "last_answer_tag",
     "last_boxed",
     "overlong_penalty",
-    "policy_segments",
     "route",
     "score_trajectory",
     "scorer_for",
-    "segment_entropy",
     "split_engine_outputs",
-    "tepo_dense_call_rewards",
-    "tepo_dense_group_advantages",
-    "tepo_sparse_reward",
-    "tool_level_advantages",
     "verify",
 ]

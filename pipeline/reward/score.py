@@ -9,9 +9,8 @@ extracted from the model's own text, with the engine's tool outputs removed, so 
 result that happens to contain `<answer>` cannot answer for the model.
 
 `entropy` is 0 here: TEPO needs the policy's token entropies, which only the trainer has.
-It calls `apply_tepo` with the delta segment entropies (tepo.py) to add the sparse term;
-the dense variant shapes advantages per call instead (tepo.tepo_dense_group_advantages,
-placed on tokens by tepo.dense_token_advantages).
+The trainer adds TEPO's terms (`pipeline.rl.tepo`): the sparse variant reshapes the reward
+from the delta segment entropies, the dense one the advantages per call.
 
 A `RewardScorer` is built once per config (verifier cache, symbolic workers, routing);
 `score_trajectory` and `verify` reuse one per distinct config. For a whole step, prefer
@@ -21,16 +20,14 @@ checks run concurrently.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from pipeline.config.reward import RewardConfig, TepoSparse
+from pipeline.config.reward import RewardConfig
 from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer
 from pipeline.reward.format import FormatResult, check_format
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
-from pipeline.reward.tepo import tepo_sparse_reward
 from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier, asks_for_percentage
 from pipeline.types import PROBLEM_TYPES, Group, Problem, RewardBreakdown, ScoredGroup, Trajectory
 
@@ -107,15 +104,6 @@ class RewardScorer:
                                        asks_for_percentage(problem.question))
         outcome = cfg.wrong_answer_reward + (1.0 - cfg.wrong_answer_reward) * accuracy
         return RewardBreakdown(True, accuracy, 0.0, length, code, 0.0, outcome + length + code, predicted)
-
-
-def apply_tepo(breakdown: RewardBreakdown, delta_entropies: Sequence[float], cfg: RewardConfig) -> RewardBreakdown:
-    """Add TEPO's sparse term: entropy = f_T * m/n - f_T (0 when TEPO is not sparse or the format is wrong)."""
-    if not isinstance(cfg.tepo, TepoSparse) or not breakdown.format_ok:
-        return breakdown
-    base = breakdown.accuracy * (1.0 - cfg.wrong_answer_reward)
-    entropy = tepo_sparse_reward(base, delta_entropies) - base
-    return dataclasses.replace(breakdown, entropy=entropy, total=breakdown.total - breakdown.entropy + entropy)
 
 
 _scorers: dict[str, RewardScorer] = {}

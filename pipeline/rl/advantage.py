@@ -6,7 +6,7 @@ broadcast outcome advantage on tool-call segments by tool-level advantages.
 
 The std is the unbiased one (ddof 1), as in verl (`torch.std`) and TRL (`Tensor.std`): at G = 4 the
 population std would make every advantage 1.15x (sqrt(4/3)) larger than theirs. (TEPO dense's tool-level
-advantages, `pipeline.reward.tepo.tool_level_advantages`, keep their own normalisation over a group's
+advantages, `pipeline.rl.tepo.tool_level_advantages`, keep their own normalisation over a group's
 pooled calls.)
 
 The filter (`group_filter`, resolved once at set-up) keeps a group on what DAPO keeps it on: its
@@ -33,9 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.config.reward import TepoConfig, TepoDense, TepoOff, TepoSparse
 from pipeline.config.train import AlgorithmConfig, DAPOLoss, DrGRPOLoss, FilterMetric, GRPOLoss
-from pipeline.reward.tepo import delta_segment_entropies, dense_token_advantages, tepo_dense_group_advantages
+from pipeline.rl.tepo import NoTepo, Tepo
 from pipeline.types import ScoredGroup
 
 STD_EPS = 1e-6
@@ -69,20 +68,11 @@ def normalizes_by_std(algo: AlgorithmConfig) -> bool:
     return not isinstance(algo, DrGRPOLoss)
 
 
-def call_advantages(group: ScoredGroup, tepo: TepoDense) -> list[list[float]]:
-    """TEPO dense: the tool-level advantage of each call of each trajectory (pooled over the group)."""
-    trajs = group.group.trajectories
-    deltas = [delta_segment_entropies(t.entropies, t.output_spans, tepo.min_segment_tokens) for t in trajs]
-    return tepo_dense_group_advantages([r.accuracy for r in group.rewards], deltas, tepo.alpha, tepo.advantage_eps)
-
-
-def _verdicts(group: ScoredGroup, metric: FilterMetric, tepo: TepoConfig) -> np.ndarray:
+def _verdicts(group: ScoredGroup, metric: FilterMetric, tepo: Tepo) -> np.ndarray:
     """What the filter compares across a group, one row per trajectory."""
     if metric == "total":
         return np.array([[r.total] for r in group.rewards], dtype=np.float64)
-    if isinstance(tepo, TepoSparse):  # TEPO's m/n term, gated by correctness as its reward is
-        return np.array([[r.correct, r.entropy if r.correct else 0.0] for r in group.rewards], dtype=np.float64)
-    return np.array([[r.correct] for r in group.rewards], dtype=np.float64)
+    return np.array(tepo.filter_columns(group), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -90,11 +80,10 @@ class InformativeFilter:
     """Dynamic sampling's test, resolved once: is there signal in this group (see the module docstring)?"""
 
     metric: FilterMetric
-    tepo: TepoConfig
+    tepo: Tepo
 
     def __call__(self, group: ScoredGroup) -> bool:
-        if isinstance(self.tepo, TepoDense) and any(
-                abs(a) > AGREE_TOL for calls in call_advantages(group, self.tepo) for a in calls):
+        if self.tepo.has_tool_signal(group):
             return True  # tool-level advantages: signal whatever the outcomes
         if rewards_agree(np.array(group.totals, dtype=np.float64)):
             return False  # the outcome advantage is zero on every token: nothing to train on
@@ -107,13 +96,13 @@ def keep_every_group(group: ScoredGroup) -> bool:
     return True
 
 
-def group_filter(algo: AlgorithmConfig, tepo: TepoConfig) -> GroupFilter:
+def group_filter(algo: AlgorithmConfig, tepo: Tepo) -> GroupFilter:
     """The step's filter, chosen once: DAPO's informative test, or keep all without dynamic sampling."""
     return InformativeFilter(algo.filter_metric, tepo) if algo.dynamic_sampling else keep_every_group
 
 
 def is_informative(group: ScoredGroup, metric: FilterMetric = DAPOLoss().filter_metric,
-                   tepo: TepoConfig = TepoOff()) -> bool:
+                   tepo: Tepo = NoTepo()) -> bool:
     """Whether DAPO's dynamic sampling keeps `group` (its default metric, TEPO off, unless given)."""
     return InformativeFilter(metric, tepo)(group)
 
@@ -124,24 +113,20 @@ def advantages_of(groups: list[ScoredGroup], algo: AlgorithmConfig) -> list[np.n
     return [group_advantages(np.array(g.totals, dtype=np.float64), std_normalize=std_normalize) for g in groups]
 
 
-def token_advantages(groups: list[ScoredGroup], algo: AlgorithmConfig, tepo: TepoConfig,
+def token_advantages(groups: list[ScoredGroup], algo: AlgorithmConfig, tepo: Tepo,
                      keep: GroupFilter) -> list[np.ndarray]:
     """One [R] array per trajectory (groups flattened in order): the advantage of each response token.
 
-    Outcome variants broadcast the trajectory's group-relative advantage. TEPO dense instead
-    gives each tool call's segment its tool-level advantage (pooled over the group's calls)
-    and keeps the outcome advantage on the final segment. A group `keep` drops (the dropped groups'
-    openings of `pipeline.rl.anchor`) gets exactly zero everywhere, whatever its totals: under the
-    accuracy metric they may differ. Tool-output tokens are masked later.
+    Outcome variants broadcast the trajectory's group-relative advantage; TEPO dense gives each tool
+    call's segment its tool-level advantage and keeps the outcome advantage on the final segment
+    (`pipeline.rl.tepo`). A group `keep` drops (the dropped groups' openings of `pipeline.rl.anchor`)
+    gets exactly zero everywhere, whatever its totals: under the accuracy metric they may differ.
+    Tool-output tokens are masked later.
     """
     out: list[np.ndarray] = []
     for g, adv_G in zip(groups, advantages_of(groups, algo), strict=True):
-        trajs = g.group.trajectories
-        if not keep(g):
-            out += [np.zeros(len(t.response_ids)) for t in trajs]
-        elif isinstance(tepo, TepoDense):
-            out += [np.array(dense_token_advantages(len(t.response_ids), t.output_spans, calls, float(a)))
-                    for t, calls, a in zip(trajs, call_advantages(g, tepo), adv_G, strict=True)]
+        if keep(g):
+            out += tepo.token_advantages(g, adv_G)
         else:
-            out += [np.full(len(t.response_ids), float(a)) for t, a in zip(trajs, adv_G, strict=True)]
+            out += [np.zeros(len(t.response_ids)) for t in g.group.trajectories]
     return out

@@ -41,17 +41,17 @@ from pipeline.config import RunConfig
 from pipeline.tools.outages import OutageGuard, has_outage
 from pipeline.reward import score_trajectory
 from pipeline.rollout.metrics import RolloutStats
-from pipeline.shaping import RewardShaping
+from pipeline.rl.tepo import Tepo
 from pipeline.types import Collected, Group, Problem, ScoredGroup
 
 if TYPE_CHECKING:
     from pipeline.session import Trainer
 
 
-def score_group(group: Group, cfg: RunConfig, shaping: RewardShaping) -> ScoredGroup:
-    """Rule-based rewards, then the configured shaping (TEPO sparse, or none)."""
+def score_group(group: Group, cfg: RunConfig, tepo: Tepo) -> ScoredGroup:
+    """Rule-based rewards, then the configured TEPO variant's (sparse reshapes them; off and dense keep them)."""
     rewards = tuple(
-        shaping.shape(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
+        tepo.shape(score_trajectory(group.problem, t, cfg.reward, protocol=cfg.rollout.protocol,
                                        max_policy_tokens=cfg.rollout.max_policy_tokens), t)
         for t in group.trajectories
     )
@@ -67,7 +67,7 @@ def collect_in_rounds(tr: Trainer) -> Collected:
     rounds: list[RolloutStats] = []
     for _ in range(tc.max_gen_rounds):
         result = tr.engine.rollout(tr.stream.take(tc.prompts_per_step - len(kept)), tr.cfg.rollout.group_size)
-        scored = [score_group(g, tr.cfg, tr.shaping) for g in result.groups]
+        scored = [score_group(g, tr.cfg, tr.tepo) for g in result.groups]
         seen += scored
         for g in scored:
             if not has_outage(g):  # an outage group is neither trained on nor anchored
@@ -129,7 +129,7 @@ def collect_with_refill(tr: Trainer) -> Collected:
     """One rollout that replaces each dropped group with the stream's next problem while it runs."""
     tc = tr.cfg.train
     rule = RefillRule(tc.prompts_per_step, tc.prompts_per_step * tc.max_gen_rounds, lambda: tr.stream.take(1),
-                      lambda g: score_group(g, tr.cfg, tr.shaping), tr.informative)
+                      lambda g: score_group(g, tr.cfg, tr.tepo), tr.informative)
     result = tr.engine.rollout(tr.stream.take(rule.target), tr.cfg.rollout.group_size, refill=rule)
     return checked_for_outages(tr, kept_and_dropped(rule.scored(result.groups), result.stats, tr.informative))
 
@@ -144,12 +144,12 @@ def collect_with_sharded_refill(tr: Trainer) -> Collected:
     def rank_rule(target: int, reserve: list[Problem]) -> RefillRule:
         spare = list(reversed(reserve))
         return RefillRule(target, target + len(reserve), lambda: [spare.pop()],
-                          lambda g: score_group(g, tr.cfg, tr.shaping), tr.informative)
+                          lambda g: score_group(g, tr.cfg, tr.tepo), tr.informative)
 
     result = tr.engine.refilled_rollout(window, tc.prompts_per_step, tr.cfg.rollout.group_size, rank_rule)
     # scored again here: every group, this rank's too, comes back from the all-gather as a new object, so the
     # rules' scores (keyed by object) do not carry over; scoring is cheap next to sampling
-    collected = kept_and_dropped([score_group(g, tr.cfg, tr.shaping) for g in result.groups], result.stats,
+    collected = kept_and_dropped([score_group(g, tr.cfg, tr.tepo) for g in result.groups], result.stats,
                                  tr.informative)
     collected.metrics["train/problems_skipped"] = float(len(window) - len(result.groups))
     return checked_for_outages(tr, collected)

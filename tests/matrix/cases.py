@@ -146,7 +146,7 @@ def check_entropies(groups: list[ScoredGroup]) -> None:
 
 
 def check_dropped_have_zero_advantage(tr, dropped: list[ScoredGroup], anchored: list[ScoredGroup]) -> None:
-    tc, tepo = tr.cfg.train, tr.cfg.reward.tepo
+    tc, tepo = tr.cfg.train, tr.tepo
     for a in token_advantages(dropped + anchored, tc.algorithm, tepo, tr.informative):
         assert np.all(a == 0.0)
 

@@ -50,7 +50,7 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
     tr = set_up(row_config(row, tmp_path, model_dir, url), {task.tool: url}, resume=False)  # the trainer side
     try:
         for groups in pickle.loads(out.read_bytes()):  # a collection that keeps nothing is a skipped step
-            scored = [score_group(g, cfg_vllm, tr.shaping) for g in groups]
+            scored = [score_group(g, cfg_vllm, tr.tepo) for g in groups]
             kept = [g for g in scored if tr.informative(g)]
             dropped = [g for g in scored if not tr.informative(g)]
             anchored = step_openings(kept, dropped, tr.cfg.train.anchor_dropped_tokens)

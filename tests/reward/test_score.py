@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pipeline.config.reward import RewardConfig, TepoSparse
+from pipeline.rl.tepo import NoTepo, sparse_term
 from pipeline.reward import (
     RewardScorer,
     Verifier,
-    apply_tepo,
     overlong_penalty,
     route,
     score_trajectory,
@@ -179,13 +179,13 @@ def test_score_group_scores_each_trajectory() -> None:
     assert scored.totals == (1.0, 0.0, -1.0)
 
 
-def test_apply_tepo_sparse_scales_by_entropy_reducing_share() -> None:
+def test_tepo_sparse_term_scales_by_entropy_reducing_share() -> None:
     cfg = RewardConfig(tepo=TepoSparse())
     base = score_trajectory(problem(("4",)), trajectory("<answer>4</answer>"), cfg, protocol="tapo", max_policy_tokens=100)
-    shaped = apply_tepo(base, [-0.1, 0.2, -0.3, 0.0], cfg)  # m = 2 of n = 4
+    shaped = sparse_term(base, [-0.1, 0.2, -0.3, 0.0], cfg.wrong_answer_reward)  # m = 2 of n = 4
     assert (shaped.entropy, shaped.total) == (pytest.approx(-0.5), pytest.approx(0.5))
-    assert apply_tepo(base, [], cfg) == base  # no calls: the base reward
-    assert apply_tepo(base, [0.1], RewardConfig()) == base  # TEPO off
+    assert sparse_term(base, [], cfg.wrong_answer_reward) == base  # no calls: the base reward
+    assert NoTepo().shape(base, trajectory("<answer>4</answer>")) == base  # TEPO off
 
 
 def test_score_batch_equals_one_by_one_and_runs_symbolic_checks_concurrently() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pipeline.reward import (
+from pipeline.rl.tepo import (
     delta_segment_entropies,
     dense_token_advantages,
     policy_segments,

@@ -15,6 +15,7 @@ from pipeline.rl.advantage import group_advantages, group_filter, token_advantag
 from pipeline.rl.anchor import dropped_openings, opening, step_openings
 from pipeline.trainer.batching import make_train_batch
 from pipeline.config.reward import TepoDense, TepoOff
+from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
 from pipeline.rl.loss import make_policy_loss
 from pipeline.trainer.reference import FrozenReference
@@ -76,7 +77,7 @@ def wrong_of_lengths(lengths: list[float], seed: int) -> ScoredGroup:
                        tuple(RewardBreakdown(True, 0.0, 0.0, x, total=x) for x in lengths))
 
 
-@pytest.mark.parametrize("tepo", [TepoOff(), TepoDense()])
+@pytest.mark.parametrize("tepo", [variant(TepoOff()), variant(TepoDense())])
 @pytest.mark.parametrize("dropped", [[0.1, 0.1, 0.1], [0.0, 0.0, -0.0625]])
 def test_an_opening_has_zero_advantage(tepo, dropped) -> None:
     """Whatever the dropped group's totals: under the accuracy metric they may differ (length penalty)."""
@@ -100,7 +101,7 @@ def test_equal_rewards_give_exactly_zero_advantages() -> None:
 def step_gradient(groups: list[ScoredGroup], reference_seed: int) -> tuple[torch.Tensor, int]:
     """The gradient of one DAPO + KL step of a fixed float64 tiny policy on `groups`, and the batch's token count."""
     algo = DAPOLoss(kl_coef=0.5)
-    batch = make_train_batch(groups, token_advantages(groups, algo, TepoOff(), group_filter(algo, TepoOff())), pad_id=0)
+    batch = make_train_batch(groups, token_advantages(groups, algo, variant(TepoOff()), group_filter(algo, variant(TepoOff()))), pad_id=0)
     batch = dataclasses.replace(batch, old_logprobs_BT=batch.old_logprobs_BT.double(),  # float64 throughout
                                 loss_mask_BT=batch.loss_mask_BT.double(), advantages_BT=batch.advantages_BT.double())
     batch = FrozenReference(tiny_llama(VOCAB, seed=reference_seed, dtype=torch.float64)).attach(batch, 4, 1.0)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from pipeline.rl.advantage import (InformativeFilter, group_filter, is_informative, keep_every_group,
                                 token_advantages)
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
+from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss, DrGRPOLoss, GRPOLoss
 from pipeline.distributed.sharding import ShardedRolloutEngine
 from pipeline.sampling.dynamic_sampling import RefillRule, collect_in_rounds, collect_with_refill, collect_with_sharded_refill
@@ -52,10 +53,10 @@ def test_four_wrong_answers_of_different_lengths_are_dropped_by_default() -> Non
     """The issue's case: totals [0, 0, 0, -0.0625] (one ran 4 tokens into the overlong buffer)."""
     group = group_of(CALC, [0.0] * 4, lengths=[0.0, 0.0, 0.0, -0.0625])
     assert not is_informative(group)  # DAPO: 0 < #correct < G fails
-    assert not group_filter(DAPOLoss(), TepoOff())(group)
-    assert group_filter(DAPOLoss(filter_metric="total"), TepoOff())(group)  # the opt-in: totals differ
+    assert not group_filter(DAPOLoss(), variant(TepoOff()))(group)
+    assert group_filter(DAPOLoss(filter_metric="total"), variant(TepoOff()))(group)  # the opt-in: totals differ
     mixed = group_of(CALC, [1.0, 0.0, 0.0, 0.0], lengths=[0.0, 0.0, 0.0, -0.0625])
-    assert is_informative(mixed) and group_filter(DAPOLoss(filter_metric="total"), TepoOff())(mixed)
+    assert is_informative(mixed) and group_filter(DAPOLoss(filter_metric="total"), variant(TepoOff()))(mixed)
 
 
 def test_a_fact_group_counts_by_correctness_not_by_partial_credit() -> None:
@@ -68,7 +69,7 @@ def test_a_fact_group_counts_by_correctness_not_by_partial_credit() -> None:
 
 def test_tepo_dense_keeps_an_all_correct_group_whose_calls_differ() -> None:
     """All correct: the outcome advantage is 0, but the tool-level advantages are +-1; one way and the other."""
-    dense = TepoDense(alpha=0.5)
+    dense = variant(TepoDense(alpha=0.5))
     differ = group_of(CALC, [1.0] * 4, entropies=[REDUCING, RAISING, REDUCING, RAISING])
     alike = group_of(CALC, [1.0] * 4, entropies=[REDUCING] * 4)
     for metric in ("accuracy", "total"):
@@ -77,13 +78,13 @@ def test_tepo_dense_keeps_an_all_correct_group_whose_calls_differ() -> None:
         advantages = token_advantages([differ, alike], DAPOLoss(), dense, keep)
         assert np.abs(np.concatenate(advantages[:4])).max() > 0.5  # the signal that is trained
         assert all(np.all(a == 0.0) for a in advantages[4:])
-    assert not group_filter(DAPOLoss(), TepoOff())(differ)  # without TEPO there is no signal in it
+    assert not group_filter(DAPOLoss(), variant(TepoOff()))(differ)  # without TEPO there is no signal in it
 
 
 def test_tepo_sparse_keeps_correct_answers_whose_entropy_terms_differ() -> None:
     group = group_of(CALC, [1.0] * 4, tepo_terms=[0.0, -0.5, 0.0, -1.0])
-    assert group_filter(DAPOLoss(), TepoSparse())(group)
-    assert not group_filter(DAPOLoss(), TepoOff())(group)
+    assert group_filter(DAPOLoss(), variant(TepoSparse()))(group)
+    assert not group_filter(DAPOLoss(), variant(TepoOff()))(group)
 
 
 @st.composite
@@ -96,7 +97,7 @@ def random_groups(draw) -> ScoredGroup:
 
 
 @settings(max_examples=150, deadline=None)
-@given(random_groups(), st.sampled_from([TepoOff(), TepoDense(alpha=0.5)]),
+@given(random_groups(), st.sampled_from([variant(TepoOff()), variant(TepoDense(alpha=0.5))]),
        st.sampled_from([DAPOLoss(filter_metric="total"), GRPOLoss(dynamic_sampling=True, filter_metric="total"),
                         DrGRPOLoss(dynamic_sampling=True, filter_metric="total")]))
 def test_under_the_total_metric_a_group_is_kept_iff_some_token_advantage_is_not_zero(group, tepo, algo) -> None:
@@ -105,7 +106,7 @@ def test_under_the_total_metric_a_group_is_kept_iff_some_token_advantage_is_not_
 
 
 @settings(max_examples=150, deadline=None)
-@given(random_groups(), st.sampled_from([TepoOff(), TepoSparse(), TepoDense(alpha=0.5)]))
+@given(random_groups(), st.sampled_from([variant(TepoOff()), variant(TepoSparse()), variant(TepoDense(alpha=0.5))]))
 def test_under_the_accuracy_metric_a_kept_group_has_some_token_advantage(group, tepo) -> None:
     """A kept group is never one whose every token advantage is zero (it would only dilute the denominator)."""
     keep = group_filter(DAPOLoss(), tepo)
@@ -117,11 +118,11 @@ def test_tepo_sparse_under_torl_rewards_drops_a_group_whose_totals_agree() -> No
     """ToRL's -1 for a wrong answer: a correct answer without an entropy-reducing call scores -1 as well."""
     group = group_of(CALC, [1.0, 0.0], tepo_terms=[-2.0, 0.0])
     group = ScoredGroup(group.group, tuple(dataclasses.replace(r, total=-1.0) for r in group.rewards))
-    assert not group_filter(DAPOLoss(), TepoSparse())(group)
+    assert not group_filter(DAPOLoss(), variant(TepoSparse()))(group)
 
 
 @settings(max_examples=150, deadline=None)
-@given(random_groups(), st.sampled_from([TepoOff(), TepoDense(alpha=0.5)]), st.sampled_from(["accuracy", "total"]))
+@given(random_groups(), st.sampled_from([variant(TepoOff()), variant(TepoDense(alpha=0.5))]), st.sampled_from(["accuracy", "total"]))
 def test_a_dropped_group_has_zero_advantage_everywhere(group, tepo, metric) -> None:
     keep = group_filter(DAPOLoss(filter_metric=metric), tepo)
     advantages = token_advantages([group], DAPOLoss(), tepo, keep)
@@ -129,9 +130,9 @@ def test_a_dropped_group_has_zero_advantage_everywhere(group, tepo, metric) -> N
 
 
 def test_without_dynamic_sampling_every_group_is_kept() -> None:
-    assert group_filter(GRPOLoss(), TepoOff()) is keep_every_group
-    assert group_filter(DAPOLoss(dynamic_sampling=False), TepoDense()) is keep_every_group
-    assert group_filter(DrGRPOLoss(dynamic_sampling=True), TepoOff()) == InformativeFilter("accuracy", TepoOff())
+    assert group_filter(GRPOLoss(), variant(TepoOff())) is keep_every_group
+    assert group_filter(DAPOLoss(dynamic_sampling=False), variant(TepoDense())) is keep_every_group
+    assert group_filter(DrGRPOLoss(dynamic_sampling=True), variant(TepoOff())) == InformativeFilter("accuracy", variant(TepoOff()))
 
 
 def test_the_refill_rule_applies_the_filter_it_is_given() -> None:
@@ -139,7 +140,7 @@ def test_the_refill_rule_applies_the_filter_it_is_given() -> None:
     for metric, refills in (("accuracy", 1), ("total", 0)):
         drawn: list[Problem] = []
         rule = RefillRule(1, 2, lambda: drawn.append(CALC) or [CALC], lambda g: wrong_lengths,
-                          group_filter(DAPOLoss(filter_metric=metric), TepoOff()))
+                          group_filter(DAPOLoss(filter_metric=metric), variant(TepoOff())))
         rule(wrong_lengths.group)
         assert len(drawn) == refills and rule.dropped == refills
 
@@ -157,7 +158,7 @@ def test_every_sampling_path_applies_the_trainer_filter(tmp_path: Path) -> None:
         cfg = toy_config(tmp_path / str(refill), model_dir, group_size=2, prompts_per_step=2, max_gen_rounds=2,
                          refill_dropped_groups=refill, algorithm={"kind": "dapo", "filter_metric": "total"})
         tr = set_up(cfg, {}, resume=False)
-        assert tr.informative == InformativeFilter("total", TepoOff())  # resolved once from the config
+        assert tr.informative == InformativeFilter("total", variant(TepoOff()))  # resolved once from the config
         tr.informative = drop_all
         consulted.clear()
         collected = collect(tr)

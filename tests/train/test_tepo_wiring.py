@@ -7,8 +7,9 @@ import numpy as np
 from pipeline.rl.advantage import group_filter, token_advantages
 from pipeline.config import RunConfig
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
+from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss
-from pipeline.shaping import reward_shaping
+from pipeline.rl.tepo import tepo_variant
 from pipeline.sampling.dynamic_sampling import score_group
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
@@ -35,7 +36,7 @@ def cfg_with(tepo) -> RunConfig:
 
 def scored_totals(group: Group, tepo) -> tuple[float, ...]:
     cfg = cfg_with(tepo)
-    return score_group(group, cfg, reward_shaping(cfg.reward)).totals  # the shaping set_up resolves
+    return score_group(group, cfg, tepo_variant(cfg.reward)).totals  # the variant set_up resolves
 
 
 def test_sparse_tepo_keeps_reward_only_for_entropy_reducing_calls() -> None:
@@ -57,11 +58,21 @@ def test_dense_tepo_gives_the_call_segment_its_own_advantage() -> None:
     trajs = (trajectory(LOW_AFTER, "42"), trajectory(HIGH_AFTER, "42"), trajectory(LOW_AFTER, "7"))
     rewards = tuple(RewardBreakdown(True, acc, 0.0, 0.0, total=acc) for acc in (1.0, 1.0, 0.0))
     scored = [ScoredGroup(Group(PROBLEM, trajs), rewards)]
-    plain = token_advantages(scored, DAPOLoss(), TepoOff(), group_filter(DAPOLoss(), TepoOff()))
-    dense = token_advantages(scored, DAPOLoss(), TepoDense(alpha=0.5), group_filter(DAPOLoss(), TepoDense(alpha=0.5)))
+    plain = token_advantages(scored, DAPOLoss(), variant(TepoOff()), group_filter(DAPOLoss(), variant(TepoOff())))
+    dense = token_advantages(scored, DAPOLoss(), variant(TepoDense(alpha=0.5)), group_filter(DAPOLoss(), variant(TepoDense(alpha=0.5))))
     for adv in plain:
         assert np.all(adv == adv[0])  # outcome broadcast
     # the final (answer) segment keeps the outcome advantage; the call segment differs
     np.testing.assert_allclose(dense[0][6:], plain[0][6:])
     assert dense[0][0] > dense[1][0]  # entropy-reducing call of a correct rollout beats a non-reducing one
     assert dense[0][0] > dense[2][0]  # ... and a wrong rollout's call
+
+
+def test_tepo_lives_in_one_module() -> None:
+    """Only the config defines TEPO's kinds and only `pipeline.rl.tepo` asks which one is configured."""
+    from pipeline.paths import REPO_ROOT
+
+    allowed = {"pipeline/config/reward.py", "pipeline/rl/tepo.py"}
+    naming = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "pipeline").rglob("*.py")
+                    if any(k in p.read_text() for k in ("TepoDense", "TepoSparse", "TepoOff")))
+    assert set(naming) <= allowed, naming

@@ -1,4 +1,11 @@
-"""TEPO entropy shaping (arXiv 2602.02050) as pure functions of per-token entropies and spans.
+"""TEPO (arXiv 2602.02050), all of it: entropy change around each tool call as a reward signal.
+
+The variant is a type resolved once at set-up (`tepo_variant`): `NoTepo`, `TepoSparseReward` (the
+outcome reward scaled by the share of entropy-reducing calls) or `TepoDenseAdvantages` (tool-level
+advantages on the calls' segments). Scoring, the dynamic-sampling filter and the advantages call
+its methods and never ask which one they hold. Departure from GRPO/DAPO: only under TEPO does a
+trajectory's reward or advantage depend on the policy's entropies; off, this module changes nothing.
+Below the variants, the pure functions of per-token entropies and spans.
 
 The rollout supplies `entropies`: the sampling policy's full-vocabulary entropy H_t at each
 response token (`Trajectory.entropies`; values at tool-output positions are ignored). An entropy
@@ -32,8 +39,18 @@ after an output) dH_k is NaN and the call counts as not entropy-reducing.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pipeline.config.reward import RewardConfig, TepoDense, TepoSparse
+from pipeline.types import RewardBreakdown, ScoredGroup, Trajectory
+
+TOOL_SIGNAL_TOL = 1e-9  # a tool-level advantage this close to 0 carries no signal
 
 Span = tuple[int, int]  # half-open token span into the response
 
@@ -132,3 +149,103 @@ def tepo_dense_group_advantages(
         raise ValueError(f"{len(bases)} outcome scores for {len(delta_entropies)} rollouts")
     rewards = [tepo_dense_call_rewards(base, deltas, alpha) for base, deltas in zip(bases, delta_entropies, strict=True)]
     return tool_level_advantages(rewards, eps)
+
+
+class Tepo(Protocol):
+    """What scoring, the filter and the advantages ask of the configured TEPO variant."""
+
+    def shape(self, reward: RewardBreakdown, trajectory: Trajectory) -> RewardBreakdown:
+        """The trained reward of one trajectory (the rule-based one, or TEPO sparse's)."""
+
+    def filter_columns(self, group: ScoredGroup) -> list[list[float]]:
+        """Per trajectory, what the accuracy filter compares across the group: correctness, and TEPO's term."""
+
+    def has_tool_signal(self, group: ScoredGroup) -> bool:
+        """Whether the group's tool-level advantages carry signal whatever its outcomes."""
+
+    def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
+        """One [R] array per trajectory from the group's outcome advantages [G]."""
+
+
+def _correctness(group: ScoredGroup) -> list[list[float]]:
+    return [[float(r.correct)] for r in group.rewards]
+
+
+def _broadcast(group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
+    return [np.full(len(t.response_ids), float(a)) for t, a in zip(group.group.trajectories, outcome_G, strict=True)]
+
+
+@dataclass(frozen=True)
+class NoTepo:
+    """TEPO off: the rule-based reward, the outcome advantage on every token."""
+
+    def shape(self, reward: RewardBreakdown, trajectory: Trajectory) -> RewardBreakdown:
+        return reward
+
+    def filter_columns(self, group: ScoredGroup) -> list[list[float]]:
+        return _correctness(group)
+
+    def has_tool_signal(self, group: ScoredGroup) -> bool:
+        return False
+
+    def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
+        return _broadcast(group, outcome_G)
+
+
+@dataclass(frozen=True)
+class TepoSparseReward(NoTepo):
+    """TEPO sparse (Sec. 3.2): R = base * m / n, base = f_T * (1 - wrong_answer_reward)."""
+
+    wrong_answer_reward: float
+    min_segment_tokens: int
+
+    def shape(self, reward: RewardBreakdown, trajectory: Trajectory) -> RewardBreakdown:
+        if not reward.format_ok:  # an ill-formed trajectory keeps its reward: skip the entropies
+            return reward
+        deltas = delta_segment_entropies(trajectory.entropies, trajectory.output_spans, self.min_segment_tokens)
+        return sparse_term(reward, deltas, self.wrong_answer_reward)
+
+    def filter_columns(self, group: ScoredGroup) -> list[list[float]]:
+        # TEPO's m/n term, gated by correctness as its reward is
+        return [[float(r.correct), r.entropy if r.correct else 0.0] for r in group.rewards]
+
+
+@dataclass(frozen=True)
+class TepoDenseAdvantages(NoTepo):
+    """TEPO dense (Sec. 3.3): tool-level advantages on the segments that produced the calls."""
+
+    alpha: float
+    min_segment_tokens: int
+    advantage_eps: float
+
+    def call_advantages(self, group: ScoredGroup) -> list[list[float]]:
+        """The tool-level advantage of each call of each trajectory (pooled over the group)."""
+        trajs = group.group.trajectories
+        deltas = [delta_segment_entropies(t.entropies, t.output_spans, self.min_segment_tokens) for t in trajs]
+        return tepo_dense_group_advantages([r.accuracy for r in group.rewards], deltas, self.alpha, self.advantage_eps)
+
+    def has_tool_signal(self, group: ScoredGroup) -> bool:
+        return any(abs(a) > TOOL_SIGNAL_TOL for calls in self.call_advantages(group) for a in calls)
+
+    def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
+        return [np.array(dense_token_advantages(len(t.response_ids), t.output_spans, calls, float(a)))
+                for t, calls, a in zip(group.group.trajectories, self.call_advantages(group), outcome_G, strict=True)]
+
+
+def tepo_variant(cfg: RewardConfig) -> Tepo:
+    """The variant for `cfg.tepo`: the one place that looks at which TEPO is configured."""
+    if isinstance(cfg.tepo, TepoSparse):
+        return TepoSparseReward(cfg.wrong_answer_reward, cfg.tepo.min_segment_tokens)
+    if isinstance(cfg.tepo, TepoDense):
+        return TepoDenseAdvantages(cfg.tepo.alpha, cfg.tepo.min_segment_tokens, cfg.tepo.advantage_eps)
+    return NoTepo()
+
+
+def sparse_term(breakdown: RewardBreakdown, delta_entropies: Sequence[float],
+                wrong_answer_reward: float) -> RewardBreakdown:
+    """Add TEPO's sparse term: entropy = f_T * m/n - f_T (0 when the format is wrong)."""
+    if not breakdown.format_ok:
+        return breakdown
+    base = breakdown.accuracy * (1.0 - wrong_answer_reward)
+    entropy = tepo_sparse_reward(base, delta_entropies) - base
+    return dataclasses.replace(breakdown, entropy=entropy, total=breakdown.total - breakdown.entropy + entropy)

@@ -7,11 +7,12 @@ dependency; it is exempt from the order, and from nothing else (the third-party 
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.source_imports import imports
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,30 +49,6 @@ def part_of(module: str) -> str | None:
 
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-
-
-def _type_checking_blocks(tree: ast.AST) -> set[int]:
-    inside: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            inside |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
-    return inside
-
-
-def imports(path: Path) -> list[tuple[str, int, bool]]:
-    """(imported module, line, only for type checking) for every absolute import in a file."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    typing_only = _type_checking_blocks(tree)
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        else:
-            continue
-        found += [(name, node.lineno, id(node) in typing_only) for name in names]
-    return found
 
 
 def layer_of(part: str) -> int:

@@ -83,7 +83,7 @@ class InformativeFilter:
     tepo: Tepo
 
     def __call__(self, group: ScoredGroup) -> bool:
-        if self.tepo.has_tool_signal(group):
+        if any(abs(a) > AGREE_TOL for calls in self.tepo.call_advantages(group) for a in calls):
             return True  # tool-level advantages: signal whatever the outcomes
         if rewards_agree(np.array(group.totals, dtype=np.float64)):
             return False  # the outcome advantage is zero on every token: nothing to train on

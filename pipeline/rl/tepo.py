@@ -50,8 +50,6 @@ import numpy as np
 from pipeline.config.reward import RewardConfig, TepoDense, TepoSparse
 from pipeline.types import RewardBreakdown, ScoredGroup, Trajectory
 
-TOOL_SIGNAL_TOL = 1e-9  # a tool-level advantage this close to 0 carries no signal
-
 Span = tuple[int, int]  # half-open token span into the response
 
 
@@ -160,8 +158,8 @@ class Tepo(Protocol):
     def filter_columns(self, group: ScoredGroup) -> list[list[float]]:
         """Per trajectory, what the accuracy filter compares across the group: correctness, and TEPO's term."""
 
-    def has_tool_signal(self, group: ScoredGroup) -> bool:
-        """Whether the group's tool-level advantages carry signal whatever its outcomes."""
+    def call_advantages(self, group: ScoredGroup) -> list[list[float]]:
+        """The tool-level advantage of each call of each trajectory; none outside TEPO dense."""
 
     def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
         """One [R] array per trajectory from the group's outcome advantages [G]."""
@@ -185,8 +183,8 @@ class NoTepo:
     def filter_columns(self, group: ScoredGroup) -> list[list[float]]:
         return _correctness(group)
 
-    def has_tool_signal(self, group: ScoredGroup) -> bool:
-        return False
+    def call_advantages(self, group: ScoredGroup) -> list[list[float]]:
+        return []
 
     def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
         return _broadcast(group, outcome_G)
@@ -223,9 +221,6 @@ class TepoDenseAdvantages(NoTepo):
         trajs = group.group.trajectories
         deltas = [delta_segment_entropies(t.entropies, t.output_spans, self.min_segment_tokens) for t in trajs]
         return tepo_dense_group_advantages([r.accuracy for r in group.rewards], deltas, self.alpha, self.advantage_eps)
-
-    def has_tool_signal(self, group: ScoredGroup) -> bool:
-        return any(abs(a) > TOOL_SIGNAL_TOL for calls in self.call_advantages(group) for a in calls)
 
     def token_advantages(self, group: ScoredGroup, outcome_G: np.ndarray) -> list[np.ndarray]:
         return [np.array(dense_token_advantages(len(t.response_ids), t.output_spans, calls, float(a)))

@@ -8,11 +8,12 @@ over-approximates what a run imports, never under-approximates it.
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers.source_imports import imports
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE_TREES = ("pipeline", "flows", "sandbox")
@@ -43,11 +44,7 @@ def import_closure(*modules: str) -> set[Path]:
             todo.append(module + ".__main__")
         parts = module.split(".")
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                todo += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                todo += [alias.name for alias in node.names]
+        todo += [name for name, _, _ in imports(path, with_names=True)]
     return seen
 
 

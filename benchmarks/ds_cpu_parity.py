@@ -1,7 +1,7 @@
 """Data-parallel parity: 1 process vs 2 gloo processes (DeepSpeed ZeRO-2 and ZeRO-3), same batch.
 
 The baseline is the single-process trainer step (`policy_gradient_step`); ours is the same
-step through `DeepSpeedBackend` with the batch's groups split whole across 2 ranks and the
+step through `DeepSpeedReplicas` with the batch's groups split whole across 2 ranks and the
 DAPO denominator all-reduced. The optimiser is SGD with lr 1 and no clipping for the
 compared step, so parameter change = -gradient: loss and full gradient are compared
 without reaching into DeepSpeed's partitioned gradient buffers. Then a few timed steps.
@@ -93,14 +93,14 @@ def single_process(steps: int, threads: int) -> dict:
 
 
 def worker(stage: int, steps: int, out: Path) -> None:
-    from pipeline.distributed.backend import make_deepspeed_backend
+    from pipeline.distributed.replicas import DeepSpeedReplicas, deepspeed_engine
     from pipeline.distributed.checkpointing import for_each_full_parameter
 
     torch.set_num_threads(1)
     model, batch = build_model(), build_batch()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    cfg = DistributedConfig(enabled=True, zero_stage=stage, dist_backend="gloo")
-    backend = make_deepspeed_backend(model, opt, cfg, MICRO, NO_CLIP, "float32")
+    cfg = DistributedConfig(enabled=True, zero_stage=stage, collectives="gloo")
+    backend = DeepSpeedReplicas(deepspeed_engine(model, opt, cfg, MICRO, NO_CLIP, "float32"))
     local = rank_rows(batch, group_rows(batch, backend.rank, backend.world))
     settings, loss = UpdateSettings(MICRO, NO_CLIP, 1.0), make_policy_loss(DAPOLoss())
 

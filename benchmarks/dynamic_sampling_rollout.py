@@ -32,7 +32,8 @@ from flows.services import running_services
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.kv_cache import GrowingCache
-from pipeline.train import set_up
+from pipeline.train import Training, set_up
+from pipeline.types import Collected
 
 SETTINGS = {"rounds@16": (False, 16), "rounds@24": (False, 24), "refill@24": (True, 24)}
 BASELINE, OURS = "rounds@16", "refill@24"
@@ -60,6 +61,11 @@ class Tally:
                 "problems_drawn": self.drawn, "kept_groups_per_s": round(self.kept / self.seconds, 4),
                 "policy_tokens_per_s": round(self.policy_tokens / self.seconds, 1),
                 "rows_per_decode_step": round(self.decode_rows / max(self.decode_steps, 1), 2)}
+
+
+def collected(t: Training) -> Collected:
+    """One step's sampling, as `pipeline.train.run` makes it."""
+    return t.sampler.collect(t.rollouts, t.stream, t.reward, t.keep)
 
 
 def decode_ms_by_rows(model_dir: str, rows: tuple[int, ...] = (4, 8, 16, 24, 32), context: int = 300) -> dict:
@@ -107,7 +113,7 @@ def main() -> None:
         for k in range(args.steps):
             for name in (args.settings if k % 2 == 0 else args.settings[::-1]):
                 t0 = time.perf_counter()
-                metrics = trainers[name].collect_groups(trainers[name]).metrics
+                metrics = collected(trainers[name]).metrics
                 tallies[name].add(metrics, time.perf_counter() - t0)
                 print(f"step {k} {name}: {time.perf_counter() - t0:.1f} s, drew {metrics['train/problems_drawn']:.0f}, "
                       f"kept {metrics['train/kept_group_fraction']:.2f}", flush=True)

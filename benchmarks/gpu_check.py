@@ -3,7 +3,7 @@
 Runs as-is on one NVIDIA GPU with no downloads (no tokenizer: prompts are random token
 ids, and every sample is generated to its full length so the token counts are fixed):
 HF generation of groups of samples -> old log-probs -> random 0/1 rewards -> group
-advantages -> `apply_policy_gradient` through `DeepSpeedBackend` (the trainer's own update
+advantages -> `apply_policy_gradient` through `DeepSpeedReplicas` (the trainer's own update
 path) in bf16 with ZeRO-2. `--tiny` runs the same code on the CPU with a tiny model (CI).
 
     .venv/bin/python benchmarks/gpu_check.py            # one GPU, < 8 min
@@ -127,7 +127,7 @@ def main() -> None:
     if not args.tiny and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --tiny on a CPU machine")
     ensure_single_process_env()
-    from pipeline.distributed.backend import make_deepspeed_backend
+    from pipeline.distributed.replicas import DeepSpeedReplicas, deepspeed_engine
 
     device = torch.device("cuda" if not args.tiny else "cpu")
     torch.manual_seed(0)
@@ -136,8 +136,8 @@ def main() -> None:
     if not args.tiny:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1)
-    backend = make_deepspeed_backend(model, optimizer, DistributedConfig(enabled=True, zero_stage=2),
-                                     s.micro, 1.0, s.dtype)
+    backend = DeepSpeedReplicas(deepspeed_engine(model, optimizer, DistributedConfig(enabled=True, zero_stage=2),
+                                                 s.micro, 1.0, s.dtype))
     loss, settings = make_policy_loss(DAPOLoss()), UpdateSettings(s.micro, 1.0, 1.0)
     g = torch.Generator().manual_seed(0)
     gen_tokens = gen_s = train_tokens = train_s = 0.0

@@ -69,11 +69,11 @@ from pipeline.jsonl import iter_json_lines, write_problems
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT, shared_data_dir
 from pipeline.rollout.engine import cut_middle, encode_prompt
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
-from pipeline.train import export_checkpoint
+from pipeline.export import export_checkpoint
 from pipeline.train import run as train_run
 from pipeline.types import Problem
 

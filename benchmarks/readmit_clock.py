@@ -29,7 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from benchmarks.rollout_overlap import QUERIES, ForcedScript, scripts_for
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.types import Problem, ToolResult
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

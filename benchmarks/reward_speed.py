@@ -35,6 +35,7 @@ from rapidfuzz.distance import Levenshtein
 from pipeline.config.reward import RewardConfig
 from pipeline.jsonl import iter_json_lines
 from pipeline.paths import shared_data_dir
+from pipeline.protocols import protocol_for
 from pipeline.reward import RewardScorer
 from pipeline.reward.numeric import normalize_math, parse_number
 from pipeline.reward.textmatch import normalize_text
@@ -158,7 +159,7 @@ def run(n_problems: int, group_size: int, steps: int, baseline_items: int, seed:
     rng = random.Random(seed)
     items = make_items(load_problems(n_problems, rng), group_size, steps, rng)
     scorer = RewardScorer(RewardConfig())
-    scorer.score_batch([], protocol="tapo", max_policy_tokens=1024)
+    scorer.score_batch([], protocol=protocol_for("tapo"), max_policy_tokens=1024)
     scorer.verifier.checker.start()  # worker start-up is a one-off, outside the timing
 
     per_step = len(items) // steps
@@ -167,7 +168,7 @@ def run(n_problems: int, group_size: int, steps: int, baseline_items: int, seed:
     for step in range(steps):
         batch = [(item.problem, item.trajectory) for item in items[step * per_step : (step + 1) * per_step]]
         step_start = time.perf_counter()
-        scorer.score_batch(batch, protocol="tapo", max_policy_tokens=1024)
+        scorer.score_batch(batch, protocol=protocol_for("tapo"), max_policy_tokens=1024)
         step_times.append(time.perf_counter() - step_start)
     ours_s = time.perf_counter() - start
 
@@ -177,7 +178,7 @@ def run(n_problems: int, group_size: int, steps: int, baseline_items: int, seed:
     sequential.verifier.checker.start()
     start = time.perf_counter()
     for item in items[:per_step]:
-        sequential.score(item.problem, item.trajectory, protocol="tapo", max_policy_tokens=1024)
+        sequential.score(item.problem, item.trajectory, protocol=protocol_for("tapo"), max_policy_tokens=1024)
     sequential_first_s = time.perf_counter() - start
 
     subset = items[:baseline_items]

@@ -27,7 +27,7 @@ from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.rollout.engine import encode_prompt, system_turn_length
 from pipeline.rollout.backends.hf import HFDecoder, SamplingParams
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.rollout.sequence import Sequence
 
 TOOLS = ("search", "code")

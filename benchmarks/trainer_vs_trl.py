@@ -4,7 +4,7 @@ Same model (the SmolLM2-135M-Instruct safetensors copy in models/base, or --mode
 problems (calculator questions, prompted through the same chat template and system prompt),
 same batch (P prompts x G completions), completion cap, learning rate, fp32, no gradient
 checkpointing and no tools (TRL cannot run ours). Ours: `pipeline.train.set_up`, then
-`collect_batch` + `train_step` per step, DAPO loss with dynamic sampling off (TRL has none,
+the sampler's `collect` + `update` per step, DAPO loss with dynamic sampling off (TRL has none,
 and resampling would make our steps do more work). TRL: `GRPOTrainer(loss_type="dapo",
 epsilon_high=0.28, beta=0, use_cpu=True)`; its step time is taken between the trainer's
 step-begin and step-end callbacks (generation happens inside the step there too).
@@ -32,8 +32,8 @@ from pipeline.data.calculator import generate
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
 from pipeline.reward import verify
-from pipeline.rollout.protocol import TapoProtocol
-from pipeline.train import collect_batch, set_up, train_step
+from pipeline.protocols import TapoProtocol
+from pipeline.train import set_up, update
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 
@@ -55,8 +55,9 @@ def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[f
     seconds, lengths = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        kept, rollout_metrics = collect_batch(tr)
-        train_step(tr, kept)
+        collected = tr.sampler.collect(tr.rollouts, tr.stream, tr.reward, tr.keep)  # as pipeline.train.run
+        update(tr, collected.kept)
+        rollout_metrics = collected.metrics
         seconds.append(time.perf_counter() - t0)
         lengths.append(rollout_metrics["rollout/mean_policy_tokens"])
         print(f"ours step {len(seconds)}: {seconds[-1]:.2f} s, {lengths[-1]:.1f} tokens/completion", flush=True)

@@ -19,7 +19,7 @@ from flows.tracking import dvc_invocation, log_report, stage_run
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
 from pipeline.services.reaper import watch_this_process
-from pipeline.rollout.protocol import TOOLS_FOR_TYPE
+from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
 T = TypeVar("T")

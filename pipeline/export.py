@@ -1,10 +1,12 @@
-"""Command line: a single-process training checkpoint as a plain Hugging Face directory.
+"""Command line: a training checkpoint, single-process or DeepSpeed, as a plain Hugging Face directory.
 
     python -m pipeline.export --params params.yaml runs/train/checkpoints/step-000002 models/step2
+    python -m pipeline.export runs/train/checkpoints models/policy      # DeepSpeed: the latest step
 
 The directory is what training's final model is (tokenizer included; a LoRA adapter merged), so
-`python -m flows.evaluate --model models/step2` evaluates an intermediate policy. DeepSpeed
-checkpoints: `python -m pipeline.distributed.export`.
+`python -m flows.evaluate --model models/step2` evaluates an intermediate policy. Which kind of
+checkpoint it is is read from its files: a single-process one holds `model.safetensors`, a DeepSpeed
+one per-rank shards (merged offline, in one process) and its parent a `latest` marker.
 """
 
 from __future__ import annotations
@@ -12,18 +14,57 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.config import load_config
-from pipeline.train import export_checkpoint
+from safetensors.torch import load_model
+
+from pipeline.config import RunConfig, load_config
+from pipeline.distributed.checkpointing import LATEST, export_from_checkpoint, is_deepspeed_checkpoint
+from pipeline.model import load_policy
+from pipeline.outputs import publish_dir, staging_dir
+from pipeline.trainer.checkpoint import FILES as CHECKPOINT_FILES
+from pipeline.trainer.replicas import save_policy
+from pipeline.trainer.weights import policy_weights
+
+
+def export_checkpoint(cfg: RunConfig | None, checkpoint: Path, out: Path) -> Path:
+    """`checkpoint` written as the final model is, whole or absent (renamed into place). A DeepSpeed step
+    directory, or a directory of them holding `latest`, needs no config; a single-process one needs the
+    run's (train.init_model, train.finetune, model.dtype) to rebuild the model it loads into."""
+    if (checkpoint / LATEST).is_file() or is_deepspeed_checkpoint(checkpoint):
+        root, tag = (checkpoint, None) if (checkpoint / LATEST).is_file() else (checkpoint.parent, checkpoint.name)
+        staging = staging_dir(out)
+        export_from_checkpoint(root, staging, tag)
+        return publish_dir(staging, out)
+    if cfg is None:
+        raise ValueError(f"{checkpoint}: a single-process checkpoint; pass --params (the run's params file)")
+    return export_single_process(cfg, checkpoint, out)
+
+
+def export_single_process(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
+    """The model rebuilt as training's set-up builds it (train.init_model, then the finetune variant, so a
+    LoRA adapter is merged on export) with the checkpoint's weights loaded into it; a mismatch raises."""
+    missing = [name for name in CHECKPOINT_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{checkpoint}: no {', '.join(missing)} (not a complete training checkpoint; a "
+                                "`.tmp` one was torn by a kill while saving)")
+    weights = policy_weights(cfg.train.finetune)
+    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype, "cpu")
+    model = weights.prepare(model)
+    load_model(model, str(checkpoint / "model.safetensors"))
+    staging = staging_dir(out)
+    save_policy(weights, model, tokenizer, staging)
+    return publish_dir(staging, out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml", help="the params the run trained with (train.init_model, "
-                                                               "train.finetune, model.dtype)")
-    parser.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/checkpoints")
+    parser.add_argument("--params", default=None, help="the params the run trained with (train.init_model, "
+                                                        "train.finetune, model.dtype); single-process checkpoints")
+    parser.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/checkpoints"
+                                                      " (DeepSpeed: or that directory itself, for the latest step)")
     parser.add_argument("out", type=Path, help="the Hugging Face directory to write")
     args = parser.parse_args()
-    print(export_checkpoint(load_config(Path(args.params)), args.checkpoint, args.out))
+    cfg = load_config(Path(args.params)) if args.params else None
+    print(export_checkpoint(cfg, args.checkpoint, args.out))
 
 
 if __name__ == "__main__":

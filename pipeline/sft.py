@@ -30,9 +30,10 @@ from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
 from pipeline.tracking.progress import progress
+from pipeline.protocols import ToolProtocol, protocol_for
 from pipeline.reward import verify
 from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
-from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
+from pipeline.rollout.offered import tools_for
 from pipeline.tools.base import Tool
 from pipeline.tools.factory import make_tools
 from pipeline.tracking.runs import log_metrics, tracked_run
@@ -56,7 +57,7 @@ async def _run_programs(tool: Tool, programs: list[str]) -> list:
         await tool.aclose()
 
 
-def scripted_traces(problems: list[Problem], tokenizer, protocol: Protocol, code_tool: Tool,
+def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, code_tool: Tool,
                     max_output_chars: int) -> list[Trace]:
     """One verified trace per problem that carries a program; the program really runs."""
     usable = [p for p in problems if p.meta.get("code")]
@@ -130,7 +131,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     torch.manual_seed(cfg.run.seed)
     tools = make_tools(cfg, {k: v for k, v in tool_urls.items() if k == "code"})
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, make_protocol(cfg.rollout.protocol), tools["code"],
+    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol), tools["code"],
                              cfg.rollout.max_tool_output_chars)
     if sc.max_traces:
         traces = traces[: sc.max_traces]

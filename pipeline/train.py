@@ -2,6 +2,8 @@
 
 `run` reads like the algorithm: sample groups with tools -> reward -> drop uninformative
 groups -> group-relative advantages -> clipped token-level loss -> update -> log/checkpoint.
+Each variant (the loss, TEPO, the filter, the sampler, full or LoRA weights, the old log-probs'
+source, the reference) is a type chosen once in `set_up`; the step calls it and never asks which.
 
 Departures from the papers, and why:
 1. Tool-output tokens are excluded from the loss numerator *and* denominator (TAPO's code
@@ -24,54 +26,84 @@ Departures from the papers, and why:
    groups and is normalised by its own policy tokens (verl's ppo_mini_batch_size; TRL makes one step
    per generation batch unless it repeats the batch). The logged update metrics are their mean.
    The anchored openings of 6. are spread over the mini-batches, so none trains on the KL term alone.
+8. One step for one process and for data parallelism: the step runs against `Replicas`
+   (`pipeline.trainer.replicas`: `OneProcess`, or one rank of DeepSpeed, `DeepSpeedReplicas`) and over
+   rollouts that are this process's own or all-gathered from every rank (`ShardedRollouts`). verl and
+   TRL delegate the placement to a framework; torchtune writes one recipe per placement. Here the
+   two differ only in where gradients go, which of a mini-batch's whole groups a rank trains on, how
+   weights reach the rollout engine and how checkpoints are written: the four methods the interface
+   names, so a second copy of the step would repeat everything else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import copy
 import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model
-from tqdm import tqdm
 
-from pipeline.rl.advantage import group_filter, token_advantages
-from pipeline.rl.anchor import step_openings
-from pipeline.trainer.batching import make_train_batch, mini_batch_groups
-from pipeline.trainer.checkpoint import FILES as CHECKPOINT_FILES
-from pipeline.trainer.checkpoint import TrainerState, load_checkpoint, resume_checkpoint, save_checkpoint
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
-from pipeline.distributed import trainer as data_parallel
-from pipeline.trainer.weights import PolicyWeights, policy_weights
-from pipeline.sampling.dynamic_sampling import group_collector
-from pipeline.tracking.history import MetricHistory, progress_line
 from pipeline.jsonl import write_json
-from pipeline.rl.loss import make_policy_loss
-from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.model import AUTOCAST, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
-from pipeline.sampling.problem_stream import problem_stream
-from pipeline.trainer.reference import make_reference
-from pipeline.tracking.registry import find_version, log_and_register
+from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
+from pipeline.rl.anchor import step_openings
+from pipeline.rl.loss import PolicyLoss, make_policy_loss
+from pipeline.rl.tepo import Tepo, tepo_variant
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.session import Placement, Trainer
-from pipeline.rl.tepo import tepo_variant
-from pipeline.tools.factory import make_tools
-from pipeline.tracking.runs import tracked_run
+from pipeline.sampling.dynamic_sampling import GroupReward, Rollouts, Sampler, group_reward, outage_metrics, sampler_for
+from pipeline.sampling.problem_stream import ProblemStream, problem_stream
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
-from pipeline.tracking.train_samples import data_hash_tags, log_samples
-from pipeline.types import ScoredGroup, ToolName, TrainBatch
-from pipeline.trainer.update import UpdateSettings, masked_logprobs_no_grad, mean_over_updates, policy_gradient_step
+from pipeline.tools.factory import make_tools
+from pipeline.tools.outages import OutageGuard
+from pipeline.tracking.history import MetricHistory, StepProgress
+from pipeline.tracking.registry import find_version, log_and_register
+from pipeline.tracking.runs import tracked_run
+from pipeline.tracking.train_samples import log_samples
+from pipeline.trainer.batching import make_train_batch, mini_batch_groups
+from pipeline.trainer.checkpoint import TrainerState
+from pipeline.trainer.lr_schedule import lr_multiplier
+from pipeline.trainer.reference import Reference, make_reference
+from pipeline.trainer.replicas import OneProcess, Replicas
+from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
+                                     mean_over_updates, old_logprobs_source)
+from pipeline.trainer.weights import PolicyWeights, policy_weights
+from pipeline.types import ToolName, ScoredGroup, TrainBatch
 
 CURVE_COLUMNS = ["reward/mean", "reward/accuracy", "reward/format_error_rate", "rollout/mean_policy_tokens",
                  "train/entropy", "train/kept_group_fraction"]
+
+
+@dataclass(frozen=True)
+class Training:
+    """What the loop holds, built once by `set_up`; the run's progress is the loop's `TrainerState`."""
+
+    cfg: RunConfig
+    tokenizer: Any
+    replicas: Replicas  # one process, or this rank of a data-parallel job
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    engine: RolloutEngine  # this process's sampler, with the tools
+    rollouts: Rollouts  # the engine, or the engine's share of every rank's rollouts
+    stream: ProblemStream
+    sampler: Sampler  # dynamic sampling in rounds, by refill, or by refill per rank
+    reward: GroupReward  # rule-based rewards (+ TEPO sparse)
+    keep: GroupFilter  # dynamic sampling's filter, or keep all
+    tepo: Tepo  # TEPO off, sparse or dense
+    loss: PolicyLoss  # DAPO, GRPO or Dr.GRPO
+    old_logprobs: SampledLogprobs | RecomputedLogprobs
+    reference: Reference  # frozen initial model for a KL term, or nothing
+    settings: UpdateSettings
+    outages: OutageGuard  # the run's tool-outage counts
+    start: TrainerState  # where this run starts (a resume's checkpoint, or step 0)
 
 
 def seed_everything(seed: int) -> None:
@@ -80,85 +112,89 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Trainer:
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Training:
     seed_everything(cfg.run.seed)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     tc = cfg.train
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
-    # the variants, chosen once
-    weights, tepo, collect_groups = policy_weights(tc.finetune), tepo_variant(cfg.reward), group_collector(cfg)
-    informative = group_filter(tc.algorithm, tepo)
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
+    weights, tepo = policy_weights(tc.finetune), tepo_variant(cfg.reward)
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model = weights.prepare(model)
-    optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay,
-                                  betas=(0.9, 0.999))
+    optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
     offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
     check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
-    problems = [problem for _, problem in rows]
-    state = TrainerState(step=0, data_cursor=0, rollout_calls=0)
-    if cfg.distributed.enabled:  # DeepSpeed data parallelism: same loop, the engine in place of the model
-        return data_parallel.set_up_data_parallel(cfg, model, tokenizer, optimizer, scheduler, problems,
-                                                  make_tools(cfg, tool_urls), resume, DATA_PARALLEL, weights=weights,
-                                                  tepo=tepo, collect_groups=collect_groups,
-                                                  informative=informative)
-    checkpoint = resume_checkpoint(Path(tc.checkpoint_dir)) if resume else None
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint, model, optimizer, scheduler)
-    engine = RolloutEngine(model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
-    if checkpoint is not None:  # an engine with its own copy (vLLM) loaded the initial weights
-        engine.backend.update_weights(weights.rollout_tensors(model))
-    engine.calls = state.rollout_calls
-    stream = problem_stream(problems, cfg.run.seed, state.data_cursor, cfg.train.balance_sources)
-    reference = make_reference(cfg, model_device(model))  # for a KL term; nothing otherwise
-    return Trainer(cfg, model, tokenizer, engine, optimizer, scheduler, stream, state, SINGLE_PROCESS,
-                   weights, tepo, reference, collect_groups, informative)
+    replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
+    start = (replicas.load_checkpoint(Path(tc.checkpoint_dir), scheduler) if resume else None)
+    engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=seed)
+    if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
+        replicas.sync(engine)
+    start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)
+    engine.calls = start.rollout_calls
+    keep = group_filter(tc.algorithm, tepo)
+    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, cfg.rollout.temperature,
+                              share_prefixes=replicas.share_prefixes, autocast=AUTOCAST[tc.autocast])
+    return Training(
+        cfg, tokenizer, replicas, scheduler, engine, sharded(engine) if cfg.distributed.enabled else engine,
+        problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
+        sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
+        old_logprobs_source(tc.logprobs_source), make_reference(cfg, model_device(replicas.model)), settings,
+        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start)
 
 
-def collect_batch(tr: Trainer) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """The groups to train on and the rollout metrics (the step's sampling without the dropped groups)."""
-    collected = tr.collect_groups(tr)
-    return collected.kept, collected.metrics
+def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module, int]:
+    """Where the update runs, the model rollouts sample from, and this process's rollout seed."""
+    if not cfg.distributed.enabled:
+        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model, cfg.run.seed
+    from pipeline.distributed.checkpointing import copy_weights_into
+    from pipeline.distributed.replicas import deepspeed_replicas  # DeepSpeed is imported only when used
+
+    # Under ZeRO-3 the trained parameters become shards: the hf backend samples from a full copy (vLLM has its own)
+    copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.backend == "hf" else None
+    replicas = deepspeed_replicas(model, optimizer, cfg)
+    if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
+        copy_weights_into(replicas, copied)
+    seed = cfg.run.seed + replicas.rank * cfg.distributed.rollout_seed_stride
+    return replicas, copied if copied is not None else replicas.module, seed
 
 
-def recompute_old_logprobs(tr: Trainer, batch: TrainBatch) -> TrainBatch:
-    tr.model.eval()
-    old_BT = masked_logprobs_no_grad(tr.model, batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature,
-                                     AUTOCAST[tr.cfg.train.autocast])
-    return dataclasses.replace(batch, old_logprobs_BT=old_BT)
+def sharded(engine: RolloutEngine) -> Rollouts:
+    from pipeline.distributed.sharding import ShardedRollouts
+
+    return ShardedRollouts(engine)
 
 
-def prepared_batch(tr: Trainer, groups: list[ScoredGroup]) -> TrainBatch:
-    """One mini-batch on the model's device, normalised over its own policy tokens, with its old log-probs
-    (recomputed before any update when configured) and the reference's (for a KL term)."""
-    advantages = token_advantages(groups, tr.cfg.train.algorithm, tr.tepo, tr.informative)
-    batch = make_train_batch(groups, advantages, tr.tokenizer.pad_token_id).to(model_device(tr.model))
-    if tr.cfg.train.logprobs_source == "recompute":
-        batch = recompute_old_logprobs(tr, batch)
-    return tr.reference.attach(batch, tr.cfg.train.micro_batch_size, tr.cfg.rollout.temperature)
+def prepared_batch(t: Training, groups: list[ScoredGroup]) -> tuple[TrainBatch, float]:
+    """This process's share of one mini-batch on the model's device, with its group-relative advantages,
+    its old log-probs (recomputed before any update when configured) and the reference's (for a KL term),
+    and its weight (0: a rank without data this mini-batch, which still runs as many passes)."""
+    mine, weight = t.replicas.share(groups)
+    advantages = token_advantages(mine, t.cfg.train.algorithm, t.tepo, t.keep)
+    batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id).to(model_device(t.replicas.module))
+    batch = t.old_logprobs.attach(t.replicas, batch, t.settings)
+    return t.reference.attach(batch, t.settings.micro_batch_size, t.settings.temperature), weight
 
 
-def train_step(tr: Trainer, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup] = ()) -> dict[str, float]:
-    """The update on the kept groups and the dropped groups' openings (`anchored`, KL only)."""
-    if not kept:
+def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup] = ()) -> dict[str, float]:
+    """Advantages, the clipped token-level loss and ppo_epochs x mini-batches optimiser steps on the kept
+    groups and the dropped groups' openings (`anchored`, KL only); then the rollout engine's weights."""
+    if not kept:  # the same on every rank: rollouts are all-gathered
         return {"train/skipped": 1.0}
-    tc = tr.cfg.train
-    batches = [prepared_batch(tr, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
-    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, tr.cfg.rollout.temperature, share_prefixes=True,
-                              autocast=AUTOCAST[tc.autocast])
-    loss = make_policy_loss(tc.algorithm, tr.cfg.rollout.max_policy_tokens)
-    updates = [policy_gradient_step(tr.model, tr.optimizer, batch, loss, settings)
-               for _ in range(tc.ppo_epochs) for batch in batches]
-    tr.scheduler.step()
-    tr.engine.backend.update_weights(tr.weights.rollout_tensors(tr.model))  # weight sync (a no-op for hf)
-    return mean_over_updates(updates) | {"train/lr": tr.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+    tc = t.cfg.train
+    batches = [prepared_batch(t, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
+    updates = [apply_policy_gradient(t.replicas, batch, t.loss, t.settings, weight)
+               for _ in range(tc.ppo_epochs) for batch, weight in batches]
+    t.scheduler.step()
+    t.replicas.sync(t.engine)  # weight sync (a no-op for hf in one process: it samples from the trained model)
+    return mean_over_updates(updates) | {"train/lr": t.scheduler.get_last_lr()[0], "train/skipped": 0.0}
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
@@ -168,55 +204,51 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
     uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
     history, model registered), so its outputs equal that run's. Every output is renamed into place."""
-    output_dir = Path(cfg.train.output_dir)
-    ensure_writable([Path(cfg.train.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
-    tr = set_up(cfg, tool_urls, resume)
-    place = tr.placement  # single process, or one rank of a data-parallel job (only rank 0 records)
-    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and tr.state.step > 0,
-                            enabled=place.is_main())
+    output_dir, tc = Path(cfg.train.output_dir), cfg.train
+    ensure_writable([Path(tc.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
+    t = set_up(cfg, tool_urls, resume)
     last: dict[str, float] = {}
-    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=tr.state.mlflow_run_id,
-                          tags=data_hash_tags([cfg.train.train_file])) \
-        if place.is_main() else contextlib.nullcontext(None)
-    every = cfg.train.log_samples_every
+    state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
+    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and state.step > 0, enabled=main)
+    # under a stage flow the run it opened (tagged with DVC's hash of each input) is adopted
+    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=state.mlflow_run_id) \
+        if main else contextlib.nullcontext(None)
     with run_ctx as active:
-        # a progress bar with ETA on a terminal (disable=None); elsewhere (a log file, a flow's worker) one line a step
-        first, run_started = tr.state.step, time.perf_counter()
-        bar = tqdm(range(first, cfg.train.steps), desc="train", unit="step", disable=None)
-        for step in bar:
+        steps = StepProgress(state.step, tc.steps, enabled=main)  # a bar on a terminal, else a line a step
+        for step in steps:
             started = time.perf_counter()
-            collected = tr.collect_groups(tr)                     # sample with tools, reward, dynamic sampling
+            collected = t.sampler.collect(t.rollouts, t.stream, t.reward, t.keep)  # sample with tools, reward, filter
+            collected.metrics.update(outage_metrics(t.outages, collected, step))  # raises past the outage limits
             sampled = time.perf_counter()
-            anchored = step_openings(collected.kept, collected.dropped, cfg.train.anchor_dropped_tokens)
-            update_metrics = place.train_step(tr, collected.kept, anchored)  # advantages, loss, optimiser step
-            seconds = {"time/rollout_seconds": sampled - started, "time/train_seconds": time.perf_counter() - sampled}
-            last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored))} | seconds
+            anchored = step_openings(collected.kept, collected.dropped, tc.anchor_dropped_tokens)
+            update_metrics = update(t, collected.kept, anchored)  # advantages, loss, optimiser steps, weight sync
+            last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored)),
+                                                         "time/rollout_seconds": sampled - started,
+                                                         "time/train_seconds": time.perf_counter() - sampled}
             history.log(step, last)
-            if bar.disable and place.is_main():
-                print(progress_line(step, cfg.train.steps, last, time.perf_counter() - run_started,
-                                    step + 1 - first), file=sys.stderr, flush=True)
-            if active is not None and every and step % every == 0:
-                log_samples(active.info.run_id, step, collected.seen, collected.kept, cfg.train.log_samples)
-            tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls, active.info.run_id if active else None)
-            if (step + 1) % cfg.train.checkpoint_every == 0 or step + 1 == cfg.train.steps:
-                place.save_checkpoint(tr)
-        finish_run(tr, output_dir)
-    tr.engine.close()
-    if place.is_main():
-        last = history.final_metrics(tr.state.step)  # what the uninterrupted run logged last, however resumed
-        history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
-        write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-        register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
+            steps.show(step, last)
+            if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
+                log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
+            state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
+            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
+                t.replicas.save_checkpoint(Path(tc.checkpoint_dir), state, t.scheduler, t.tokenizer)  # collective
+        finish_run(t, output_dir)
+    t.engine.close()
+    if not main:
+        return last
+    last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
+    history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
+    write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+    register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
     return last
 
 
-def finish_run(tr: Trainer, output_dir: Path) -> None:
+def finish_run(t: Training, output_dir: Path) -> None:
     """The final model, written beside `output_dir` and renamed into place (collective under data parallelism:
     rank 0 writes), so a kill while saving leaves the old model or none, never half of one."""
-    main = tr.placement.is_main()
-    staging = staging_dir(output_dir) if main else output_dir
-    tr.placement.save_final_model(tr, staging)
-    if main:
+    staging = staging_dir(output_dir) if t.replicas.is_main else output_dir
+    t.replicas.save_model(t.tokenizer, staging)
+    if t.replicas.is_main:
         publish_dir(staging, output_dir)
 
 
@@ -228,44 +260,3 @@ def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
     log_and_register(cfg.run, run_id, model_dir)
-
-
-def save_final_model(tr: Trainer, path: Path) -> None:
-    """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM.
-
-    A LoRA adapter is merged into the base weights first (in place: the last use of the model)."""
-    save_policy(tr.weights, tr.model, tr.tokenizer, path)
-
-
-def save_policy(weights: PolicyWeights, model: torch.nn.Module, tokenizer, path: Path) -> None:
-    weights.export(model).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-
-
-def export_checkpoint(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
-    """A single-process checkpoint (`<train.checkpoint_dir>/checkpoints/step-NNNNNN`) written as the final
-    model is (`save_final_model`), to evaluate or serve an intermediate policy.
-
-    The model is rebuilt as `set_up` builds it (train.init_model, then the finetune variant, so a LoRA
-    adapter is merged on export) and the checkpoint's weights are loaded into it; a mismatch raises.
-    DeepSpeed checkpoints have their own exporter (`python -m pipeline.distributed.export`)."""
-    missing = [name for name in CHECKPOINT_FILES if not (checkpoint / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{checkpoint}: no {', '.join(missing)} (not a complete single-process training "
-                                "checkpoint; a `.tmp` one was torn by a kill while saving)")
-    weights = policy_weights(cfg.train.finetune)
-    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype, "cpu")
-    model = weights.prepare(model)
-    load_model(model, str(checkpoint / "model.safetensors"))
-    staging = staging_dir(out)
-    save_policy(weights, model, tokenizer, staging)
-    return publish_dir(staging, out)  # whole or absent, as the final model
-
-
-def save_single_process_checkpoint(tr: Trainer) -> None:
-    save_checkpoint(Path(tr.cfg.train.checkpoint_dir), tr.state, tr.model, tr.optimizer, tr.scheduler)
-
-
-SINGLE_PROCESS = Placement(train_step, save_single_process_checkpoint, save_final_model, lambda: True)
-DATA_PARALLEL = Placement(data_parallel.data_parallel_train_step, data_parallel.save_checkpoint,
-                          data_parallel.save_final_model, data_parallel.is_main_process)

@@ -249,4 +249,4 @@ class Collected:
     kept: list[ScoredGroup]
     seen: list[ScoredGroup]  # kept or dropped by dynamic sampling (the sample tables draw from these)
     metrics: dict[str, float]
-    dropped: list[ScoredGroup] = field(default_factory=list)  # seen, not kept (no signal: Trainer.informative)
+    dropped: list[ScoredGroup] = field(default_factory=list)  # seen, not kept (no signal: the set-up's dynamic-sampling filter)

@@ -20,11 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[set[str]] = [
     {"pipeline.types"},
     {"pipeline.paths", "pipeline.outputs", "pipeline.jsonl", "pipeline.config"},
-    {"pipeline.tools", "pipeline.model", "pipeline.services"},
+    {"pipeline.tools", "pipeline.protocols", "pipeline.model", "pipeline.services"},
     {"pipeline.reward", "pipeline.rollout", "pipeline.tracking"},
     {"pipeline.rl", "pipeline.data"},
     {"pipeline.trainer", "pipeline.sampling", "pipeline.evaluation"},
-    {"pipeline.session"},
     {"pipeline.distributed"},
     {"pipeline.train", "pipeline.sft"},
     {"pipeline.export"},

@@ -20,8 +20,9 @@ class DistributedConfig(StageConfig):
         2, description="ZeRO stage: 0 = replicated data parallel, 2 = shard optimiser state and gradients, 3 = also parameters.")
     offload_optimizer: bool = Field(False, description="ZeRO-2/3: keep optimiser state in CPU memory (and step there).")
     offload_params: bool = Field(False, description="ZeRO-3 only: keep parameters in CPU memory between uses.")
-    dist_backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="torch.distributed backend; auto = nccl when CUDA is present, else gloo.")
+    collectives: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="The library ranks exchange tensors with (torch.distributed's process-group backend): "
+                 "auto = nccl when CUDA is present, else gloo.")
     overlap_comm: bool = Field(False, description="Overlap gradient reduction with backward (worth it on GPUs).")
     reduce_bucket_size: int = Field(50_000_000, ge=1_000, description="Elements per gradient-reduction bucket.")
     rollout_seed_stride: int = Field(

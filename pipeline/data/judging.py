@@ -38,7 +38,8 @@ from pipeline.config.reward import RewardConfig
 from pipeline.data.judge_cache import JudgeAnswer, JudgeCache, cache_key
 from pipeline.data.judge_client import ChatClient, JudgeError, JudgeRefused, JudgeUnavailable
 from pipeline.data.sources import Rejection
-from pipeline.reward import last_boxed, route, verify
+from pipeline.protocols.answers import last_boxed
+from pipeline.reward import route, verify
 from pipeline.tools.base import Tool
 from pipeline.types import Problem
 

@@ -8,7 +8,7 @@ writes `<root>/checkpoints/latest` last, so resume never picks a half-written st
 Exports: `export_hf` gathers ZeRO-3 shards parameter by parameter (one full tensor at a
 time, not the whole model) inside a running job; `export_from_checkpoint` rebuilds the fp32
 weights from the shards on disk, offline, in one process
-(`python -m pipeline.distributed.export CHECKPOINTS OUT`).
+(`python -m pipeline.export CHECKPOINTS OUT`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,27 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pipeline.trainer.checkpoint import TrainerState
-from pipeline.distributed.backend import DeepSpeedBackend
+
+
+class DeepSpeedRank(Protocol):
+    """What these functions use of a rank (`pipeline.distributed.replicas.DeepSpeedRank`)."""
+
+    model: torch.nn.Module  # the DeepSpeed engine
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def zero_stage(self) -> int: ...
+    def barrier(self) -> None: ...
 
 KEEP_LAST = 2
 LATEST = "latest"
@@ -38,27 +52,32 @@ def _rng_file(path: Path, rank: int) -> Path:
     return path / f"rng_rank{rank:03d}.pt"
 
 
-def save(backend: DeepSpeedBackend, root: Path, state: TrainerState,
+def save(replicas: DeepSpeedRank, root: Path, state: TrainerState,
          scheduler: torch.optim.lr_scheduler.LRScheduler, tokenizer=None) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory."""
     save_dir, tag = root / "checkpoints", step_tag(state.step)
     path = save_dir / tag
     path.mkdir(parents=True, exist_ok=True)
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    torch.save(rng, _rng_file(path, backend.rank))
-    if backend.rank == 0:
-        backend.module.config.save_pretrained(path)
+    torch.save(rng, _rng_file(path, replicas.rank))
+    if replicas.rank == 0:
+        replicas.module.config.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
-    backend.barrier()
+    replicas.barrier()
     client = {"trainer_state": asdict(state), "scheduler": scheduler.state_dict()}
-    backend.engine.save_checkpoint(str(save_dir), tag=tag, client_state=client)
-    backend.barrier()
-    if backend.rank == 0:
+    replicas.model.save_checkpoint(str(save_dir), tag=tag, client_state=client)
+    replicas.barrier()
+    if replicas.rank == 0:
         for old in sorted(save_dir.glob("step-??????"))[:-KEEP_LAST]:
             shutil.rmtree(old, ignore_errors=True)
-    backend.barrier()
+    replicas.barrier()
     return path
+
+
+def is_deepspeed_checkpoint(path: Path) -> bool:
+    """A step directory `save` wrote (rank 0's RNG file is its own; a single-process checkpoint has none)."""
+    return _rng_file(path, 0).is_file()
 
 
 def latest_tag(root: Path) -> str | None:
@@ -66,17 +85,17 @@ def latest_tag(root: Path) -> str | None:
     return marker.read_text().strip() if marker.is_file() else None
 
 
-def load(backend: DeepSpeedBackend, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
+def load(replicas: DeepSpeedRank, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
     """Restore the latest complete checkpoint under `root` (None when there is none)."""
     tag = latest_tag(root)
     if tag is None:
         return None
     save_dir = root / "checkpoints"
-    loaded, client = backend.engine.load_checkpoint(str(save_dir), tag=tag, load_lr_scheduler_states=False)
+    loaded, client = replicas.model.load_checkpoint(str(save_dir), tag=tag, load_lr_scheduler_states=False)
     if loaded is None:
         raise FileNotFoundError(f"{save_dir / tag}: DeepSpeed could not load this checkpoint")
     scheduler.load_state_dict(client["scheduler"])
-    rng_path = _rng_file(save_dir / tag, backend.rank)
+    rng_path = _rng_file(save_dir / tag, replicas.rank)
     if not rng_path.is_file():  # resumed on more ranks than saved: reuse rank 0's streams
         rng_path = _rng_file(save_dir / tag, 0)
     rng = torch.load(rng_path, weights_only=False)
@@ -86,10 +105,10 @@ def load(backend: DeepSpeedBackend, root: Path, scheduler: torch.optim.lr_schedu
     return TrainerState(**client["trainer_state"])
 
 
-def _full_parameters(backend: DeepSpeedBackend) -> Iterator[tuple[str, torch.Tensor]]:
+def _full_parameters(replicas: DeepSpeedRank) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) per parameter; under ZeRO-3 each is gathered just for its turn."""
-    module = backend.module
-    if backend.zero_stage != 3:
+    module = replicas.module
+    if replicas.zero_stage != 3:
         yield from module.named_parameters()
         return
     import deepspeed
@@ -99,34 +118,34 @@ def _full_parameters(backend: DeepSpeedBackend) -> Iterator[tuple[str, torch.Ten
             yield name, p
 
 
-def for_each_full_parameter(backend: DeepSpeedBackend, fn: Callable[[str, torch.Tensor], None]) -> None:
+def for_each_full_parameter(replicas: DeepSpeedRank, fn: Callable[[str, torch.Tensor], None]) -> None:
     """Collective under ZeRO-3: call `fn(name, full_tensor)` on every rank, one parameter at a time."""
     with torch.no_grad():
-        for name, tensor in _full_parameters(backend):
+        for name, tensor in _full_parameters(replicas):
             fn(name, tensor)
 
 
-def copy_weights_into(backend: DeepSpeedBackend, target: torch.nn.Module) -> None:
+def copy_weights_into(replicas: DeepSpeedRank, target: torch.nn.Module) -> None:
     """Push the trained weights into a plain copy of the model (the ZeRO-3 rollout model)."""
     params = dict(target.named_parameters())
-    for_each_full_parameter(backend, lambda name, t: params[name].copy_(t.to(params[name].dtype)))
+    for_each_full_parameter(replicas, lambda name, t: params[name].copy_(t.to(params[name].dtype)))
 
 
-def export_hf(backend: DeepSpeedBackend, tokenizer, out: Path) -> None:
+def export_hf(replicas: DeepSpeedRank, tokenizer, out: Path) -> None:
     """Collective: write a plain Hugging Face directory on rank 0 (safetensors, tokenizer)."""
     state: dict[str, torch.Tensor] = {}
-    keep = backend.rank == 0
+    keep = replicas.rank == 0
 
     def collect(name: str, t: torch.Tensor) -> None:
         if keep:
             state[name] = t.detach().to("cpu", copy=True)
 
-    for_each_full_parameter(backend, collect)
+    for_each_full_parameter(replicas, collect)
     if keep:
-        persistent = backend.module.state_dict().keys()
-        state |= {n: b.detach().cpu() for n, b in backend.module.named_buffers() if n in persistent}
+        persistent = replicas.module.state_dict().keys()
+        state |= {n: b.detach().cpu() for n, b in replicas.module.named_buffers() if n in persistent}
         out.mkdir(parents=True, exist_ok=True)
-        backend.module.save_pretrained(out, state_dict=state, safe_serialization=True)
+        replicas.module.save_pretrained(out, state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out)
     if dist.is_initialized():

@@ -4,9 +4,10 @@ A group's advantages are relative to its own members, so a group never straddles
 `assign_groups` balances the ranks' policy tokens greedily (largest group first, to the
 least-loaded rank); every rank computes the same assignment from the same inputs.
 
-`ShardedRolloutEngine` samples only this rank's problems, then all-gathers the groups, so
-every rank sees the whole batch in the original order: scoring, dynamic sampling and the
-stream cursor stay in lock-step across ranks without any change to the training loop. A
+`ShardedRollouts` (wrapping this rank's `RolloutEngine`, not extending it) samples only this rank's
+problems, then all-gathers the groups, so every rank sees the whole batch in the original order:
+scoring, dynamic sampling and the stream cursor stay in lock-step across ranks without any change
+to the training step. A
 refilled rollout (`refilled_rollout`) is given a window of problems: each rank starts its share
 of the window's head and refills from its share of the rest, with no collective until the end.
 """
@@ -14,6 +15,7 @@ of the window's head and refills from its share of the rest, with no collective 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from collections import Counter
 from collections.abc import Callable
 
@@ -78,15 +80,18 @@ def merge_stats(parts: list[RolloutStats]) -> RolloutStats:
     )
 
 
-class ShardedRolloutEngine(RolloutEngine):
-    """A `RolloutEngine` whose `rollout` samples this rank's share and returns everyone's."""
+@dataclass(frozen=True)
+class ShardedRollouts:
+    """Rollouts on `engine` of this rank's share of the problems, returned with every rank's."""
+
+    engine: RolloutEngine
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult:
         if refill is not None:
             raise ValueError("a sharded rollout refills through refilled_rollout (each rank from its own reserve)")
         mine = problem_shard(len(problems), dist.get_rank(), dist.get_world_size())
-        local = super().rollout([problems[i] for i in mine], n, temperature=temperature) if mine else EMPTY
+        local = self.engine.rollout([problems[i] for i in mine], n, temperature=temperature) if mine else EMPTY
         return gathered_in_order(mine, local, len(problems))
 
     def refilled_rollout(self, window: list[Problem], target: int, n: int,
@@ -95,7 +100,7 @@ class ShardedRolloutEngine(RolloutEngine):
         from its round-robin share of `window[target:]`; every rank's groups, in window order."""
         mine, reserve = window_shares(target, len(window), dist.get_rank(), dist.get_world_size())
         refill = rank_refill(len(mine), [window[i] for i in reserve])
-        local = super().rollout([window[i] for i in mine], n, refill=refill) if mine else EMPTY
+        local = self.engine.rollout([window[i] for i in mine], n, refill=refill) if mine else EMPTY
         drawn = (mine + reserve)[: len(local.groups)]  # a refill draws its reserve in order
         return gathered_in_order(drawn, local, len(window))
 

@@ -44,9 +44,10 @@ from pipeline.jsonl import write_json
 from pipeline.model import load_policy
 from pipeline.tools.outages import OutageCounts, ToolOutage
 from pipeline.tracking.progress import progress
+from pipeline.protocols import protocol_for
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.rollout.protocol import TOOLS_FOR_TYPE
+from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.tools.base import Tool
 from pipeline.tools.factory import make_tools
 from pipeline.types import Group, Problem, ToolName
@@ -99,10 +100,10 @@ def make_eval_tools(cfg: RunConfig, benchmarks: list[Benchmark], urls: Mapping[T
 def sample_records(group: Group, benchmark: Benchmark, cfg: RunConfig) -> list[dict[str, Any]]:
     """One record per trajectory: question, full response, tool calls, answer, gold, score."""
     p, rc = group.problem, cfg.rollout
-    kind = route(p, cfg.reward)
+    kind, protocol = route(p, cfg.reward), protocol_for(rc.protocol)
     out = []
     for i, t in enumerate(group.trajectories):
-        r = score_trajectory(p, t, cfg.reward, protocol=rc.protocol, max_policy_tokens=rc.max_policy_tokens)
+        r = score_trajectory(p, t, cfg.reward, protocol=protocol, max_policy_tokens=rc.max_policy_tokens)
         out.append({
             "benchmark": benchmark.name, "category": benchmark.category, "id": p.id, "sample": i,
             "question": p.question, "gold": list(p.answers), "type": p.type, "verifier": kind,

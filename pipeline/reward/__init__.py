@@ -1,11 +1,12 @@
 """Rule-based rewards and verifiers for TAPO, ToRL, Search-R1 and TEPO.
 
-Public API:
-- `extract_answer(text, protocol)`: the final answer under a tag protocol (extract.py).
+Public API (`protocol` is a `pipeline.protocols.Protocol`, resolved once with `protocol_for`; the
+protocol owns its grammar and answer extraction, this package the scoring around them):
 - `verify(kind, predicted, gold)`: f_kind in [0, 1], max over gold aliases (verifiers.py).
 - `score_trajectory(problem, trajectory, cfg, protocol=..., max_policy_tokens=...)`: a
   `RewardBreakdown` (score.py); `RewardScorer` is the same, built once, for batches.
-- `check_format(text, protocol, tool_outputs, ...)`: the format grammar (format.py).
+- `check_format(text, protocol, tool_outputs, ...)`: the format check: the engine's outputs, then
+  the protocol's grammar (format.py).
 - TEPO's terms need the policy's entropies and live with the algorithm (`pipeline.rl.tepo`).
 
 Rules every verifier kind follows (verifiers.py):
@@ -17,7 +18,6 @@ Rules every verifier kind follows (verifiers.py):
   matches gold 25.
 """
 
-from pipeline.reward.extract import extract_answer, last_answer_tag, last_boxed
 from pipeline.reward.format import FormatResult, check_format, split_engine_outputs
 from pipeline.reward.score import RewardScorer, route, score_trajectory, scorer_for, verify
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
@@ -32,10 +32,7 @@ __all__ = [
     "Verifier",
     "check_format",
     "code_failure_penalty",
-    "extract_answer",
     "fast_math_equal",
-    "last_answer_tag",
-    "last_boxed",
     "overlong_penalty",
     "route",
     "score_trajectory",

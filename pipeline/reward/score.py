@@ -6,7 +6,8 @@
 with w = `wrong_answer_reward` (0 = TAPO Eq. 10; -1 = ToRL's +-1). f_T is chosen by routing
 the problem's `source` (else its `type`) to a verifier kind (TAPO Tables 4-5). The answer is
 extracted from the model's own text, with the engine's tool outputs removed, so a search
-result that happens to contain `<answer>` cannot answer for the model.
+result that happens to contain `<answer>` cannot answer for the model. The format grammar and the
+extraction are the protocol's (`pipeline.protocols`): callers pass the object, resolved once.
 
 `entropy` is 0 here: TEPO needs the policy's token entropies, which only the trainer has.
 The trainer adds TEPO's terms (`pipeline.rl.tepo`): the sparse variant reshapes the reward
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.config.reward import RewardConfig
-from pipeline.reward.extract import PROTOCOL_NAMES, extract_answer
+from pipeline.protocols import ToolProtocol
 from pipeline.reward.format import FormatResult, check_format
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier, asks_for_percentage
@@ -53,11 +54,11 @@ class RewardScorer:
         self.cfg = cfg
         self.verifier = verifier or Verifier(cfg)
 
-    def score(self, problem: Problem, trajectory: Trajectory, *, protocol: str, max_policy_tokens: int) -> RewardBreakdown:
+    def score(self, problem: Problem, trajectory: Trajectory, *, protocol: ToolProtocol, max_policy_tokens: int) -> RewardBreakdown:
         return self._breakdown(problem, trajectory, self._read(trajectory, protocol), max_policy_tokens)
 
     def score_batch(
-        self, items: Sequence[tuple[Problem, Trajectory]], *, protocol: str, max_policy_tokens: int
+        self, items: Sequence[tuple[Problem, Trajectory]], *, protocol: ToolProtocol, max_policy_tokens: int
     ) -> list[RewardBreakdown]:
         """Score many trajectories; the slow symbolic checks among them run concurrently.
 
@@ -77,18 +78,16 @@ class RewardScorer:
                 list(pool.map(lambda triple: self.verifier.score(*triple), triples))
         return [self._breakdown(p, t, read, max_policy_tokens) for (p, t), read in zip(items, reads, strict=True)]
 
-    def score_group(self, group: Group, *, protocol: str, max_policy_tokens: int) -> ScoredGroup:
+    def score_group(self, group: Group, *, protocol: ToolProtocol, max_policy_tokens: int) -> ScoredGroup:
         items = [(group.problem, t) for t in group.trajectories]
         return ScoredGroup(group, tuple(self.score_batch(items, protocol=protocol, max_policy_tokens=max_policy_tokens)))
 
-    def _read(self, trajectory: Trajectory, protocol: str) -> tuple[FormatResult, str | None]:
+    def _read(self, trajectory: Trajectory, protocol: ToolProtocol) -> tuple[FormatResult, str | None]:
         """The format verdict and the extracted answer (from the model's own text)."""
-        if protocol not in PROTOCOL_NAMES:
-            raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOL_NAMES}")
         outputs = [call.result.output for call in trajectory.tool_calls]
         strict = self.cfg.format_strictness == "strict"
         fmt = check_format(trajectory.text, protocol, outputs, strict=strict, eos_strings=self.cfg.eos_strings)
-        return fmt, extract_answer(fmt.model_text, protocol)
+        return fmt, protocol.extract_answer(fmt.model_text)
 
     def _breakdown(
         self, problem: Problem, trajectory: Trajectory, read: tuple[FormatResult, str | None], max_policy_tokens: int
@@ -126,7 +125,7 @@ def scorer_for(cfg: RewardConfig) -> RewardScorer:
 
 
 def score_trajectory(
-    problem: Problem, trajectory: Trajectory, cfg: RewardConfig, *, protocol: str, max_policy_tokens: int
+    problem: Problem, trajectory: Trajectory, cfg: RewardConfig, *, protocol: ToolProtocol, max_policy_tokens: int
 ) -> RewardBreakdown:
     """The reward of one trajectory, term by term (see the module docstring for the formula)."""
     return scorer_for(cfg).score(problem, trajectory, protocol=protocol, max_policy_tokens=max_policy_tokens)

@@ -35,8 +35,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
 from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams
+from pipeline.protocols import ToolProtocol, protocol_for
 from pipeline.rollout.metrics import RolloutStats
-from pipeline.rollout.protocol import Protocol, make_protocol, tools_for
+from pipeline.rollout.offered import tools_for
 from pipeline.rollout.sequence import Sequence
 from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
 from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
@@ -74,13 +75,13 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     return frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: ToolProtocol, problem: Problem,
                   tools: tuple[ToolName, ...]) -> list[int]:
     """The chat-templated prompt (system rules for the offered tools, then the question)."""
     return _chat_ids(tokenizer, protocol.messages(problem, tools), add_generation_prompt=True)
 
 
-def system_turn_length(tokenizer: PreTrainedTokenizerBase, protocol: Protocol, problem: Problem,
+def system_turn_length(tokenizer: PreTrainedTokenizerBase, protocol: ToolProtocol, problem: Problem,
                        tools: tuple[ToolName, ...], prompt_ids: list[int]) -> int:
     """How many leading tokens of `prompt_ids` are the system turn alone, as the template renders it
     (0 when there is none, or when the full prompt does not start with exactly those tokens)."""
@@ -146,7 +147,7 @@ class RolloutEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tools: dict[ToolName, Tool],
                  cfg: RolloutConfig, *, seed: int = 0) -> None:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
-        self.protocol: Protocol = make_protocol(cfg.protocol)
+        self.protocol: ToolProtocol = protocol_for(cfg.protocol)
         self.seed = seed
         self.backend = make_backend(model, tokenizer, cfg, seed)  # chosen once by rollout.backend
         # One event loop for the engine's life: tool clients keep connection pools bound to it.

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config.rollout import RolloutConfig
+from pipeline.protocols import protocol_for
 from pipeline.rollout.engine import encode_prompt
-from pipeline.rollout.protocol import make_protocol, tools_for
+from pipeline.rollout.offered import tools_for
 from pipeline.types import Problem, ToolName
 
 
@@ -38,7 +39,7 @@ class PromptBudget:
 def prompt_overruns(problems: Sequence[Problem], budget: PromptBudget) -> list[tuple[int, int]]:
     """(index, prompt tokens) of every problem whose chat-templated prompt, encoded as the rollout
     encodes it, leaves no room for a full response. Shared by curation and the load-time check."""
-    protocol, room = make_protocol(budget.rollout.protocol), budget.room
+    protocol, room = protocol_for(budget.rollout.protocol), budget.room
     over, empty_prompt = [], {}
     for index, problem in enumerate(problems):
         offered = tools_for(problem, budget.tools)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.rollout.protocol import ParsedCall
+from pipeline.protocols import ParsedCall
 from pipeline.rollout.sequence import Sequence
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult

@@ -10,7 +10,12 @@ import csv
 import io
 import json
 import os
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+from tqdm import tqdm
 
 from pipeline.tracking.progress import pace_and_eta
 from pipeline.tracking.runs import log_metrics
@@ -85,3 +90,22 @@ def progress_line(step: int, total: int, metrics: dict[str, float], seconds_so_f
              *([f"{calls} calls/traj"] if calls else []),
              *pace_and_eta(per_step, total - step - 1, "step")]
     return " | ".join(parts)
+
+
+class StepProgress:
+    """The steps a run makes, shown where a person can see them: a tqdm bar with ETA on a terminal; elsewhere
+    (a log file, a flow's worker), where a bar cannot redraw, `progress_line` once a step. Only the main
+    process of a data-parallel job shows either."""
+
+    def __init__(self, first: int, total: int, *, enabled: bool) -> None:
+        self.first, self.total, self.enabled = first, total, enabled
+        self.bar = tqdm(range(first, total), desc="train", unit="step", disable=None if enabled else True)
+        self.started = time.perf_counter()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.bar)
+
+    def show(self, step: int, metrics: dict[str, float]) -> None:
+        if self.enabled and self.bar.disable:
+            print(progress_line(step, self.total, metrics, time.perf_counter() - self.started, step + 1 - self.first),
+                  file=sys.stderr, flush=True)

@@ -1,9 +1,8 @@
-"""What the train run records in MLflow besides metrics: its input data's hash and sample tables.
+"""What the train run records in MLflow besides metrics: sample tables.
 
-* `data_hash_tags`: the md5 of the training file's bytes, which is the hash DVC 3 records for a
-  file in `dvc.lock` (`hash: md5`), under the key the stage flows use for their DVC inputs
-  (`dvc.dep.<path>`). So a run started without the flow (a notebook, a test, a benchmark) still
-  names the exact data it trained on, and under the flow both writers agree on one tag.
+(The hash of each input, `dvc.dep.<path>`, is DVC's, tagged by the stage flow that opens the run:
+`flows/tracking.py`; the library computes none of its own.)
+
 * `log_samples`: a few trajectories of a step (question, response, reward terms, tool calls,
   finish reason) as an MLflow table, `samples/step-NNNNNN.json`, to read what the policy writes
   as it trains. Picked without randomness, so logging never changes a resumed run's samples.
@@ -11,35 +10,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import mlflow
 
-from pipeline.tracking.runs import dvc_dep_tags
 from pipeline.types import ScoredGroup
 
 SAMPLES_DIR = "samples"
-
-
-def file_md5(path: Path) -> str:
-    """md5 of the file's bytes, read in blocks (the value `dvc.lock` records for a file)."""
-    digest = hashlib.md5()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def data_hash_tags(paths: Sequence[str]) -> dict[str, str]:
-    """{"dvc.dep.<path>": md5} for each input file; a clear error naming a missing one."""
-    missing = [p for p in paths if not Path(p).is_file()]
-    if missing:
-        raise FileNotFoundError(f"training data not found: {missing}")
-    return dvc_dep_tags({p: file_md5(Path(p)) for p in paths})
 
 
 def pick_samples(groups: Sequence[ScoredGroup], n: int) -> list[tuple[ScoredGroup, int]]:

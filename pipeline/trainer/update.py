@@ -1,7 +1,7 @@
 """One optimiser step on a `TrainBatch`: forward, loss / global denominator, backward, clip, step.
 
-The step runs against a `GradientBackend`: `LocalBackend` for one process, or the DeepSpeed
-backend in `pipeline.distributed` for data parallelism, so both use this same code path.
+The step runs against `Replicas` (`pipeline.trainer.replicas`): `OneProcess`, or one rank of a
+DeepSpeed job (`pipeline.distributed.replicas`), so both use this same code path.
 
 Log-probs and entropies come from the same forward pass, computed over the vocabulary in
 chunks of tokens so a 150k-token vocabulary never materialises a full [N, V] float32
@@ -23,14 +23,15 @@ forward runs in bf16 mixed precision with the head and all state in float32 (`fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 import torch.nn.functional as F
 
 from pipeline.rl.loss import PolicyLoss
+from pipeline.trainer.replicas import OneProcess, Replicas
+from pipeline.trainer.weights import FullWeights
 from pipeline.trainer.prefix_tree import PackedTree, pack_tree, packing_pays, prefix_tree
 from pipeline.types import TrainBatch
 
@@ -156,6 +157,40 @@ def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_bat
     return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
+def recomputed_old_logprobs(replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
+    """The batch with its old log-probs taken from the policy before this step's first update, by the
+    update's own forward (same precision, packing and head: the ratio is exactly 1 before the first step).
+    Every rank runs as many forwards as the busiest (ZeRO-3 gathers parameters inside each)."""
+    parts = micro_batches(batch, settings.micro_batch_size)
+    n_passes = replicas.all_reduce_max(len(parts))
+    replicas.model.eval()
+    with torch.no_grad():
+        out = [token_logprobs_and_entropy(replicas.model, parts[min(i, len(parts) - 1)], settings.temperature,
+                                          with_entropy=False, share_prefixes=settings.share_prefixes,
+                                          autocast=settings.autocast)[0] for i in range(n_passes)]
+    old_BT = padded_cat(out[: len(parts)], batch.input_ids_BT.shape[1])
+    return dataclasses.replace(batch, old_logprobs_BT=old_BT * batch.loss_mask_BT)
+
+
+class SampledLogprobs:
+    """`train.logprobs_source: rollout`: the importance ratio's old log-probs are the ones recorded at sampling."""
+
+    def attach(self, replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
+        return batch
+
+
+class RecomputedLogprobs:
+    """`train.logprobs_source: recompute`: the old log-probs from the update's forward (`recomputed_old_logprobs`)."""
+
+    def attach(self, replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
+        return recomputed_old_logprobs(replicas, batch, settings)
+
+
+def old_logprobs_source(name: str) -> SampledLogprobs | RecomputedLogprobs:
+    """The old log-probs' source, chosen once at set-up (`train.logprobs_source`)."""
+    return RecomputedLogprobs() if name == "recompute" else SampledLogprobs()
+
+
 def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: PackedTree, rows_N: torch.Tensor,
                              tokens_N: torch.Tensor) -> torch.Tensor:
     """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
@@ -206,55 +241,14 @@ def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
 
 
-class GradientBackend(Protocol):
-    """Where gradients go: one process (`LocalBackend`) or a DeepSpeed engine across ranks.
-
-    `backward` receives the loss already divided by the *global* denominator; a backend that
-    averages gradients across ranks must undo the average itself.
-    """
-
-    model: torch.nn.Module
-
-    def zero_grad(self) -> None: ...
-    def backward(self, loss: torch.Tensor) -> None: ...
-    def step(self) -> float: ...  # clip, optimiser step; returns the global gradient norm
-    def all_reduce_sum(self, values: list[float]) -> list[float]: ...
-    def all_reduce_max(self, value: int) -> int: ...
-
-
-@dataclass
-class LocalBackend:
-    """Single process: plain autograd, global-norm clipping, the optimiser's step."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    grad_clip: float
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
-
-    def step(self) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        return float(grad_norm)
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        return list(values)
-
-    def all_reduce_max(self, value: int) -> int:
-        return value
-
-
 def policy_gradient_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                          loss: PolicyLoss, settings: UpdateSettings) -> dict[str, float]:
-    """Accumulate gradients over micro-batches, then clip and step once (one process)."""
-    return apply_policy_gradient(LocalBackend(model, optimizer, settings.grad_clip), batch, loss, settings)
+    """Accumulate gradients over micro-batches, then clip and step once (one process, all weights)."""
+    replicas = OneProcess(model, optimizer, settings.grad_clip, FullWeights(), settings.share_prefixes)
+    return apply_policy_gradient(replicas, batch, loss, settings)
 
 
-def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: PolicyLoss, settings: UpdateSettings,
+def apply_policy_gradient(replicas: Replicas, batch: TrainBatch, loss: PolicyLoss, settings: UpdateSettings,
                           weight: float = 1.0) -> dict[str, float]:
     """One optimiser step on this rank's `batch`; the denominator is summed over all ranks.
 
@@ -262,28 +256,28 @@ def apply_policy_gradient(backend: GradientBackend, batch: TrainBatch, loss: Pol
     passes as the busiest rank (ZeRO reduces gradients inside every backward, so all ranks
     must call it equally often) but contributes nothing.
     """
-    backend.model.train()
-    backend.zero_grad()
-    denominator, n_tokens = backend.all_reduce_sum([loss.denominator(batch) * weight, batch.n_policy_tokens * weight])
+    replicas.model.train()
+    replicas.zero_grad()
+    denominator, n_tokens = replicas.all_reduce_sum([loss.denominator(batch) * weight, batch.n_policy_tokens * weight])
     denominator = max(denominator, 1.0)  # the only normalisation of the loss
     n_tokens = max(n_tokens, 1)
     parts = micro_batches(batch, settings.micro_batch_size)
-    n_passes = backend.all_reduce_max(len(parts))
+    n_passes = replicas.all_reduce_max(len(parts))
     sums = {"loss": 0.0, "clip_low": 0.0, "clip_high": 0.0, "approx_kl": 0.0, "ref_kl": 0.0, "entropy": 0.0}
     for i in range(n_passes):
         micro, w = (parts[i], weight) if i < len(parts) else (parts[0], 0.0)
-        logprobs_BT, entropy_BT = token_logprobs_and_entropy(backend.model, micro, settings.temperature,
+        logprobs_BT, entropy_BT = token_logprobs_and_entropy(replicas.model, micro, settings.temperature,
                                                              share_prefixes=settings.share_prefixes,
                                                              autocast=settings.autocast)
         out = loss.fn(logprobs_BT, micro)
         scaled = out.loss_sum / denominator
-        backend.backward(scaled if w == 1.0 else scaled * w)
+        replicas.backward(scaled if w == 1.0 else scaled * w)
         sums["loss"] += w * float(out.loss_sum.detach()) / denominator
         sums["clip_low"] += w * float(out.clipped_low) / n_tokens
         sums["clip_high"] += w * float(out.clipped_high) / n_tokens
         sums["approx_kl"] += w * float(out.approx_kl_sum) / n_tokens
         sums["ref_kl"] += w * float(out.ref_kl_sum) / n_tokens
         sums["entropy"] += w * float((entropy_BT * micro.loss_mask_BT).sum()) / n_tokens
-    grad_norm = backend.step()
-    totals = dict(zip(sums, backend.all_reduce_sum(list(sums.values())), strict=True))
+    grad_norm = replicas.step()
+    totals = dict(zip(sums, replicas.all_reduce_sum(list(sums.values())), strict=True))
     return {f"train/{k}": v for k, v in totals.items()} | {"train/grad_norm": grad_norm}

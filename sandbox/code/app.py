@@ -24,7 +24,7 @@ from starlette.requests import Request
 from sandbox.code import files, fusion
 from sandbox.code.limits import BodyLimits
 from sandbox.code.pool import PoolFull, PoolSettings, WorkerPool
-from sandbox.code.protocol import Job, Outcome
+from sandbox.code.messages import Job, Outcome
 
 MAX_CODE_BYTES = 64 * 1024
 MAX_BODY_BYTES = 1 << 20

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.code.protocol import Outcome
+from sandbox.code.messages import Outcome
 
 
 class RunCodeRequest(BaseModel):

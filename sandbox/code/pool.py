@@ -35,7 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.code import protocol
+from sandbox.code import messages
 from sandbox.code.cgroup import Delegation, SlotCgroups
 from sandbox.code.seccomp import SeccompMode
 from sandbox.code.supervise import REAP_TIMEOUT_S
@@ -98,10 +98,10 @@ class _WorkerProcess:
         """Hold a pidfd on the zygote (a child of our worker, so its pid cannot be reused yet)."""
         self.zygote_pid, self.zygote_pidfd = pid, os.pidfd_open(pid)
 
-    async def request(self, job: protocol.Job) -> tuple[protocol.Outcome, str | None]:
-        self.writer.write(protocol.encode(protocol.job_message(job)))
+    async def request(self, job: messages.Job) -> tuple[messages.Outcome, str | None]:
+        self.writer.write(messages.encode(messages.job_message(job)))
         await self.writer.drain()
-        return protocol.outcome_from_message(await protocol.recv_async(self.reader))
+        return messages.outcome_from_message(await messages.recv_async(self.reader))
 
     def kill(self) -> bool:
         """Kill the worker and its zygote; True once every snippet of theirs is gone."""
@@ -180,10 +180,10 @@ class WorkerPool:
             pass_fds=[child_end.fileno()], env=worker_environment(), cwd="/", stdin=subprocess.DEVNULL,
         )
         child_end.close()
-        reader, writer = await asyncio.open_unix_connection(sock=parent_end, limit=protocol.MAX_MESSAGE_BYTES)
+        reader, writer = await asyncio.open_unix_connection(sock=parent_end, limit=messages.MAX_MESSAGE_BYTES)
         worker = _WorkerProcess(slot, process, reader, writer, scratch)
         try:
-            hello = await asyncio.wait_for(protocol.recv_async(reader), self.settings.start_timeout_s)
+            hello = await asyncio.wait_for(messages.recv_async(reader), self.settings.start_timeout_s)
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
             worker.kill()
             raise WorkerStartError(f"worker {slot} did not start: {exc!r} (exit code {process.poll()})") from exc
@@ -193,7 +193,7 @@ class WorkerPool:
         worker.watch_zygote(hello["zygote_pid"])
         return worker
 
-    async def run(self, job: protocol.Job) -> protocol.Outcome:
+    async def run(self, job: messages.Job) -> messages.Outcome:
         if self._waiting >= self.settings.queue_size:
             raise PoolFull(f"{self._waiting} requests already waiting")
         self._waiting += 1
@@ -211,7 +211,7 @@ class WorkerPool:
         except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.error("worker %d failed (%r); replacing it", worker.slot, exc)
             self._replace(worker, "timeout" if isinstance(exc, asyncio.TimeoutError) else "crashed")
-            outcome = protocol.Outcome("error", "", "", f"SandboxError: the worker running this snippet failed ({type(exc).__name__})", 0.0)
+            outcome = messages.Outcome("error", "", "", f"SandboxError: the worker running this snippet failed ({type(exc).__name__})", 0.0)
         else:
             if retire is None:
                 self._idle.put_nowait(worker)
@@ -258,7 +258,7 @@ class WorkerPool:
             "workers": len(self._all), "busy": self._busy, "idle": self._idle.qsize(), "queue": self._waiting,
             "queue_size": self.settings.queue_size, "served": self._served, "restarts": self._restarts,
             "replaced": dict(self._replaced), "unreaped": self._unreaped,
-            "by_status": {status: self._by_status.get(status, 0) for status in protocol.STATUSES},
+            "by_status": {status: self._by_status.get(status, 0) for status in messages.STATUSES},
             "isolation": "full" if self.settings.isolated else "degraded",
             "pid_namespace": "per-snippet" if self.settings.isolated else "none",
             "memory_limit": self._memory_limit(),

@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from sandbox.code.protocol import Job, Outcome
+from sandbox.code.messages import Job, Outcome
 
 _READ_CHUNK = 1 << 16
 

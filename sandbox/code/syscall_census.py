@@ -92,7 +92,7 @@ def _strace_names(path: str) -> set[str]:
 
 async def _census(out_path: str) -> set[str]:
     from sandbox.code.pool import PoolSettings, WorkerPool
-    from sandbox.code.protocol import Job
+    from sandbox.code.messages import Job
 
     pool = WorkerPool(PoolSettings(workers=1, queue_size=4, isolated=True, uid_base=3_990_000, tmp_size_mib=32,
                                    output_limit_bytes=65536, seccomp="census"))

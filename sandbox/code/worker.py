@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sandbox.code import cgroup, files, jail, policy, protocol, seccomp, supervise
+from sandbox.code import cgroup, files, jail, messages, policy, seccomp, supervise
 from sandbox.code.seccomp import SeccompMode
 from sandbox.code.child import ChildJob
 from sandbox.code.zygote import ChildNotReaped, Zygote, ZygoteLost, ZygoteSetup, start_zygote
@@ -130,11 +130,11 @@ class Worker:
                 return int(line.split()[1]) * 1024
         return 0
 
-    def handle(self, job: protocol.Job) -> protocol.Outcome:
+    def handle(self, job: messages.Job) -> messages.Outcome:
         started = time.perf_counter()
         prepared = policy.prepare(job.code)
         if isinstance(prepared, policy.Refused):
-            return protocol.Outcome(prepared.status, "", prepared.stderr, prepared.error,
+            return messages.Outcome(prepared.status, "", prepared.stderr, prepared.error,
                                     (time.perf_counter() - started) * 1000, return_code=1)
         try:
             try:
@@ -144,11 +144,11 @@ class Worker:
             finally:
                 self._wipe_tmp()
         except (ValueError, OSError) as exc:  # bad file names or contents from the request
-            return protocol.Outcome("error", "", "", f"SandboxError: {exc}", (time.perf_counter() - started) * 1000)
+            return messages.Outcome("error", "", "", f"SandboxError: {exc}", (time.perf_counter() - started) * 1000)
         duration_ms = (time.perf_counter() - started) * 1000
         return supervise.classify(run, job, duration_ms, fetched, self.settings.output_limit_bytes)
 
-    def _run_child(self, job: protocol.Job, code) -> supervise.ChildRun:
+    def _run_child(self, job: messages.Job, code) -> supervise.ChildRun:
         # Everything opened here is closed on every path out (the ExitStack), errors included.
         with contextlib.ExitStack() as opened:
             job_fd = os.memfd_create("job", os.MFD_CLOEXEC)
@@ -215,7 +215,7 @@ def _answer(worker: Worker, message: dict) -> bytes:
     retire = None
     try:
         message["fetch_files"] = tuple(message.get("fetch_files", ()))
-        outcome = worker.handle(protocol.Job(**message))
+        outcome = worker.handle(messages.Job(**message))
     except WorkerRetired as exc:
         retire, outcome = exc.reason, _failure(f"SandboxError: the worker running this snippet had to stop ({exc})")
     except Exception as exc:  # noqa: BLE001 - one bad request must not take the worker down
@@ -228,15 +228,15 @@ def _answer(worker: Worker, message: dict) -> bytes:
     reply = dict(outcome.__dict__)
     if retire is not None:
         worker.retired = reply["retire"] = retire
-    return protocol.encode(reply)
+    return messages.encode(reply)
 
 
-def _failure(error: str) -> protocol.Outcome:
-    return protocol.Outcome("error", "", "", error, 0.0)
+def _failure(error: str) -> messages.Outcome:
+    return messages.Outcome("error", "", "", error, 0.0)
 
 
 def serve(worker: Worker, channel: socket.socket) -> None:
-    while worker.retired is None and (message := protocol.recv_blocking(channel)) is not None:
+    while worker.retired is None and (message := messages.recv_blocking(channel)) is not None:
         channel.sendall(_answer(worker, message))
 
 
@@ -282,9 +282,9 @@ def main(argv: list[str]) -> int:
     try:
         worker = _start(settings, channel)
     except Exception as exc:  # noqa: BLE001 - reported to the server, which refuses to start
-        channel.sendall(protocol.encode({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
+        channel.sendall(messages.encode({"ready": False, "error": f"{type(exc).__name__}: {exc}"}))
         return 1
-    channel.sendall(protocol.encode(_ready_message(settings, worker.zygote)))
+    channel.sendall(messages.encode(_ready_message(settings, worker.zygote)))
     serve(worker, channel)
     return 0
 

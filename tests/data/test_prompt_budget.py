@@ -16,7 +16,8 @@ from pipeline.config.curate import CurateConfig, SourceConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import NO_BUDGET, run
 from pipeline.rollout.engine import encode_prompt
-from pipeline.rollout.protocol import make_protocol, tools_for
+from pipeline.protocols import protocol_for
+from pipeline.rollout.offered import tools_for
 from pipeline.rollout.prompt_budget import PromptBudget
 from pipeline.sampling.training_problems import BadProblems, check_prompt_budget, read_training_problems
 from pipeline.types import Problem
@@ -29,7 +30,7 @@ WORDS = ["capital", "of", "Australia", "1234", "*", "5678", "zq", "xylophone", "
 
 def empty_prompt_tokens(kind: str, protocol: str = "tapo") -> int:
     blank = Problem("x", "", ("1",), kind, "qa", "train")
-    return len(encode_prompt(TOKENIZER, make_protocol(protocol), blank, tools_for(blank, ALL_TOOLS)))
+    return len(encode_prompt(TOKENIZER, protocol_for(protocol), blank, tools_for(blank, ALL_TOOLS)))
 
 
 def write_rows(path: Path, questions: list[str]) -> None:
@@ -72,7 +73,7 @@ def test_the_flow_reads_the_prepared_models_tokenizer(tmp_path: Path) -> None:
     budget = prompt_budget(str(tmp_path / "base"), RolloutConfig(max_policy_tokens=8, max_total_tokens=64))
     assert budget is not None and budget.room == 56 and set(budget.tools) == set(ALL_TOOLS)
     problem = Problem("x", "Who wrote Hamlet?", ("1",), "fact", "qa", "train")
-    protocol = make_protocol("tapo")
+    protocol = protocol_for("tapo")
     assert encode_prompt(budget.tokenizer, protocol, problem, ("search",)) == encode_prompt(
         TOKENIZER, protocol, problem, ("search",))
 

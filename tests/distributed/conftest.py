@@ -31,7 +31,7 @@ def write_run(tmp: Path, repo_root: Path) -> Path:
                                       "filter_metric": "accuracy",
                                       "kl_coef": 0.0}}
     params["rollout"] |= {"group_size": 2, "max_policy_tokens": 6, "max_total_tokens": 384}  # the prompt fits
-    params["distributed"] |= {"enabled": True, "zero_stage": 3, "dist_backend": "gloo"}
+    params["distributed"] |= {"enabled": True, "zero_stage": 3, "collectives": "gloo"}
     params["run"] |= {"torch_threads": 1}
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(params))

@@ -49,7 +49,7 @@ def test_refill_across_ranks_draws_from_the_window_in_order(two_rank_run: Path) 
     steps = torch.load(two_rank_run / "refill.pt", weights_only=False)
     drawn = []
     for i, step in enumerate(steps):
-        assert step["collector"] == "collect_with_sharded_refill"
+        assert step["collector"] == "ShardedRefilling"
         (seen, kept), other = step["seen_kept"][0], step["seen_kept"][1]
         assert (seen, kept) == tuple(other)  # every rank saw every group, in the same order
         assert seen[:3] == step["window"][:3]  # the step's three problems start, on ranks 0 1 0

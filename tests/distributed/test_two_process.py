@@ -41,7 +41,8 @@ def test_resume_from_deepspeed_checkpoint_is_exact(two_ranks) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("directory", "expected"), [("hf", "resumed_b"), ("hf_offline", "step1")])
+@pytest.mark.parametrize(("directory", "expected"), [("hf", "resumed_b"), ("hf_offline", "step1"),
+                                                            ("cli_latest", "step1"), ("cli_step", "step1")])
 def test_export_from_zero3_shards(two_ranks, directory: str, expected: str) -> None:
     r, out = two_ranks
     model = AutoModelForCausalLM.from_pretrained(out / directory, dtype=torch.float32)

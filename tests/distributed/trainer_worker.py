@@ -1,4 +1,4 @@
-"""One rank of the end-to-end test: `pipeline.train`'s own set_up / collect_batch / placement step
+"""One rank of the end-to-end test: `pipeline.train`'s own set_up / sampling / update step
 with `distributed.enabled`, a DeepSpeed checkpoint, the final export, then a resumed run; then the
 same set-up with dynamic sampling by refill (each rank refilling from its share of a window).
 
@@ -17,22 +17,21 @@ import torch.distributed as dist
 
 from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config import load_config
-from pipeline.distributed import trainer as data_parallel
 from pipeline.distributed.checkpointing import for_each_full_parameter
-from pipeline.distributed.backend import DeepSpeedBackend
-from pipeline.train import collect_batch, set_up
+from pipeline.train import set_up, update
+from tests.helpers.training import collect
 
 
 def gathered(tr) -> torch.Tensor:
     parts: list[torch.Tensor] = []
-    for_each_full_parameter(DeepSpeedBackend(tr.model), lambda _, t: parts.append(t.detach().flatten().clone()))
+    for_each_full_parameter(tr.replicas, lambda _, t: parts.append(t.detach().flatten().clone()))
     return torch.cat(parts)
 
 
-def one_step(tr, step: int) -> dict:
-    kept, rollout_metrics = collect_batch(tr)
-    metrics = tr.placement.train_step(tr, kept)
-    tr.state = TrainerState(step + 1, tr.stream.cursor, tr.engine.calls)
+def one_step(tr) -> dict:
+    collected = collect(tr)
+    kept, rollout_metrics = collected.kept, collected.metrics
+    metrics = update(tr, kept)
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, [(g.group.problem.id, g.group.trajectories[0].response_ids) for g in kept])
     return {"kept_same_on_all_ranks": all(e == everyone[0] for e in everyone), "n_kept": len(kept),
@@ -50,15 +49,16 @@ def rollout_model_matches(tr) -> bool:
 def main(params: Path, out: Path) -> None:
     cfg = load_config(params)
     tr = set_up(cfg, {}, resume=False)
-    first = one_step(tr, 0)
-    data_parallel.save_checkpoint(tr)
+    first = one_step(tr)
+    tr.replicas.save_checkpoint(Path(cfg.train.checkpoint_dir), TrainerState(1, tr.stream.cursor, tr.engine.calls),
+                                tr.scheduler, tr.tokenizer)
     before_second = gathered(tr)
-    second = one_step(tr, 1)
+    second = one_step(tr)
     after = gathered(tr)
-    tr.placement.save_final_model(tr, Path(cfg.train.output_dir))
+    tr.replicas.save_model(tr.tokenizer, Path(cfg.train.output_dir))
     resumed = set_up(cfg, {}, resume=True)
-    resumed_state = resumed.state
-    third = one_step(resumed, 1)
+    resumed_state = resumed.start
+    third = one_step(resumed)
     result = {"first": first, "second": second, "after": after, "before_second": before_second,
               "resumed_state": resumed_state, "resumed_after": gathered(resumed), "third": third,
               "world": dist.get_world_size()}
@@ -77,13 +77,13 @@ def refilled(params: Path, out: Path) -> None:
     steps = []
     for _ in range(3):
         window = [p.id for p in copy.deepcopy(tr.stream).take(6)]
-        collected = tr.collect_groups(tr)
+        collected = collect(tr)
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, ([g.group.problem.id for g in collected.seen],
                                           [g.group.problem.id for g in collected.kept]))
-        tr.placement.train_step(tr, collected.kept)
+        update(tr, collected.kept)
         steps.append({"window": window, "seen_kept": everyone, "cursor": tr.stream.cursor,
-                      "collector": tr.collect_groups.__name__, "metrics": collected.metrics})
+                      "collector": type(tr.sampler).__name__, "metrics": collected.metrics})
     if dist.get_rank() == 0:
         torch.save(steps, out / "refill.pt")
 

@@ -20,8 +20,7 @@ import torch.distributed as dist
 from pipeline.config import load_config
 from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import checkpointing, weight_sync
-from pipeline.distributed import trainer as data_parallel
-from pipeline.distributed.backend import DeepSpeedBackend, init_process_group
+from pipeline.distributed.replicas import DeepSpeedReplicas, init_process_group
 from pipeline.distributed.ds_config import deepspeed_config
 from tests.distributed.worker import SETTINGS, VOCAB, train_on
 from tests.helpers.tiny import tiny_llama
@@ -61,13 +60,13 @@ def engine(stage: int, partition_everything: bool = True):
     model = tiny_llama(VOCAB, seed=SEED)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    cfg = DistributedConfig(enabled=True, zero_stage=stage, dist_backend="gloo")
+    cfg = DistributedConfig(enabled=True, zero_stage=stage, collectives="gloo")
     init_process_group(cfg)
     config = deepspeed_config(cfg, SETTINGS.micro_batch_size, 1.0, "float32")
     if stage == 3 and partition_everything:
         config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
     ds_engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    return DeepSpeedBackend(ds_engine), sched
+    return DeepSpeedReplicas(ds_engine), sched
 
 
 def push(module: torch.nn.Module, chunk_bytes: int, to_rank: int | None, limit: int | None = None) -> dict:
@@ -78,11 +77,13 @@ def push(module: torch.nn.Module, chunk_bytes: int, to_rank: int | None, limit: 
             "chunks": len(chunks), "largest_chunk": max(len(c) for c in chunks)}
 
 
-def trainer_push(backend: DeepSpeedBackend) -> dict:
+def trainer_push(replicas: DeepSpeedReplicas) -> dict:
     """What the data-parallel train step pushes into a rank's rollout engine (`rollout.backend: vllm`)."""
     cfg = load_config(Path(__file__).resolve().parents[2] / "params.yaml")
-    recorder = Recorder(backend.module)
-    data_parallel.push_rollout_weights(cfg, backend, SimpleNamespace(backend=recorder))
+    recorder = Recorder(replicas.module)
+    pushing = DeepSpeedReplicas(replicas.model, push_to_rollout_engine=True,
+                                push_chunk_bytes=cfg.rollout.vllm.push_chunk_mib * 2**20)
+    pushing.sync(SimpleNamespace(backend=recorder))
     return {"received": recorder.received, "most_gathered": recorder.most_gathered}
 
 

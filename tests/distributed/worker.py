@@ -23,7 +23,8 @@ from pipeline.trainer.checkpoint import TrainerState
 from pipeline.config.distributed import DistributedConfig
 from pipeline.config.train import DAPOLoss
 from pipeline.distributed import checkpointing
-from pipeline.distributed.backend import make_deepspeed_backend
+from pipeline.distributed.replicas import DeepSpeedReplicas, deepspeed_engine
+from pipeline.export import export_checkpoint
 from pipeline.distributed.sharding import assign_groups, rank_rows
 from pipeline.rl.loss import make_policy_loss
 from pipeline.types import TrainBatch
@@ -63,10 +64,10 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
-ZERO0 = DistributedConfig(enabled=True, zero_stage=0, dist_backend="gloo")
-ZERO2 = DistributedConfig(enabled=True, zero_stage=2, dist_backend="gloo")
+ZERO0 = DistributedConfig(enabled=True, zero_stage=0, collectives="gloo")
+ZERO2 = DistributedConfig(enabled=True, zero_stage=2, collectives="gloo")
 ZERO3_OFFLOAD = DistributedConfig(enabled=True, zero_stage=3, offload_params=True, offload_optimizer=True,
-                                  dist_backend="gloo")
+                                  collectives="gloo")
 
 
 def parity(groups: int, seed: int, cfg: DistributedConfig = ZERO2) -> dict:
@@ -77,11 +78,11 @@ def parity(groups: int, seed: int, cfg: DistributedConfig = ZERO2) -> dict:
     ref_metrics = policy_gradient_step(ref, torch.optim.SGD(ref.parameters(), lr=1.0), batch, LOSS, SETTINGS)
     ref_grad = before - flat_params(ref)
     model = tiny_llama(VOCAB, seed=1)
-    backend = make_deepspeed_backend(model, torch.optim.SGD(model.parameters(), lr=1.0), cfg,
-                                     SETTINGS.micro_batch_size, SETTINGS.grad_clip, "float32")
-    local, weight = my_rows(batch, backend.rank, backend.world)
-    metrics = apply_policy_gradient(backend, local, LOSS, SETTINGS, weight)
-    grad = before - gathered(backend)
+    replicas = DeepSpeedReplicas(deepspeed_engine(model, torch.optim.SGD(model.parameters(), lr=1.0), cfg,
+                                                 SETTINGS.micro_batch_size, SETTINGS.grad_clip, "float32"))
+    local, weight = my_rows(batch, replicas.rank, replicas.world)
+    metrics = apply_policy_gradient(replicas, local, LOSS, SETTINGS, weight)
+    grad = before - gathered(replicas)
     return {"loss_diff": abs(metrics["train/loss"] - ref_metrics["train/loss"]),
             "grad_diff": float((grad - ref_grad).abs().max()), "grad_max": float(ref_grad.abs().max()),
             "entropy_diff": abs(metrics["train/entropy"] - ref_metrics["train/entropy"]),
@@ -92,20 +93,21 @@ def zero3_engine(seed: int):
     model = tiny_llama(VOCAB, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
-    backend = make_deepspeed_backend(model, opt, DistributedConfig(enabled=True, zero_stage=3, dist_backend="gloo"),
-                                     SETTINGS.micro_batch_size, 1.0, "float32")
-    return backend, sched
+    replicas = DeepSpeedReplicas(deepspeed_engine(model, opt, DistributedConfig(enabled=True, zero_stage=3,
+                                                                                collectives="gloo"),
+                                                 SETTINGS.micro_batch_size, 1.0, "float32"))
+    return replicas, sched
 
 
-def gathered(backend) -> torch.Tensor:
+def gathered(replicas) -> torch.Tensor:
     parts: list[torch.Tensor] = []
-    checkpointing.for_each_full_parameter(backend, lambda _, t: parts.append(t.detach().flatten().clone()))
+    checkpointing.for_each_full_parameter(replicas, lambda _, t: parts.append(t.detach().flatten().clone()))
     return torch.cat(parts)
 
 
-def train_on(backend, sched, seed: int) -> None:
-    local, weight = my_rows(make_batch(3, seed), backend.rank, backend.world)
-    apply_policy_gradient(backend, local, LOSS, SETTINGS, weight)
+def train_on(replicas, sched, seed: int) -> None:
+    local, weight = my_rows(make_batch(3, seed), replicas.rank, replicas.world)
+    apply_policy_gradient(replicas, local, LOSS, SETTINGS, weight)
     sched.step()
 
 
@@ -127,6 +129,8 @@ def resume_and_export(out: Path) -> dict:
     checkpointing.export_hf(b, tok, out / "hf")
     if b.rank == 0:
         checkpointing.export_from_checkpoint(root / "checkpoints", out / "hf_offline")
+        export_checkpoint(None, root / "checkpoints", out / "cli_latest")  # the export command, either form
+        export_checkpoint(None, root / "checkpoints" / "step-000001", out / "cli_step")
     return {"state_ok": state == saved_state, "rng_ok": bool(torch.equal(draw_a, draw_b)),
             "lr": (sched_a.get_last_lr()[0], sched_b.get_last_lr()[0]),
             "step1": after_step1, "loaded": loaded, "resumed_a": gathered(a), "resumed_b": gathered(b)}

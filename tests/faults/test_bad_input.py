@@ -23,7 +23,8 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import run as curate
 from pipeline.data.formats import SourceError
 from pipeline.rollout.engine import encode_prompt
-from pipeline.rollout.protocol import make_protocol, tools_for
+from pipeline.protocols import protocol_for
+from pipeline.rollout.offered import tools_for
 from sandbox.search.corpus import CorpusError, load_corpus
 from pipeline.train import run
 from pipeline.sampling.training_problems import BadProblems, check_prompt_budget
@@ -101,7 +102,7 @@ def test_the_budget_check_refuses_exactly_the_prompts_that_do_not_fit(question: 
     """Its shortcut (a question of fewer bytes than the room left is not encoded) never lets an overflow by."""
     cfg = RolloutConfig(max_policy_tokens=16, max_total_tokens=max_total)
     problem = Problem("p", question, ("1",), kind, kind, "train")
-    n = len(encode_prompt(TOKENIZER, make_protocol(cfg.protocol), problem, tools_for(problem, tools)))
+    n = len(encode_prompt(TOKENIZER, protocol_for(cfg.protocol), problem, tools_for(problem, tools)))
     if n > max_total - 16:
         with pytest.raises(BadProblems, match=f"train.jsonl:7: question: the prompt is {n} tokens"):
             check_prompt_budget("train.jsonl", [(7, problem)], TOKENIZER, cfg, tools)

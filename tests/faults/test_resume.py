@@ -37,6 +37,7 @@ import json, os, signal, sys
 from pathlib import Path
 import pipeline.trainer.checkpoint as checkpoint
 import pipeline.train as train
+import pipeline.trainer.replicas as replicas
 from pipeline.config import load_config
 from pipeline.tracking.history import MetricHistory
 
@@ -46,12 +47,12 @@ def die(*_args, **_kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 
 if kill_at == "after-last-checkpoint":  # the final save has not begun
-    train.save_policy = die
+    replicas.save_policy = die
 elif kill_at == "during-final-save":  # the weights are written, the tokenizer not yet
     def half_saved(weights, model, tokenizer, path):
         weights.export(model).save_pretrained(path, safe_serialization=True)
         die()
-    train.save_policy = half_saved
+    replicas.save_policy = half_saved
 elif kill_at == "before-metrics":  # the final model is saved
     train.write_json = die
 elif kill_at.startswith("during-checkpoint-"):  # a checkpoint's weights are written, its state not yet

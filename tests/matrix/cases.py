@@ -24,6 +24,7 @@ from pipeline.rl.anchor import step_openings
 from pipeline.config import RunConfig
 from pipeline.rl.loss import make_policy_loss
 from pipeline.types import ScoredGroup, TrainBatch
+from tests.helpers.training import collect
 
 ALGORITHMS = {  # name -> (train.algorithm mapping, kl_coef)
     "dapo": {"kind": "dapo"}, "dapo+kl": {"kind": "dapo", "kl_coef": 0.1},
@@ -147,7 +148,7 @@ def check_entropies(groups: list[ScoredGroup]) -> None:
 
 def check_dropped_have_zero_advantage(tr, dropped: list[ScoredGroup], anchored: list[ScoredGroup]) -> None:
     tc, tepo = tr.cfg.train, tr.tepo
-    for a in token_advantages(dropped + anchored, tc.algorithm, tepo, tr.informative):
+    for a in token_advantages(dropped + anchored, tc.algorithm, tepo, tr.keep):
         assert np.all(a == 0.0)
 
 
@@ -203,12 +204,12 @@ def collect_until_kept(tr, tries: int = 3) -> tuple[list[ScoredGroup], list[Scor
     is a step the trainer skips, so (as the training loop would) the next one is drawn, up to `tries`.
     Identical on every rank of a data-parallel job (the groups are all-gathered)."""
     for _ in range(tries):
-        collected = tr.collect_groups(tr)
+        collected = collect(tr)
         anchored = step_openings(collected.kept, collected.dropped, tr.cfg.train.anchor_dropped_tokens)
         check_rewards(tr.cfg, collected.seen)
         check_entropies(collected.seen)
         check_dropped_have_zero_advantage(tr, collected.dropped, anchored)
-        assert all(tr.informative(g) for g in collected.kept)
+        assert all(tr.keep(g) for g in collected.kept)
         if collected.kept:
             return collected.kept, anchored
     raise AssertionError(f"no informative group in {tries} collections: the step has nothing to check")

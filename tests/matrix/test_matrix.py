@@ -15,7 +15,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.config.__main__ import main as config_main
 from pipeline.config.combinations import UNSUPPORTED
 from pipeline.paths import REPO_ROOT
-from pipeline.train import prepared_batch, set_up
+from pipeline.train import prepared_batch, set_up, update
 from tests.matrix.cases import (FACTORS, all_pairs, check_dropped_rows_of_the_batch_train_nothing, check_metrics,
                                 check_tool_output_gets_no_gradient, collect_until_kept, overrides, pairs_of,
                                 pairwise_rows, row_id)
@@ -35,10 +35,10 @@ def one_step(tr) -> None:
     """The step `pipeline.train.run` makes, with the invariants checked on what it trains."""
     kept, anchored = collect_until_kept(tr)
     groups = kept + anchored
-    batch = prepared_batch(tr, groups)
+    batch, _ = prepared_batch(tr, groups)
     check_dropped_rows_of_the_batch_train_nothing(batch, groups, anchored)
     check_tool_output_gets_no_gradient(tr, batch, groups)
-    check_metrics(tr.cfg, tr.placement.train_step(tr, kept, anchored))
+    check_metrics(tr.cfg, update(tr, kept, anchored))
 
 
 @pytest.mark.parametrize("row", ROWS, ids=row_id)

@@ -30,7 +30,7 @@ def test_a_sample_of_the_matrix_on_two_zero2_ranks(tmp_path: Path, repo_root: Pa
         root.mkdir()
         url = tool_urls[row["protocol"]]
         cfg = row_config(row, root, protocol_models[row["protocol"]], url, **{
-            "distributed.enabled": True, "distributed.zero_stage": 2, "distributed.dist_backend": "gloo"})
+            "distributed.enabled": True, "distributed.zero_stage": 2, "distributed.collectives": "gloo"})
         params = root / "params.yaml"
         params.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         cases.append({"row": row_id(row), "params": str(params), "tool": TASKS[row["protocol"]].tool, "url": url})
@@ -44,4 +44,4 @@ def test_a_sample_of_the_matrix_on_two_zero2_ranks(tmp_path: Path, repo_root: Pa
         checked = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert [c["row"] for c in checked] == [c["row"] for c in cases]
         refilled = [c for c, row in zip(checked, rows, strict=True) if row["sampling"] == "refill"]
-        assert refilled and all(c["collector"] == "collect_with_sharded_refill" for c in refilled)
+        assert refilled and all(c["collector"] == "ShardedRefilling" for c in refilled)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from pipeline.rl.anchor import step_openings
-from pipeline.sampling.dynamic_sampling import score_group
+from pipeline.sampling.dynamic_sampling import group_reward
 from pipeline.paths import REPO_ROOT
-from pipeline.train import prepared_batch, set_up
+from pipeline.train import prepared_batch, set_up, update
 from tests.matrix.cases import (check_dropped_have_zero_advantage, check_dropped_rows_of_the_batch_train_nothing,
                                 check_metrics, check_rewards, check_tool_output_gets_no_gradient, pairwise_rows,
                                 row_id, vllm_rows)
@@ -50,20 +50,20 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
     tr = set_up(row_config(row, tmp_path, model_dir, url), {task.tool: url}, resume=False)  # the trainer side
     try:
         for groups in pickle.loads(out.read_bytes()):  # a collection that keeps nothing is a skipped step
-            scored = [score_group(g, cfg_vllm, tr.tepo) for g in groups]
-            kept = [g for g in scored if tr.informative(g)]
-            dropped = [g for g in scored if not tr.informative(g)]
+            scored = [group_reward(cfg_vllm, tr.tepo)(g) for g in groups]
+            kept = [g for g in scored if tr.keep(g)]
+            dropped = [g for g in scored if not tr.keep(g)]
             anchored = step_openings(kept, dropped, tr.cfg.train.anchor_dropped_tokens)
             check_rewards(cfg_vllm, scored)
             check_dropped_have_zero_advantage(tr, dropped, anchored)
             if kept:
                 break
         assert kept, "no informative group in the vLLM collections"
-        batch = prepared_batch(tr, kept + anchored)
+        batch, _ = prepared_batch(tr, kept + anchored)
         old = batch.old_logprobs_BT[batch.loss_mask_BT == 1]
         assert bool((old.isfinite() & (old <= 0)).all()) and bool((old < 0).any())  # real log-probs
         check_dropped_rows_of_the_batch_train_nothing(batch, kept + anchored, anchored)
         check_tool_output_gets_no_gradient(tr, batch, kept + anchored)
-        check_metrics(tr.cfg, tr.placement.train_step(tr, kept, anchored))
+        check_metrics(tr.cfg, update(tr, kept, anchored))
     finally:
         tr.engine.close()

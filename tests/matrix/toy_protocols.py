@@ -20,7 +20,7 @@ from transformers import GenerationConfig
 
 from pipeline.config import RunConfig
 from pipeline.rollout.engine import cut_middle, encode_prompt
-from pipeline.rollout.protocol import make_protocol
+from pipeline.protocols import protocol_for
 from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
@@ -64,7 +64,7 @@ def build_protocol_model(out_dir: Path, task: ProtocolTask, cfg: RunConfig, url:
                          new_model: Callable[[int], torch.nn.Module] = lambda vocab: tiny_llama(vocab, seed=0)) -> Path:
     """Cold-start a tiny Llama (`new_model(vocab_size)`) on `task`'s two traces under its protocol (the real
     tool outputs); save it."""
-    protocol = make_protocol(task.protocol)
+    protocol = protocol_for(task.protocol)
     outputs = asyncio.run(_tool_outputs(task, cfg, url))
     texts = [[protocol.render_call(task.tool, call, "Use the tool."), protocol.wrap_output(output),
               protocol.render_answer(answer)]

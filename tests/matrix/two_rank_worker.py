@@ -14,23 +14,20 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pipeline.config import load_config
-from pipeline.distributed import trainer as data_parallel
-from pipeline.distributed.backend import DeepSpeedBackend
-from pipeline.train import set_up
+from pipeline.train import prepared_batch, set_up, update
 from tests.matrix.cases import (check_dropped_rows_of_the_batch_train_nothing, check_metrics,
                                 check_tool_output_gets_no_gradient, collect_until_kept)
 
 
 def one_step(tr) -> dict[str, float]:
     kept, anchored = collect_until_kept(tr)
-    backend = DeepSpeedBackend(tr.model)
     groups = kept + anchored
-    mine, _ = data_parallel.local_groups(groups, backend.rank, backend.world)
-    batch, weight = data_parallel.local_batch(tr, backend, groups)  # this rank's share, as the step builds it
+    mine, _ = tr.replicas.share(groups)
+    batch, weight = prepared_batch(tr, groups)  # this rank's share, as the step builds it
     if weight:  # an idle rank's batch is a placeholder (weight 0)
         check_dropped_rows_of_the_batch_train_nothing(batch, mine, anchored)
     check_tool_output_gets_no_gradient(tr, batch, mine)
-    metrics = tr.placement.train_step(tr, kept, anchored)
+    metrics = update(tr, kept, anchored)
     check_metrics(tr.cfg, metrics)
     return metrics
 
@@ -44,7 +41,7 @@ def main(cases_path: Path, out: Path) -> None:
             metrics = one_step(tr)
         finally:
             tr.engine.close()
-        checked.append({"row": case["row"], "loss": metrics["train/loss"], "collector": tr.collect_groups.__name__})
+        checked.append({"row": case["row"], "loss": metrics["train/loss"], "collector": type(tr.sampler).__name__})
     (out / f"rank-{dist.get_rank()}.json").write_text(json.dumps(checked))
 
 

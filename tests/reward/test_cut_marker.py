@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.reward.format import CUT_MARK, check_format, cut_middle, shown_as
-from pipeline.rollout.protocol import make_protocol
+from pipeline.protocols import protocol_for
 
 line = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00<>`"), max_size=30)
 
@@ -37,13 +37,13 @@ def test_the_engines_own_cut_is_recognised(case: tuple[str, int]) -> None:
 @given(long_outputs(), st.sampled_from(["tapo", "search-r1", "torl"]))
 def test_a_correct_trajectory_with_a_cut_output_is_well_formed(case: tuple[str, int], protocol_name: str) -> None:
     output, limit = case
-    protocol = make_protocol(protocol_name)
+    protocol = protocol_for(protocol_name)
     if protocol_name == "torl":
         text = f"```python\nprint(1)\n```\n{protocol.wrap_output(cut_middle(output, limit))}\\boxed{{1}}"
     else:
         call = protocol.render_call("search", "q", "look it up")
         text = f"{call}{protocol.wrap_output(cut_middle(output, limit))}<answer>1</answer>"
-    result = check_format(text, protocol_name, [output])
+    result = check_format(text, protocol, [output])
     assert result.ok, result.reason
 
 

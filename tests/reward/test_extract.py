@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.reward import extract_answer, last_boxed
+from pipeline.protocols import protocol_for
+from pipeline.protocols.answers import last_boxed
 
 EXTRACT_CASES = [
     # (text, protocol, expected)
@@ -33,12 +34,12 @@ EXTRACT_CASES = [
 
 @pytest.mark.parametrize(("text", "protocol", "expected"), EXTRACT_CASES)
 def test_extract_answer(text: str, protocol: str, expected: str | None) -> None:
-    assert extract_answer(text, protocol) == expected
+    assert protocol_for(protocol).extract_answer(text) == expected
 
 
 def test_unknown_protocol_is_named() -> None:
     with pytest.raises(ValueError, match="unknown protocol 'xml'"):
-        extract_answer("<answer>1</answer>", "xml")
+        protocol_for("xml")
 
 
 def test_escaped_braces_do_not_close_a_box() -> None:

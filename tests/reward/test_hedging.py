@@ -9,6 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config.reward import RewardConfig
+from pipeline.protocols import protocol_for
 from pipeline.reward import VERIFIER_KINDS, score_trajectory, verify
 from pipeline.reward.hedging import is_hedged
 from pipeline.reward.verifiers import asks_for_percentage
@@ -104,5 +105,5 @@ def answer_only(text: str) -> Trajectory:
 def test_the_scorer_reads_the_question_for_the_percentage_rule(question: str, reward: float) -> None:
     problem = Problem("p", question, ("25",), "math", "gsm8k", "train")
     text = "<think>compute</think><answer>25%</answer>"
-    assert score_trajectory(problem, answer_only(text), RewardConfig(), protocol="tapo",
+    assert score_trajectory(problem, answer_only(text), RewardConfig(), protocol=protocol_for("tapo"),
                             max_policy_tokens=100).accuracy == reward

@@ -7,7 +7,8 @@ from fractions import Fraction
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.reward import check_format, extract_answer, fast_math_equal, overlong_penalty, verify
+from pipeline.protocols import protocol_for
+from pipeline.reward import check_format, fast_math_equal, overlong_penalty, verify
 
 TEXT_KINDS = ("fact", "em", "f1", "calculator", "complex")
 answers = st.text(max_size=40)
@@ -61,17 +62,17 @@ def test_overlong_penalty_in_range_and_monotone(tokens: int, max_tokens: int, bu
 
 @given(st.text(max_size=200), st.sampled_from(("tapo", "search-r1", "torl")), st.booleans())
 def test_format_check_and_extraction_never_crash(text: str, protocol: str, strict: bool) -> None:
-    result = check_format(text, protocol, [], strict=strict)
+    result = check_format(text, protocol_for(protocol), [], strict=strict)
     assert result.ok == (result.reason is None)
-    answer = extract_answer(text, protocol)
+    answer = protocol_for(protocol).extract_answer(text)
     assert answer is None or isinstance(answer, str)
 
 
 @given(st.text(alphabet=st.characters(blacklist_characters="<>\x00"), min_size=1, max_size=30).filter(str.strip))
 def test_well_formed_tapo_answer_round_trips(answer: str) -> None:
     text = f"<think>t</think><answer>{answer}</answer>"
-    assert check_format(text, "tapo", []).ok
-    assert extract_answer(text, "tapo") in (answer.strip(), None) or "\\boxed" in answer or "\\fbox" in answer
+    assert check_format(text, protocol_for("tapo"), []).ok
+    assert protocol_for("tapo").extract_answer(text) in (answer.strip(), None) or "\\boxed" in answer or "\\fbox" in answer
 
 
 number_strings = st.from_regex(r"[-+]?\d{0,600}(\.\d{0,5})?([eE][-+]?\d{1,4})?%?", fullmatch=True)
@@ -92,12 +93,12 @@ TAG_PIECES = ["<think>", "</think>", "<answer>", "</answer>", "<code>", "</code>
 
 @given(st.lists(st.sampled_from(TAG_PIECES), max_size=14).map("".join))
 def test_grammar_invariants_on_tag_soup(text: str) -> None:
-    strict = check_format(text, "tapo", [], strict=True)
-    lenient = check_format(text, "tapo", [], strict=False)
+    strict = check_format(text, protocol_for("tapo"), [], strict=True)
+    lenient = check_format(text, protocol_for("tapo"), [], strict=False)
     if strict.ok:
         assert lenient.ok  # strict accepts a subset of what lenient accepts
     if lenient.ok:
         assert text.count("<answer>") == text.count("</answer>") == 1
         assert "<response>" not in text and "</response>" not in text  # no tool ran, so no output is legal
         assert text.rsplit("</answer>", 1)[1].strip() == ""
-        assert extract_answer(text, "tapo")
+        assert protocol_for("tapo").extract_answer(text)

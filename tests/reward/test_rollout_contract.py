@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config.reward import RewardConfig
 from pipeline.reward import check_format, score_trajectory
-from pipeline.rollout.protocol import make_protocol
+from pipeline.protocols import protocol_for
 from pipeline.types import Problem, ToolCall, ToolResult, Trajectory
 
 CALLS = {
@@ -24,16 +24,16 @@ HACKS = {
 
 @pytest.mark.parametrize("protocol", ["tapo", "search-r1", "torl"])
 def test_engine_written_output_passes_and_a_model_written_one_fails(protocol: str) -> None:
-    wrap = make_protocol(protocol).wrap_output
+    wrap = protocol_for(protocol).wrap_output
     tool = "code" if protocol != "search-r1" else "search"
     honest = CALLS[protocol] + wrap("42") + ANSWERS[protocol]
     hacked = CALLS[protocol] + wrap("42") + HACKS[protocol] + ANSWERS[protocol]
-    assert check_format(honest, protocol, ["42"]).ok
-    assert not check_format(hacked, protocol, ["42"]).ok
+    assert check_format(honest, protocol_for(protocol), ["42"]).ok
+    assert not check_format(hacked, protocol_for(protocol), ["42"]).ok
 
     problem = Problem("p", "6 * 7?", ("42",), "calculator", "calculator", "train")
     call = ToolCall(tool, "x", ToolResult("42\n", True), (0, 5), (5, 8))  # type: ignore[arg-type]
     trajectory = Trajectory("p", (1,), tuple(range(20)), (1,) * 5 + (0,) * 3 + (1,) * 12, (0.0,) * 20, (call,),
                             "answer", honest, 2)  # fmt: skip
-    result = score_trajectory(problem, trajectory, RewardConfig(), protocol=protocol, max_policy_tokens=100)
+    result = score_trajectory(problem, trajectory, RewardConfig(), protocol=protocol_for(protocol), max_policy_tokens=100)
     assert (result.format_ok, result.total, result.predicted) == (True, 1.0, "42")

@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.config.reward import RewardConfig, TepoSparse
 from pipeline.rl.tepo import NoTepo, sparse_term
+from pipeline.protocols import protocol_for
 from pipeline.reward import (
     RewardScorer,
     Verifier,
@@ -40,7 +41,7 @@ def trajectory(text: str, policy_tokens: int = 10, calls: tuple[ToolCall, ...] =
 
 
 def score(p: Problem, t: Trajectory, cfg: RewardConfig = CFG, protocol: str = "tapo", max_tokens: int = 100) -> tuple:
-    r = score_trajectory(p, t, cfg, protocol=protocol, max_policy_tokens=max_tokens)
+    r = score_trajectory(p, t, cfg, protocol=protocol_for(protocol), max_policy_tokens=max_tokens)
     return r.format_ok, r.accuracy, r.format, r.length, r.code_penalty, r.total, r.predicted
 
 
@@ -64,7 +65,7 @@ def test_model_written_tool_output_is_penalised_even_with_the_right_answer() -> 
 
 def test_fact_question_gets_partial_credit_roentgen() -> None:
     p = problem(("Wilhelm Conrad Röntgen",), type_="fact", source="nq")
-    result = score_trajectory(p, trajectory("<answer>Wilhelm Röntgen</answer>"), CFG, protocol="tapo", max_policy_tokens=100)
+    result = score_trajectory(p, trajectory("<answer>Wilhelm Röntgen</answer>"), CFG, protocol=protocol_for("tapo"), max_policy_tokens=100)
     assert result.accuracy == pytest.approx(1 - 7 / 22)
     assert result.total == pytest.approx(1 - 7 / 22)
 
@@ -124,7 +125,7 @@ CODE = "<code>x</code>\n<response>\n{}\n</response>\n"
 def test_torl_code_penalty_per_trajectory(calls: tuple[ToolCall, ...], expected_penalty: float) -> None:
     cfg = RewardConfig(code_penalty=-0.5, wrong_answer_reward=-1.0)
     text = "".join(CODE.format(c.result.output) for c in calls) + "<answer>4</answer>"
-    result = score_trajectory(problem(("4",)), trajectory(text, calls=calls), cfg, protocol="tapo", max_policy_tokens=100)
+    result = score_trajectory(problem(("4",)), trajectory(text, calls=calls), cfg, protocol=protocol_for("tapo"), max_policy_tokens=100)
     assert result.code_penalty == expected_penalty
     assert result.total == pytest.approx(1.0 + expected_penalty)
 
@@ -175,13 +176,13 @@ def test_missing_type_routing_is_named() -> None:
 def test_score_group_scores_each_trajectory() -> None:
     p = problem(("4",))
     group = Group(p, (trajectory("<answer>4</answer>"), trajectory("<answer>5</answer>"), trajectory("4")))
-    scored = RewardScorer(CFG).score_group(group, protocol="tapo", max_policy_tokens=100)
+    scored = RewardScorer(CFG).score_group(group, protocol=protocol_for("tapo"), max_policy_tokens=100)
     assert scored.totals == (1.0, 0.0, -1.0)
 
 
 def test_tepo_sparse_term_scales_by_entropy_reducing_share() -> None:
     cfg = RewardConfig(tepo=TepoSparse())
-    base = score_trajectory(problem(("4",)), trajectory("<answer>4</answer>"), cfg, protocol="tapo", max_policy_tokens=100)
+    base = score_trajectory(problem(("4",)), trajectory("<answer>4</answer>"), cfg, protocol=protocol_for("tapo"), max_policy_tokens=100)
     shaped = sparse_term(base, [-0.1, 0.2, -0.3, 0.0], cfg.wrong_answer_reward)  # m = 2 of n = 4
     assert (shaped.entropy, shaped.total) == (pytest.approx(-0.5), pytest.approx(0.5))
     assert sparse_term(base, [], cfg.wrong_answer_reward) == base  # no calls: the base reward
@@ -195,9 +196,9 @@ def test_score_batch_equals_one_by_one_and_runs_symbolic_checks_concurrently() -
     items = [(problem(g), trajectory(f"<answer>{a}</answer>")) for a, g in zip(answers, golds, strict=True)]
     items.append((problem(("1",)), trajectory("no format")))
     checker = scorer_for(CFG).verifier.checker  # share warm workers; each Verifier keeps its own cache
-    batch = RewardScorer(cfg, Verifier(cfg, checker)).score_batch(items, protocol="tapo", max_policy_tokens=100)
+    batch = RewardScorer(cfg, Verifier(cfg, checker)).score_batch(items, protocol=protocol_for("tapo"), max_policy_tokens=100)
     scorer = RewardScorer(cfg, Verifier(cfg, checker))
-    one_by_one = [scorer.score(p, t, protocol="tapo", max_policy_tokens=100) for p, t in items]
+    one_by_one = [scorer.score(p, t, protocol=protocol_for("tapo"), max_policy_tokens=100) for p, t in items]
     assert batch == one_by_one
     assert [r.total for r in batch] == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, -1.0]
 

@@ -10,7 +10,7 @@ from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import BUDGET_EXHAUSTED, RolloutEngine, encode_prompt, system_turn_length
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import ScriptedLM, _Out, tiny_llama, tiny_tokenizer
 

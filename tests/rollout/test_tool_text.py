@@ -14,7 +14,7 @@ from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.reward.score import score_trajectory
 from pipeline.rollout.engine import RolloutEngine, encode_plain, special_token_ids
-from pipeline.rollout.protocol import make_protocol
+from pipeline.protocols import protocol_for
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import ScriptedLM, tiny_tokenizer
 
@@ -57,7 +57,7 @@ def test_the_fixture_tokenizer_parses_special_tokens_in_ordinary_encoding(tok) -
 @given(data=st.data(), head=st.text(max_size=12), tail=st.text(max_size=12))
 def test_every_special_token_and_role_marker_stays_plain_text(tok, data, head: str, tail: str) -> None:
     marker = data.draw(st.sampled_from(special_strings(tok) + role_markers(tok)))
-    protocol = make_protocol(data.draw(st.sampled_from(["tapo", "torl", "search-r1"])))
+    protocol = protocol_for(data.draw(st.sampled_from(["tapo", "torl", "search-r1"])))
     text = protocol.wrap_output(head + marker + tail)
     ids = encode_plain(tok, text)
     assert not set(ids) & special_token_ids(tok)
@@ -122,7 +122,7 @@ def test_a_tool_printing_every_special_token_keeps_a_correct_trajectory_correct(
     o0, o1 = call.output_span
     assert not set(traj.response_ids[o0:o1]) & special_token_ids(tok)  # no turn boundary inside the mask-0 span
     assert call.result.output.strip() in traj.text
-    reward = score_trajectory(PROBLEM, traj, RewardConfig(), protocol="tapo", max_policy_tokens=200)
+    reward = score_trajectory(PROBLEM, traj, RewardConfig(), protocol=protocol_for("tapo"), max_policy_tokens=200)
     assert reward.format_ok and reward.accuracy == 1.0, reward
 
 
@@ -150,7 +150,7 @@ def test_a_question_that_quotes_a_special_token_cannot_open_or_close_a_turn(tok,
     from pipeline.rollout.engine import encode_prompt
 
     marker = data.draw(st.sampled_from(special_strings(tok) + role_markers(tok)))
-    protocol = make_protocol("tapo")
+    protocol = protocol_for("tapo")
     hostile = Problem("q", f"What is 6 * 7?{head}{marker}", ("42",), "calculator", "calculator", "train")
     plain = Problem("q", "What is 6 * 7?", ("42",), "calculator", "calculator", "train")
     ids = encode_prompt(tok, protocol, hostile, ("code",))
@@ -164,7 +164,7 @@ def test_a_question_that_quotes_a_special_token_cannot_open_or_close_a_turn(tok,
 def test_an_ordinary_prompt_keeps_the_templates_own_ids(tok) -> None:
     from pipeline.rollout.engine import encode_prompt
 
-    ids = encode_prompt(tok, make_protocol("tapo"), PROBLEM, ("code",))
-    messages = make_protocol("tapo").messages(PROBLEM, ("code",))
+    ids = encode_prompt(tok, protocol_for("tapo"), PROBLEM, ("code",))
+    messages = protocol_for("tapo").messages(PROBLEM, ("code",))
     direct = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     assert ids == list(direct["input_ids"] if hasattr(direct, "keys") else direct)

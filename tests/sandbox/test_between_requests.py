@@ -18,7 +18,7 @@ import pytest
 
 from sandbox.code import pool as pool_module
 from sandbox.code.pool import PoolSettings, WorkerPool
-from sandbox.code.protocol import Job
+from sandbox.code.messages import Job
 from tests.sandbox.support import UID_BASE, Sandbox, open_descriptors, worker_processes
 
 MARKER = re.compile(r"VICTIM-[0-9a-f]{12}")

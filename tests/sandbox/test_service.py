@@ -183,7 +183,7 @@ def test_a_dead_worker_is_replaced(tiny_sandbox: ServiceProcess) -> None:
 async def test_degraded_mode_keeps_seccomp_rlimits_and_a_wiped_scratch_dir() -> None:
     """What `--allow-degraded` leaves (run here as root, but without namespaces or uid change)."""
     from sandbox.code.pool import PoolSettings, WorkerPool
-    from sandbox.code.protocol import Job
+    from sandbox.code.messages import Job
 
     pool = WorkerPool(PoolSettings(workers=1, queue_size=4, isolated=False, uid_base=UID_BASE + 192, tmp_size_mib=8,
                                    output_limit_bytes=4096))

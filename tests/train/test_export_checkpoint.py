@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.export import export_checkpoint
 from pipeline.export import main as export_cli
-from pipeline.train import export_checkpoint, run
+from pipeline.train import run
 from tests.train.test_lora import LORA
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 

@@ -3,7 +3,6 @@ counts as signal, and every sampling path applies the one filter resolved at set
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 
@@ -18,8 +17,8 @@ from pipeline.rl.advantage import (InformativeFilter, group_filter, is_informati
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss, DrGRPOLoss, GRPOLoss
-from pipeline.distributed.sharding import ShardedRolloutEngine
-from pipeline.sampling.dynamic_sampling import RefillRule, collect_in_rounds, collect_with_refill, collect_with_sharded_refill
+from pipeline.distributed.sharding import ShardedRollouts
+from pipeline.sampling.dynamic_sampling import InRounds, Refilling, RefillRule, ShardedRefilling
 from pipeline.train import set_up
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 from tests.train.toy_task import build_direct_model, toy_config
@@ -146,7 +145,7 @@ def test_the_refill_rule_applies_the_filter_it_is_given() -> None:
 
 
 def test_every_sampling_path_applies_the_trainer_filter(tmp_path: Path) -> None:
-    """Rounds, refill and the sharded refill (one gloo rank) keep exactly what `Trainer.informative` keeps."""
+    """Rounds, refill and the sharded refill (one gloo rank) keep exactly what the set-up's filter keeps."""
     model_dir = build_direct_model(tmp_path / "model")
     consulted: list[ScoredGroup] = []
 
@@ -154,22 +153,23 @@ def test_every_sampling_path_applies_the_trainer_filter(tmp_path: Path) -> None:
         consulted.append(group)
         return False
 
-    for refill, collect in ((False, collect_in_rounds), (True, collect_with_refill)):
+    for refill, sampler in ((False, InRounds), (True, Refilling)):
         cfg = toy_config(tmp_path / str(refill), model_dir, group_size=2, prompts_per_step=2, max_gen_rounds=2,
                          refill_dropped_groups=refill, algorithm={"kind": "dapo", "filter_metric": "total"})
         tr = set_up(cfg, {}, resume=False)
-        assert tr.informative == InformativeFilter("total", variant(TepoOff()))  # resolved once from the config
-        tr.informative = drop_all
+        assert tr.keep == InformativeFilter("total", variant(TepoOff()))  # resolved once from the config
+        assert type(tr.sampler) is sampler
         consulted.clear()
-        collected = collect(tr)
+        collected = tr.sampler.collect(tr.rollouts, tr.stream, tr.reward, drop_all)
         assert collected.kept == [] and len(collected.dropped) == len(collected.seen) == 4
         assert len(consulted) >= len(collected.seen)
-        tr.engine.close()
-    tr.engine = ShardedRolloutEngine(tr.model, tr.tokenizer, {}, cfg.rollout, seed=cfg.run.seed)
+        if not refill:
+            tr.engine.close()
+    sharded = ShardedRollouts(tr.engine)  # the refill run's engine
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         consulted.clear()
-        collected = collect_with_sharded_refill(copy.copy(tr))
+        collected = ShardedRefilling(2, 2, 2).collect(sharded, tr.stream, tr.reward, drop_all)
         assert collected.kept == [] and len(collected.seen) == 4 and len(consulted) >= 4
     finally:
         dist.destroy_process_group()

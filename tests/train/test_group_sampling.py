@@ -10,10 +10,11 @@ import torch.distributed as dist
 
 from pipeline.rl.advantage import is_informative
 from pipeline.config import ConfigError, load_config
-from pipeline.distributed.sharding import ShardedRolloutEngine, window_shares
-from pipeline.sampling.dynamic_sampling import collect_in_rounds, collect_with_refill, collect_with_sharded_refill, group_collector
+from pipeline.distributed.sharding import ShardedRollouts, window_shares
+from pipeline.sampling.dynamic_sampling import InRounds, Refilling, ShardedRefilling, sampler_for
 from pipeline.paths import REPO_ROOT
 from pipeline.train import set_up
+from tests.helpers.training import collect
 from tests.train.toy_task import build_direct_model, toy_config
 
 
@@ -23,10 +24,10 @@ def test_refill_draws_until_the_batch_is_full_and_not_one_problem_more(tmp_path:
     cfg = toy_config(tmp_path, model_dir, group_size=2, prompts_per_step=3, max_gen_rounds=2,
                      refill_dropped_groups=True)
     tr = set_up(cfg, {}, resume=False)
-    assert tr.collect_groups is collect_with_refill
+    assert tr.sampler == Refilling(3, 2, 2)
     drawn_per_step, cursor = [], 0
     for _ in range(6):
-        collected = tr.collect_groups(tr)
+        collected = collect(tr)
         seen, kept = collected.seen, collected.kept
         assert all(is_informative(g) for g in kept) and not any(is_informative(g) for g in collected.dropped)
         assert [g for g in seen if g in kept] == kept and len(kept) + len(collected.dropped) == len(seen)
@@ -49,10 +50,10 @@ def params(**overrides):
 
 
 def test_the_sampling_is_chosen_once_and_refused_where_it_cannot_work() -> None:
-    assert group_collector(params()) is collect_in_rounds
-    assert group_collector(params(**{"train.refill_dropped_groups": True})) is collect_with_refill
-    assert group_collector(params(**{"train.refill_dropped_groups": True, "distributed.enabled": True})) \
-        is collect_with_sharded_refill
+    assert type(sampler_for(params())) is InRounds
+    assert type(sampler_for(params(**{"train.refill_dropped_groups": True}))) is Refilling
+    assert type(sampler_for(params(**{"train.refill_dropped_groups": True, "distributed.enabled": True}))) \
+        is ShardedRefilling
     with pytest.raises(ConfigError, match="train.refill_dropped_groups = True, rollout.schedule = turn-synchronous"):
         params(**{"train.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"})
     with pytest.raises(ConfigError, match="train.refill_dropped_groups needs train.algorithm.dynamic_sampling"):
@@ -77,14 +78,13 @@ def test_sharded_refill_draws_from_the_window_in_order_and_skips_the_rest(tmp_pa
     cfg = toy_config(tmp_path, model_dir, group_size=2, prompts_per_step=3, max_gen_rounds=2,
                      refill_dropped_groups=True)
     tr = set_up(cfg, {}, resume=False)
-    tr.engine.close()
-    tr.engine = ShardedRolloutEngine(tr.model, tr.tokenizer, {}, cfg.rollout, seed=cfg.run.seed)
+    sharded, sampler = ShardedRollouts(tr.engine), ShardedRefilling(3, 2, 2)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
         drawn_per_step = []
         for step in range(6):
             window = copy.deepcopy(tr.stream).take(6)
-            collected = collect_with_sharded_refill(tr)
+            collected = sampler.collect(sharded, tr.stream, tr.reward, tr.keep)
             seen, kept = collected.seen, collected.kept
             assert [g.group.problem for g in seen] == window[: len(seen)]  # the head, then spares in order
             assert tr.stream.cursor == 6 * (step + 1)  # the whole window is consumed, used or not

@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from pipeline.train import collect_batch, run, set_up, train_step
+from pipeline.train import run, set_up, update
+from tests.helpers.training import collect_batch
 from tests.train.test_resume import assert_same_metrics
 from tests.train.toy_task import build_direct_model, toy_config
 
@@ -39,17 +40,17 @@ def merged(base_W: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor) -> 
 def test_lora_trains_only_the_adapter(tmp_path: Path, model_dir: Path) -> None:
     cfg = toy_config(tmp_path, model_dir, steps=3, gradient_checkpointing=True, finetune=LORA)
     tr = set_up(cfg, {}, resume=False)
-    trainable = {n for n, p in tr.model.named_parameters() if p.requires_grad}
+    trainable = {n for n, p in tr.replicas.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    held = [p for group in tr.optimizer.param_groups for p in group["params"]]
-    assert {id(p) for p in held} == {id(p) for p in tr.model.parameters() if p.requires_grad}
-    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    held = [p for group in tr.replicas.optimizer.param_groups for p in group["params"]]
+    assert {id(p) for p in held} == {id(p) for p in tr.replicas.model.parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in tr.replicas.model.named_parameters()}
     updates = 0
     for _ in range(3):
         kept, _ = collect_batch(tr)
-        updates += train_step(tr, kept)["train/skipped"] == 0.0
+        updates += update(tr, kept)["train/skipped"] == 0.0
     assert updates >= 1  # the coin flip gives informative groups
-    for name, param in tr.model.named_parameters():
+    for name, param in tr.replicas.model.named_parameters():
         if name in trainable:
             if ".lora_B." in name:  # B starts at zero: every adapter received a gradient step
                 assert not torch.equal(param, before[name]), name
@@ -57,9 +58,9 @@ def test_lora_trains_only_the_adapter(tmp_path: Path, model_dir: Path) -> None:
             assert torch.equal(param, before[name]), f"frozen {name} moved"
 
     # Weight sync for an engine with its own copy: the whole plain model, adapted layers merged.
-    params = dict(tr.model.named_parameters())
+    params = dict(tr.replicas.model.named_parameters())
     plain = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
-    pushed = dict(tr.weights.rollout_tensors(tr.model))
+    pushed = dict(tr.replicas.weights.rollout_tensors(tr.replicas.model))
     assert sorted(pushed) == sorted(plain)
     adapted = [n for n in plain if any(f".{m}." in n for m in LORA["target_modules"])]
     assert len(adapted) == 2 * len(LORA["target_modules"])  # 2 layers of the tiny Llama

@@ -42,7 +42,7 @@ def test_the_trainer_builds_the_configured_schedule_and_a_restored_one_continues
     seen = []
     for s in range(5):
         seen.append(tr.scheduler.get_last_lr()[0])
-        tr.optimizer.step()
+        tr.replicas.optimizer.step()
         tr.scheduler.step()
         if s == 1:
             saved = tr.scheduler.state_dict()

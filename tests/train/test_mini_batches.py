@@ -10,7 +10,8 @@ import torch
 
 from pipeline.trainer.batching import mini_batch_groups
 from pipeline.rl.loss import make_policy_loss
-from pipeline.train import collect_batch, prepared_batch, set_up, train_step
+from pipeline.train import prepared_batch, set_up, update
+from tests.helpers.training import collect_batch
 from pipeline.trainer.update import UpdateSettings, policy_gradient_step
 from tests.train.toy_task import build_direct_model, toy_config
 
@@ -46,32 +47,32 @@ def test_each_mini_batch_is_its_own_optimiser_step(tmp_path: Path) -> None:
     tr = set_up(cfg, {}, resume=False)
     kept, _ = collect_batch(tr)
     assert len(kept) == 3  # the coin flip makes informative groups: mini-batches of 2 and 1 groups
-    initial = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    initial = {n: p.detach().clone() for n, p in tr.replicas.model.named_parameters()}
 
-    metrics = train_step(tr, kept)
-    assert adam_steps(tr.optimizer) == 4  # 2 epochs x 2 mini-batches
+    metrics = update(tr, kept)
+    assert adam_steps(tr.replicas.optimizer) == 4  # 2 epochs x 2 mini-batches
     assert metrics["train/skipped"] == 0.0
 
     # The same updates written out: each mini-batch a separate step over its own tokens, the two
     # mini-batches in order, twice; old log-probs are those the rollout recorded.
     manual = set_up(toy_config(tmp_path / "manual", model_dir), {}, resume=False)
-    assert all(torch.equal(p, initial[n]) for n, p in manual.model.named_parameters())
-    halves = [prepared_batch(manual, groups) for groups in (kept[:2], kept[2:])]
+    assert all(torch.equal(p, initial[n]) for n, p in manual.replicas.model.named_parameters())
+    halves = [prepared_batch(manual, groups)[0] for groups in (kept[:2], kept[2:])]
     assert halves[0].n_policy_tokens + halves[1].n_policy_tokens == sum(
         t.policy_token_count for g in kept for t in g.group.trajectories)
     settings = UpdateSettings(cfg.train.micro_batch_size, cfg.train.grad_clip, cfg.rollout.temperature,
                               share_prefixes=True)
     for _ in range(2):
         for batch in halves:
-            policy_gradient_step(manual.model, manual.optimizer, batch, make_policy_loss(cfg.train.algorithm), settings)
-    for (name, ours), theirs in zip(tr.model.named_parameters(), manual.model.parameters(), strict=True):
+            policy_gradient_step(manual.replicas.model, manual.replicas.optimizer, batch, make_policy_loss(cfg.train.algorithm), settings)
+    for (name, ours), theirs in zip(tr.replicas.model.named_parameters(), manual.replicas.model.parameters(), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7, msg=name)
         assert not torch.equal(ours, initial[name]), name
 
     # One step over the whole batch lands elsewhere: the split is not a no-op.
     whole = set_up(toy_config(tmp_path / "whole", model_dir), {}, resume=False)
-    train_step(whole, kept)
-    assert adam_steps(whole.optimizer) == 1
-    assert any(not torch.equal(a, b) for a, b in zip(tr.model.parameters(), whole.model.parameters(), strict=True))
+    update(whole, kept)
+    assert adam_steps(whole.replicas.optimizer) == 1
+    assert any(not torch.equal(a, b) for a, b in zip(tr.replicas.model.parameters(), whole.replicas.model.parameters(), strict=True))
     for t in (tr, manual, whole):
         t.engine.close()

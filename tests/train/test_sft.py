@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.data.calculator import generate
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.sft import Trace, scripted_traces, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer

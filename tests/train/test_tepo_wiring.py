@@ -10,7 +10,7 @@ from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss
 from pipeline.rl.tepo import tepo_variant
-from pipeline.sampling.dynamic_sampling import score_group
+from pipeline.sampling.dynamic_sampling import group_reward
 from pipeline.types import Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
 PROBLEM = Problem("p", "What is 6 * 7?", ("42",), "calculator", "calculator", "train")
@@ -36,7 +36,7 @@ def cfg_with(tepo) -> RunConfig:
 
 def scored_totals(group: Group, tepo) -> tuple[float, ...]:
     cfg = cfg_with(tepo)
-    return score_group(group, cfg, tepo_variant(cfg.reward)).totals  # the variant set_up resolves
+    return group_reward(cfg, tepo_variant(cfg.reward))(group).totals  # the variant set_up resolves
 
 
 def test_sparse_tepo_keeps_reward_only_for_entropy_reducing_calls() -> None:

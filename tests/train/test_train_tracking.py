@@ -1,21 +1,17 @@
-"""What a train run records in MLflow besides metrics: the md5 of its training data (the hash
-DVC records for the file) as a tag, and tables of sample trajectories every N steps, read back
-from the run's store."""
+"""What a train run records in MLflow besides metrics: tables of sample trajectories every N steps,
+read back from the run's store (and no input hashes of its own: those are DVC's, tagged by the flow)."""
 
 from __future__ import annotations
 
-import hashlib
 import typing
 import json
 from pathlib import Path
 
 import mlflow
 import pytest
-from dvc_data.hashfile.hash import file_md5 as dvc_file_md5
 
 from pipeline.tracking.history import progress_line
 from pipeline.train import run
-from pipeline.tracking.train_samples import data_hash_tags
 from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 
@@ -23,16 +19,6 @@ from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 def logged_value(run_id: str, key: str, step: int) -> float:
     (value,) = [m.value for m in mlflow.MlflowClient().get_metric_history(run_id, key) if m.step == step]
     return value
-
-
-def test_data_hash_is_the_md5_dvc_records(tmp_path: Path) -> None:
-    data = tmp_path / "train.jsonl"
-    data.write_bytes(b'{"id": "a"}\r\n{"id": "b"}\n' * 1000)  # CRLF too: DVC 3 hashes the raw bytes
-    (tag, value), = data_hash_tags([str(data)]).items()
-    assert tag == f"dvc.dep.{data}"
-    assert value == dvc_file_md5(str(data)) == hashlib.md5(data.read_bytes()).hexdigest()
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        data_hash_tags([str(tmp_path / "nope.jsonl")])
 
 
 def test_progress_line_reads_the_step_metrics_and_projects_the_rest() -> None:
@@ -57,8 +43,7 @@ def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path
     run_id = json.loads((tmp_path / "ckpt" / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
     mlflow.set_tracking_uri(cfg.run.tracking_uri)
     logged = mlflow.MlflowClient().get_run(run_id)
-    train_file = cfg.train.train_file
-    assert logged.data.tags[f"dvc.dep.{train_file}"] == dvc_file_md5(train_file)
+    assert not [tag for tag in logged.data.tags if tag.startswith("dvc.dep.")]  # DVC's hashes come from the flow only
 
     for step in range(3):  # where each step's time went, read back from the store
         rollout_s, train_s, sampling_s = (logged_value(run_id, key, step) for key in

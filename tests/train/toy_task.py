@@ -23,7 +23,7 @@ from pipeline.config import RunConfig, load_config
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.engine import encode_prompt
-from pipeline.rollout.protocol import TapoProtocol
+from pipeline.protocols import TapoProtocol
 from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.types import Problem

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import RolloutEngine, encode_prompt
-from pipeline.rollout.protocol import make_protocol
+from pipeline.protocols import protocol_for
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import tiny_tokenizer
 from tests.vllm.tiny_vllm import save_tiny, tiny_model
@@ -42,7 +42,7 @@ class Multiply:
 
 def scripted_ids(tok) -> tuple[list[int], list[int], list[int]]:
     """Prompt, response and the response positions the model must learn (the sampled ones)."""
-    protocol = make_protocol("tapo")
+    protocol = protocol_for("tapo")
     prompt = encode_prompt(tok, protocol, PROBLEM, ("code",))
     seg1, seg2 = (tok(s, add_special_tokens=False)["input_ids"] for s in SEGMENTS)
     out = tok(protocol.wrap_output("42"), add_special_tokens=False)["input_ids"]

@@ -1,8 +1,8 @@
-"""Final-answer extraction per tag protocol.
+"""Reading a final answer out of text: the last `<answer>...</answer>`, the last `\\boxed{...}`.
 
-- tapo / search-r1: the content of the last `<answer>...</answer>`; when that content holds
-  a `\\boxed{...}` (ARPO style), the content of its last box.
-- torl: the content of the last `\\boxed{...}` (or `\\fbox{...}`), braces nested to any depth.
+The protocols compose these (`extract_answer`): tapo and search-r1 take the last `<answer>` and,
+when it holds a `\\boxed{...}` (ARPO style), its last box; torl takes the last `\\boxed{...}` (or
+`\\fbox{...}`), braces nested to any depth. The math normaliser and the data judges read boxes too.
 
 Departures from the anchors: ToRL's regex handles three brace levels and strips a trailing
 "}" by hand; here braces are matched by counting, to any depth. TAPO keeps only the last
@@ -10,16 +10,14 @@ Departures from the anchors: ToRL's regex handles three brace levels and strips 
 own work). Search-R1 needs two `<answer>` matches because it decodes prompt + response;
 we score the response alone, so the last one is taken.
 
-`extract_answer` reads whatever text it is given. The scorer gives it the model's own
-text (`check_format(...).model_text`, tool outputs removed), so a tool output that
-contains `<answer>` or `\\boxed{}` cannot answer for the model.
+These read whatever text they are given. The scorer gives them the model's own text
+(`check_format(...).model_text`, tool outputs removed), so a tool output that contains
+`<answer>` or `\\boxed{}` cannot answer for the model.
 """
 
 from __future__ import annotations
 
 import re
-
-PROTOCOL_NAMES: tuple[str, ...] = ("tapo", "torl", "search-r1")
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
@@ -71,16 +69,3 @@ def last_answer_tag(text: str) -> str | None:
     """Content of the last `<answer>...</answer>` block, stripped, else None."""
     matches = _ANSWER_RE.findall(text)
     return matches[-1].strip() if matches else None
-
-
-def extract_answer(text: str, protocol: str) -> str | None:
-    """The final answer a response gives under `protocol`, or None when it gives none."""
-    if protocol == "torl":
-        return last_boxed(text)
-    if protocol not in PROTOCOL_NAMES:
-        raise ValueError(f"unknown protocol {protocol!r}; expected one of {PROTOCOL_NAMES}")
-    answer = last_answer_tag(text)
-    if answer is None:
-        return None
-    boxed = last_boxed(answer)
-    return answer if boxed is None else boxed

@@ -106,26 +106,23 @@ def start_zygote(setup: ZygoteSetup, proc_dir_fd: int, close_in_zygote: tuple[in
             for fd in close_in_zygote:
                 os.close(fd)
             status_fd = os.open("self/status", os.O_RDONLY, dir_fd=proc_dir_fd)
-            # the zygote's PID namespace's pid counter: reset before each fork, so every child is pid 2
-            last_pid_fd = os.open("sys/kernel/ns_last_pid", os.O_WRONLY, dir_fd=proc_dir_fd) \
-                if setup.pid_namespaces else -1
             os.close(proc_dir_fd)
-            _serve(theirs, setup, status_fd, last_pid_fd)
+            own_pidfd = os.pidfd_open(os.getpid()) if setup.pid_namespaces else -1
+            _serve(theirs, setup, status_fd, own_pidfd)
         finally:
             os._exit(0)
     theirs.close()
     return Zygote(ours, pid, answer_timeout_s)
 
 
-def _serve(sock: socket.socket, setup: ZygoteSetup, status_fd: int, last_pid_fd: int) -> None:
+def _serve(sock: socket.socket, setup: ZygoteSetup, status_fd: int, own_pidfd: int) -> None:
     status = ctypes.c_int(0)
     reseed_inherited_generators()  # the first child must not share the worker's import-time state
-    while _spawn_one(sock, setup, status_fd, last_pid_fd, status):
+    while _spawn_one(sock, setup, status_fd, own_pidfd, status):
         pass
 
 
-def _spawn_one(sock: socket.socket, setup: ZygoteSetup, status_fd: int, last_pid_fd: int,
-               status: ctypes.c_int) -> bool:
+def _spawn_one(sock: socket.socket, setup: ZygoteSetup, status_fd: int, own_pidfd: int, status: ctypes.c_int) -> bool:
     try:
         message, fds, _, _ = socket.recv_fds(sock, 1, CHILD_FDS)
     except OSError:
@@ -135,8 +132,8 @@ def _spawn_one(sock: socket.socket, setup: ZygoteSetup, status_fd: int, last_pid
             os.close(fd)
         return bool(message)  # empty = the worker is gone
     try:
-        if last_pid_fd >= 0:
-            os.pwrite(last_pid_fd, b"1", 0)  # the next pid is 2, whatever earlier children and threads used
+        if setup.pid_namespaces:
+            jail.new_pid_namespace_for_children(own_pidfd)
         pid = os.fork()
     except OSError as exc:
         for fd in fds:

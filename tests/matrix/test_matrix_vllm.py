@@ -38,7 +38,7 @@ def vllm_model(vocab_size: int):
 def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_urls: dict[str, str]) -> None:
     task, url = TASKS[row["protocol"]], tool_urls[row["protocol"]]
     probe = row_config(row, tmp_path, tmp_path, url)
-    model_dir = build_protocol_model(tmp_path / "model", task, probe, url, new_model=vllm_model)
+    model_dir = build_protocol_model(tmp_path / "model", task, probe, url, new_model=vllm_model, lr=1e-3)
     cfg_vllm = row_config(row, tmp_path, model_dir, url, **{"rollout.backend": "vllm"})
     params = tmp_path / "vllm-params.yaml"
     params.write_text(yaml.safe_dump(cfg_vllm.model_dump(mode="json"), sort_keys=False))

@@ -27,8 +27,8 @@ Isolated (enforced by the kernel, not by Python):
     receives one (it gets descriptor numbers; each child reads its job from a memfd only it
     holds; exit statuses pass through a C buffer that is zeroed again), so a snippet's
     memory holds no frame, object or freed buffer of another request. Random generators a
-    child would inherit (numpy's global one, sympy's) are reseeded by the zygote after each
-    fork, and `random` reseeds itself in each child. The private /tmp is replaced by a
+    child would inherit (numpy's global one, sympy's) are reseeded by each child before it
+    locks down, and `random` reseeds itself in each child. The private /tmp is replaced by a
     fresh tmpfs unless its free inode and block counts and its directory times are exactly
     those of a fresh one (no name is exempt), which also resets its inode numbers; it has no
     access times, and O_TMPFILE (an inode no directory shows) is refused. Monkeypatching builtins, modules or atexit

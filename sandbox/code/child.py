@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import TYPE_CHECKING
 
+import numpy
+import sympy.core.random
+
 from sandbox.code import cgroup, jail, policy
 
 if TYPE_CHECKING:
@@ -119,11 +122,25 @@ def _run(setup: ChildJob, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
     return report
 
 
+def reseed_inherited_generators() -> None:
+    """Fresh entropy for the generators this child inherited from the zygote: numpy's global one and
+    sympy's (`random` reseeds itself in every child through CPython's at-fork hook).
+
+    Done here, in the child, because reseeding in the zygote between children cost more although the
+    calls take ~20 us: 0.27 against 0.10 CPU ms a request over no reseeding at all, in the same runs of
+    `benchmarks/sandbox_throughput.py` (the zygote's writes land in pages every later child shares). numpy's legacy generator takes a 32-bit integer seed
+    without building an array (an array seed runs numpy's conversion machinery in every child): two requests
+    share a numpy stream with probability 2**-32, and no request can choose or learn another's seed."""
+    numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
+    sympy.core.random.seed(int.from_bytes(os.urandom(16), "little"))
+
+
 def child_main(setup: ZygoteSetup, fds: list[int], status_fd: int) -> None:
     """Never returns. Exit code 0/1 mirrors a normal interpreter; the report says why."""
     try:
         job_fd, stdin_fd, stdout_fd, stderr_fd, report_fd = fds
         os.setsid()  # own session and process group, apart from the zygote's
+        reseed_inherited_generators()
         if setup.cgroup_procs_fd >= 0:  # into the slot's cgroup before any snippet code (fd closed below)
             cgroup.join(setup.cgroup_procs_fd)
         job = _read_job(job_fd)

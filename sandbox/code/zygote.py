@@ -18,10 +18,9 @@ sees no other process, its pid says nothing about earlier requests, and when it 
 kernel kills whatever it left. The zygote is pid 1 of the worker's PID namespace: when it
 dies, for whatever reason, the kernel kills every snippet of that worker.
 
-After each child has been reaped (off the request's path, and when no child shares the
-zygote's pages, so the writes copy nothing) the zygote reseeds the random generators a
-child would otherwise inherit unchanged: numpy's global one and
-sympy's (`random` reseeds itself in every child through CPython's at-fork hook).
+The zygote writes as little as it can between forks: a page it writes is one the next child
+no longer shares cheaply. So the random generators a child would inherit unchanged are
+reseeded by the child itself (`sandbox.code.child`), not here.
 """
 
 from __future__ import annotations
@@ -117,7 +116,6 @@ def start_zygote(setup: ZygoteSetup, proc_dir_fd: int, close_in_zygote: tuple[in
 
 def _serve(sock: socket.socket, setup: ZygoteSetup, status_fd: int, own_pidfd: int) -> None:
     status = ctypes.c_int(0)
-    reseed_inherited_generators()  # the first child must not share the worker's import-time state
     while _spawn_one(sock, setup, status_fd, own_pidfd, status):
         pass
 
@@ -159,16 +157,5 @@ def _spawn_one(sock: socket.socket, setup: ZygoteSetup, status_fd: int, own_pidf
         sock.send(status)  # the raw C int: no Python object ever holds a child's exit status
     finally:
         status.value = 0
-    # Only now, with the child gone: a page the zygote writes while a child still shares it is
-    # copied, so the zygote does its own writing between children.
-    reseed_inherited_generators()
     return True
 
-
-def reseed_inherited_generators() -> None:
-    """Fresh entropy for the generators children inherit, for the next child only."""
-    import numpy
-    import sympy.core.random
-
-    numpy.random.seed(numpy.frombuffer(os.urandom(16), dtype=numpy.uint32))
-    sympy.core.random.seed(int.from_bytes(os.urandom(16), "little"))

@@ -1,4 +1,4 @@
-"""The search service, its backends and its Redis cache."""
+"""The search service, its providers and its Redis cache."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pipeline.config.base import StageConfig
 class SearchConfig(StageConfig):
     url: str = Field("", description="Use an already running search service at this URL; empty = the services flow starts one.")
     port: int = Field(0, ge=0, le=65535, description="Port for a started search service (0 = any free port).")
-    backend: Literal["local-bm25", "serper"] = Field("local-bm25", description="Where results come from.")
+    provider: Literal["local-bm25", "serper"] = Field("local-bm25", description="Where results come from.")
     redis_url: str = Field("", description="Redis for the cache; empty = the services flow starts a private one.")
     top_k: int = Field(3, ge=1, le=50, description="Results per query.")
     corpus_path: str = Field("", description="Corpus for the local BM25 index; empty = the Wikipedia dump excerpt in the gensim wheel.")
@@ -24,8 +24,8 @@ class SearchConfig(StageConfig):
     fuzzy: bool = Field(True, description="Serve guarded fuzzy cache hits; false = exact hits only.")
     fuzzy_threshold: float = Field(0.9, ge=0.5, le=1.0, description="Minimum Indel similarity (difflib-style ratio) of a fuzzy hit.")
     max_query_chars: int = Field(512, ge=8, le=10000, description="Longer queries are refused with HTTP 413.")
-    backend_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one backend call.")
-    backend_retries: int = Field(2, ge=0, le=10, description="Retries of a failed backend call before answering 502/503.")
+    provider_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one provider call.")
+    provider_retries: int = Field(2, ge=0, le=10, description="Retries of a failed provider call before answering 502/503.")
     recover_s: float = Field(20.0, ge=0.0, le=600.0, description=(
         "Client: keep retrying a refused connection this long (a search service the services flow is restarting) "
         "before the call counts as an outage; 0 = no waiting."))

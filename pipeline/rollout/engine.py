@@ -1,6 +1,6 @@
 """The tool-augmented rollout loop (TAPO Algorithm 1, ToRL's TIR rollout), asynchronous.
 
-One coroutine-free decoder thread generates for every sequence (`hf_backend.HFDecoder`);
+One coroutine-free decoder thread generates for every sequence (`pipeline.rollout.backends.hf.HFDecoder`);
 tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
 a segment ends at a tool call, the sequence is parked; its result is tokenized as plain text
 (`encode_plain`: special tokens in a tool's output stay text), appended with loss mask 0, and
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
+from pipeline.config.rollout import RolloutConfig
+from pipeline.rollout.backends import make_backend
 from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams
 from pipeline.protocols import ToolProtocol, protocol_for
 from pipeline.rollout.metrics import RolloutStats
@@ -109,36 +110,6 @@ def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]
         template, rendered = rendered.split(mark, 1)
         ids += tokenizer(template, add_special_tokens=False)["input_ids"] + encode_plain(tokenizer, message["content"])
     return ids + tokenizer(rendered, add_special_tokens=False)["input_ids"]
-
-
-class HFBackend:
-    """The `hf` backend: a fresh continuous-batching decoder per rollout over the shared model."""
-
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig) -> None:
-        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
-
-    def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
-        # `seed` is unused here: each sequence carries its own generator (seeded by the engine).
-        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
-                         max_parked_kv_tokens=self.cfg.max_parked_kv_tokens)
-
-    def update_weights(self, named_tensors) -> None:
-        """Nothing to push: the decoder samples from the trained module itself."""
-
-    def close(self) -> None:  # the model belongs to the caller
-        pass
-
-
-def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int):
-    """The generation backend named by `rollout.backend`; vLLM is imported only when selected
-    (a missing install raises `VLLMUnavailable` naming the fix). The vllm backend loads the model
-    from its directory (`model.name_or_path`) and takes new weights through `update_weights`."""
-    if cfg.backend == "vllm":
-        from pipeline.rollout.backends.vllm import VLLMBackend
-
-        return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
-                           options=cfg.vllm, logprobs_mode=vllm_logprobs_mode(cfg.temperature, cfg.top_p))
-    return HFBackend(model, tokenizer, cfg)
 
 
 class RolloutEngine:

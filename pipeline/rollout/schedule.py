@@ -1,6 +1,6 @@
 """How a rollout's sequences take turns in the decoder: the schedulers `rollout.schedule` names.
 
-The decoder (`hf_backend.HFDecoder`, `vllm_backend.VLLMDecoder`) asks its scheduler for ready rows and
+The decoder (`backends.hf.HFDecoder`, `backends.vllm.VLLMDecoder`) asks its scheduler for ready rows and
 reports each segment's end; the scheduler runs tool calls on the event loop and hands the rows back.
 
 - `_Run` (continuous, on arrival): a row rejoins as soon as its tool answers (vLLM; hf with

@@ -42,8 +42,8 @@ class SearchClient:
 
     @classmethod
     def from_config(cls, cfg: SearchConfig, url: str) -> SearchClient:
-        # The service itself retries the backend; the client's timeout covers all of those attempts.
-        timeout_s = cfg.backend_timeout_s * (cfg.backend_retries + 1) + 5.0
+        # The service itself retries the provider; the client's timeout covers all of those attempts.
+        timeout_s = cfg.provider_timeout_s * (cfg.provider_retries + 1) + 5.0
         return cls(url, top_k=cfg.top_k, timeout_s=timeout_s, retries=2, recover_s=cfg.recover_s)
 
     async def __call__(self, call_input: str) -> ToolResult:

@@ -1,1 +1,1 @@
-"""The search service: FastAPI over `sandbox.search.service.SearchEngine` (run with `python -m sandbox.search`)."""
+"""The search service: FastAPI over `sandbox.search.service.SearchService` (run with `python -m sandbox.search`)."""

@@ -16,7 +16,7 @@ from pipeline.config import load_config
 from pipeline.paths import REPO_ROOT
 from sandbox.search.bm25 import index_vocabulary
 from sandbox.search.cache import SearchCache
-from sandbox.search.service import SearchEngine, make_backend
+from sandbox.search.service import SearchService, make_provider
 from sandbox.search.app import create_app
 
 
@@ -30,18 +30,18 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.params).search
     redis_url = args.redis_url if args.redis_url is not None else cfg.redis_url
-    backend = make_backend(cfg, REPO_ROOT)  # fail fast, before the port opens
+    provider = make_provider(cfg, REPO_ROOT)  # fail fast, before the port opens
     index_dir = Path(cfg.index_dir) if Path(cfg.index_dir).is_absolute() else REPO_ROOT / cfg.index_dir
     known_words = index_vocabulary(index_dir)  # real words are never treated as typos of each other
-    deadline_s = cfg.backend_timeout_s * (cfg.backend_retries + 1) + 2.0 * cfg.backend_retries
+    deadline_s = cfg.provider_timeout_s * (cfg.provider_retries + 1) + 2.0 * cfg.provider_retries
 
-    async def make_engine() -> SearchEngine:
+    async def make_service() -> SearchService:
         cache = SearchCache(redis_url, ttl_s=cfg.cache_ttl_s, fuzzy_threshold=cfg.fuzzy_threshold, fuzzy=cfg.fuzzy,
                             known_words=known_words)
         await cache.connect(load_in_background=True)  # healthy at once, even with a huge cache
-        return SearchEngine(backend, cache, deadline_s=deadline_s)
+        return SearchService(provider, cache, deadline_s=deadline_s)
 
-    app = create_app(make_engine, max_query_chars=cfg.max_query_chars, default_top_k=cfg.top_k)
+    app = create_app(make_service, max_query_chars=cfg.max_query_chars, default_top_k=cfg.top_k)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=30)
 
 

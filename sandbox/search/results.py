@@ -1,4 +1,4 @@
-"""The record a search backend returns: one passage (or web result) with its score."""
+"""The record a search provider returns: one passage (or web result) with its score."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import httpx
 from sandbox.search.results import Passage
 
 
-class BackendError(Exception):
-    """A backend failed after its retries. `unavailable`: could not reach it (HTTP 503), else bad answer (502)."""
+class ProviderError(Exception):
+    """A provider failed after its retries. `unavailable`: could not reach it (HTTP 503), else bad answer (502)."""
 
     def __init__(self, message: str, *, unavailable: bool) -> None:
         super().__init__(message)
@@ -66,7 +66,7 @@ def map_serper_response(data: dict[str, Any], k: int) -> list[Passage]:
 
 
 class SerperClient:
-    """Async Serper client. `search` raises BackendError after `retries` failed attempts."""
+    """Async Serper client. `search` raises ProviderError after `retries` failed attempts."""
 
     def __init__(self, url: str, api_key: str, *, rate_per_s: float, timeout_s: float, retries: int) -> None:
         self.url = url
@@ -78,25 +78,25 @@ class SerperClient:
         await self._limiter.acquire()
         response = await self._http.post(self.url, json={"q": query, "num": k})
         if response.status_code != 200:
-            raise BackendError(f"serper answered HTTP {response.status_code}", unavailable=response.status_code == 429)
+            raise ProviderError(f"serper answered HTTP {response.status_code}", unavailable=response.status_code == 429)
         try:
             data = response.json()
         except ValueError:
-            raise BackendError("serper answered non-JSON", unavailable=False) from None
+            raise ProviderError("serper answered non-JSON", unavailable=False) from None
         if not isinstance(data, dict):
-            raise BackendError("serper answered JSON that is not an object", unavailable=False)
+            raise ProviderError("serper answered JSON that is not an object", unavailable=False)
         return map_serper_response(data, k)
 
     async def search(self, query: str, k: int) -> list[Passage]:
-        last: BackendError | None = None
+        last: ProviderError | None = None
         for attempt in range(self.retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
             try:
                 return await self._attempt(query, k)
             except httpx.HTTPError as err:
-                last = BackendError(f"serper unreachable: {type(err).__name__}", unavailable=True)
-            except BackendError as err:
+                last = ProviderError(f"serper unreachable: {type(err).__name__}", unavailable=True)
+            except ProviderError as err:
                 last = err
         assert last is not None
         raise last

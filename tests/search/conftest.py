@@ -86,8 +86,8 @@ def serper_service(redis_server: ServiceProcess, tmp_path_factory: pytest.TempPa
                    ) -> Iterator[tuple[ServiceProcess, FakeSerper]]:
     tmp = tmp_path_factory.mktemp("serper-service")
     with FakeSerper() as fake:
-        params = write_params(tmp / "params.yaml", backend="serper", serper_url=fake.url, backend_timeout_s=0.5,
-                              backend_retries=1, index_dir=str(tmp / "no-index"))
+        params = write_params(tmp / "params.yaml", provider="serper", serper_url=fake.url, provider_timeout_s=0.5,
+                              provider_retries=1, index_dir=str(tmp / "no-index"))
         service = start_search(params, redis_server.url, tmp, env={"SERPER_API_KEY": API_KEY})
         yield service, fake
         service.stop()

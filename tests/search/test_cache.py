@@ -34,7 +34,7 @@ async def test_exact_fuzzy_and_miss(redis_server: ServiceProcess) -> None:
     fuzzy = await cache.get("local-bm25", 3, normalize_query("who discovered penicilin"))
     assert fuzzy.outcome == "fuzzy" and fuzzy.results == RESULTS and fuzzy.matched_query == key
     assert (await cache.get("local-bm25", 5, key)).outcome == "miss"  # top_k is part of the key
-    assert (await cache.get("serper", 3, key)).outcome == "miss"  # so is the backend
+    assert (await cache.get("serper", 3, key)).outcome == "miss"  # so is the provider
     assert (await cache.get("local-bm25", 3, normalize_query("who discovered insulin"))).outcome == "miss"
     assert (cache.counters.exact_hits, cache.counters.fuzzy_hits, cache.counters.misses) == (1, 1, 4)
     await cache.aclose()

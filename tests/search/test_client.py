@@ -38,7 +38,7 @@ async def test_unreachable_service_is_unavailable() -> None:
     assert not result.ok and result.status == "unavailable" and "ConnectError" in result.output
 
 
-async def test_backend_failure_is_unavailable(serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
+async def test_provider_failure_is_unavailable(serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
     service, fake = serper_service
     fake.mode = "error"
     client = SearchClient(service.url, retries=1)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sandbox.search.serper import BackendError, RateLimiter, SerperClient, map_serper_response
+from sandbox.search.serper import ProviderError, RateLimiter, SerperClient, map_serper_response
 from tests.search.fake_serper import API_KEY, FakeSerper, serper_answer
 
 
@@ -32,7 +32,7 @@ async def test_failures_raise_after_retries(mode: str, unavailable: bool) -> Non
     with FakeSerper() as fake:
         fake.mode = mode
         client = SerperClient(fake.url, API_KEY, rate_per_s=100, timeout_s=0.3, retries=1)
-        with pytest.raises(BackendError) as info:
+        with pytest.raises(ProviderError) as info:
             await client.search("q", 3)
         await client.aclose()
     assert info.value.unavailable == unavailable

@@ -18,7 +18,7 @@ from tests.search.fake_serper import FakeSerper
 def test_health_search_and_stats(local_service: ServiceProcess) -> None:
     assert httpx.get(f"{local_service.url}/health").json() == {"status": "ok", "cache": "on"}
     first = search(local_service, "Which German media group is based in Ismaning?").json()
-    assert first["cache"] == "miss" and first["backend"] == "local-bm25"
+    assert first["cache"] == "miss" and first["provider"] == "local-bm25"
     assert first["results"][0]["title"] == "Constantin Medien"
     assert set(first["results"][0]) == {"title", "text", "url", "score"} and len(first["results"]) == 3
     assert first["duration_ms"] > 0
@@ -30,7 +30,7 @@ def test_health_search_and_stats(local_service: ServiceProcess) -> None:
     assert other_k["cache"] == "miss" and len(other_k["results"]) == 1
     stats = httpx.get(f"{local_service.url}/stats").json()
     assert stats["exact_hits"] >= 1 and stats["fuzzy_hits"] >= 1 and stats["misses"] >= 2
-    assert stats["backend_errors"] == 0 and stats["cache_size"] >= 2 and stats["cache"] == "on"
+    assert stats["provider_errors"] == 0 and stats["cache_size"] >= 2 and stats["cache"] == "on"
 
 
 def test_retrieve_is_search_r1_compatible(local_service: ServiceProcess) -> None:
@@ -87,12 +87,12 @@ def test_starts_without_redis_and_recovers(hotpot_index: Path, tmp_path: Path) -
         assert "search cache off" in service.log_tail()
 
 
-def test_serper_backend_and_failures(serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
+def test_serper_provider_and_failures(serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
     service, fake = serper_service
     fake.mode = "ok"
-    errors_before = httpx.get(f"{service.url}/stats").json()["backend_errors"]
+    errors_before = httpx.get(f"{service.url}/stats").json()["provider_errors"]
     ok = search(service, "who discovered penicillin").json()
-    assert ok["backend"] == "serper" and ok["cache"] == "miss"
+    assert ok["provider"] == "serper" and ok["cache"] == "miss"
     assert [r["title"] for r in ok["results"]] == ["Answer", "Graph", "Result 1 for who discovered penicillin"]
     assert ok["results"][2]["url"] == "https://example.org/1"
     fake.mode = "error"
@@ -102,17 +102,17 @@ def test_serper_backend_and_failures(serper_service: tuple[ServiceProcess, FakeS
     fake.mode = "slow"
     timed_out = search(service, "who discovered radium")
     assert timed_out.status_code == 503 and "unreachable" in timed_out.json()["detail"]
-    assert httpx.get(f"{service.url}/stats").json()["backend_errors"] - errors_before == 2
+    assert httpx.get(f"{service.url}/stats").json()["provider_errors"] - errors_before == 2
     fake.mode = "ok"
 
 
 def test_serper_without_key_fails_start(tmp_path: Path) -> None:
-    params = write_params(tmp_path / "params.yaml", backend="serper", serper_api_key_env="TAPO_TEST_NO_SUCH_KEY")
+    params = write_params(tmp_path / "params.yaml", provider="serper", serper_api_key_env="TAPO_TEST_NO_SUCH_KEY")
     with pytest.raises(ValueError, match="TAPO_TEST_NO_SUCH_KEY is not set"):
         search_main(["--port", "0", "--params", str(params)])  # fails before the port opens
 
 
-async def test_concurrent_identical_misses_call_the_backend_once(
+async def test_concurrent_identical_misses_call_the_provider_once(
         serper_service: tuple[ServiceProcess, FakeSerper]) -> None:
     service, fake = serper_service
     fake.mode = "delay"  # the first request is still in flight when the others arrive

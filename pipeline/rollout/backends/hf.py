@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
+from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.sequence import unique_rows
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.rollout.sequence import Sequence
@@ -396,3 +397,21 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((i, i + 1))
     return runs
+
+
+class HFBackend:
+    """The `hf` backend: a fresh continuous-batching decoder per rollout over the shared model."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig) -> None:
+        self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+
+    def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
+        # `seed` is unused here: each sequence carries its own generator (seeded by the engine).
+        return HFDecoder(self.model, self.tokenizer, params, max_batch=self.cfg.max_batch_sequences,
+                         max_parked_kv_tokens=self.cfg.max_parked_kv_tokens)
+
+    def update_weights(self, named_tensors) -> None:
+        """Nothing to push: the decoder samples from the trained module itself."""
+
+    def close(self) -> None:  # the model belongs to the caller
+        pass

@@ -12,7 +12,11 @@ in-process; after `dvc repro`, which rewrites it, in dvc mode).
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("pipeline")
+
 import os
 import subprocess
 import sys
@@ -27,18 +31,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
-from flows.common import load_or_exit, stage_process
+from flows.common import load_or_exit
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.prepare_model import prepare_model_flow
 from flows.sft import sft_flow
 from flows.train import train_flow
-from flows.tracking import LockFileError, dvc_input_hashes, lineage_tags, parent_run
+from flows.tracking import dvc_input_hashes, lineage_tags, parent_run
 from pipeline.config import DEFAULT_PARAMS
 
+# Every stage writes where its params say (out="."): the stages of one pipeline read each other's outputs.
 STAGES: tuple[tuple[str, Callable[[str], Any]], ...] = (
     ("prepare-model", prepare_model_flow), ("curate", curate_flow), ("build-index", build_index_flow),
-    ("sft", sft_flow), ("train", train_flow), ("evaluate", evaluate_flow))
+    ("sft", sft_flow), ("train", lambda params: train_flow(params, out=".")),
+    ("evaluate", lambda params: evaluate_flow(params, out=".")))
 
 
 @task(cache_policy=NO_CACHE, retries=0)
@@ -81,21 +87,3 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
         for key, value in lineage_tags(lock).items():  # the lock dvc repro just wrote: what was run
             client.set_tag(parent_id, key, value)
         return {"parent_run_id": parent_id, "dvc_inputs": len(dvc_input_hashes(lock))}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Run the whole pipeline under one MLflow parent run.")
-    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
-    parser.add_argument("--dvc", action="store_true", help="run `dvc repro` (only stages whose inputs changed)")
-    args = parser.parse_args()
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    try:
-        with stage_process():
-            pipeline_flow(args.params, use_dvc=args.dvc)
-    except LockFileError as err:
-        print(f"pipeline: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()

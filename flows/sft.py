@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("sft")
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage
+from flows.common import load_or_exit
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
@@ -25,6 +30,3 @@ def sft_flow(params: str = "params.yaml") -> dict:
     print(f"sft: {metrics}")
     return metrics
 
-
-if __name__ == "__main__":
-    run_stage(sft_flow, "Fine-tune the base model on tool-use traces.")

@@ -74,6 +74,7 @@ from pipeline.trainer.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
 from pipeline.trainer.replicas import OneProcess, Replicas
+from pipeline.trainer.run_folder import check_resumable, run_folder, take, training_identity
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
@@ -104,6 +105,7 @@ class Training:
     settings: UpdateSettings
     outages: OutageGuard  # the run's tool-outage counts
     start: TrainerState  # where this run starts (a resume's checkpoint, or step 0)
+    run_dir: Path  # this run's own folder: its checkpoints and the config they are written under
 
 
 def seed_everything(seed: int) -> None:
@@ -112,11 +114,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Training:
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_dir: Path | None = None) -> Training:
     seed_everything(cfg.run.seed)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    tc = cfg.train
+    tc, identity, run_dir = cfg.train, training_identity(cfg), run_dir or run_folder(cfg)
+    if resume:  # before any model loads: checkpoints of another config are refused, naming what differs
+        check_resumable(run_dir, identity)
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
@@ -132,7 +136,9 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
     check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
     replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
-    start = (replicas.load_checkpoint(Path(tc.checkpoint_dir), scheduler) if resume else None)
+    if replicas.is_main:
+        take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
+    start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
     engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=seed)
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
         replicas.sync(engine)
@@ -146,7 +152,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
         old_logprobs_source(tc.logprobs_source), make_reference(cfg, model_device(replicas.model)), settings,
-        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start)
+        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -198,15 +204,17 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
-        metrics_dir: Path = Path("metrics")) -> dict[str, float]:
-    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics.
+        metrics_dir: Path = Path("metrics"), run_name: str | None = None) -> dict[str, float]:
+    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics. Checkpoints
+    go to the run's own folder, `<train.checkpoint_dir>/<run_name>` (by default named after the config).
 
     Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
     uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
     history, model registered), so its outputs equal that run's. Every output is renamed into place."""
     output_dir, tc = Path(cfg.train.output_dir), cfg.train
-    ensure_writable([Path(tc.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
-    t = set_up(cfg, tool_urls, resume)
+    run_dir = run_folder(cfg, run_name)
+    ensure_writable([run_dir, output_dir.parent, metrics_dir])  # before any compute
+    t = set_up(cfg, tool_urls, resume, run_dir)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and state.step > 0, enabled=main)
@@ -231,7 +239,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                t.replicas.save_checkpoint(Path(tc.checkpoint_dir), state, t.scheduler, t.tokenizer)  # collective
+                t.replicas.save_checkpoint(t.run_dir, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
     t.engine.close()
     if not main:

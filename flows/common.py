@@ -18,7 +18,6 @@ from pydantic import BaseModel
 from flows.tracking import LockFileError, dvc_invocation, log_report, stage_run
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
-from pipeline.outputs import OutputNotWritable
 from pipeline.services.reaper import watch_this_process
 from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
@@ -26,7 +25,7 @@ from pipeline.types import ToolName
 T = TypeVar("T")
 # What a user can fix (a params file, a path): one line, not a traceback. A flow module adds its own
 # (`USER_ERRORS` in flows/<stage>.py), so this module imports nothing a stage does not run.
-USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, OutputNotWritable, LockFileError, FileNotFoundError)
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, LockFileError, FileNotFoundError)
 
 
 def load_or_exit(params: str | Path) -> RunConfig:

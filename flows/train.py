@@ -38,6 +38,7 @@ from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
+from pipeline.outputs import OutputNotWritable
 from pipeline.tracking.registry import quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
 from pipeline.sampling.training_problems import BadProblems
@@ -45,7 +46,7 @@ from pipeline.train import run as train
 from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint
 from pipeline.trainer.run_folder import CHECKPOINTS, RUN_CONFIG, ConfigMismatch, run_folder
 
-USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems)
+USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems, OutputNotWritable)
 
 
 @task(cache_policy=NO_CACHE)

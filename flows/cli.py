@@ -89,5 +89,5 @@ def main(module: str, argv: list[str] | None = None) -> NoReturn:
     # Imported here, once the command line is known to be good: these imports take seconds.
     common, flows = importlib.import_module("flows.common"), importlib.import_module(f"flows.{module}")
     common.run_flow(module, getattr(flows, COMMANDS[module].flow), args,
-                    getattr(flows, "USER_ERRORS", common.USER_ERRORS))
+                    getattr(flows, "USER_ERRORS", common.USER_ERRORS), getattr(flows, "preflight", None))
     raise SystemExit(0)

@@ -44,10 +44,14 @@ def tools_needed(problem_file: str | Path) -> tuple[ToolName, ...]:
 
 
 def run_flow(command: str, flow_fn: Callable[..., object], kwargs: dict[str, Any],
-             user_errors: tuple[type[Exception], ...] = USER_ERRORS) -> None:
+             user_errors: tuple[type[Exception], ...] = USER_ERRORS,
+             preflight: Callable[..., object] | None = None) -> None:
     """`python -m flows.<command>` once its arguments parsed (`flows.cli`): the flow inside `stage_process`;
-    a user's mistake ends it with one line on stderr and exit 1 (`TAPO_TRACEBACK=1`: the traceback too)."""
+    a user's mistake ends it with one line on stderr and exit 1 (`TAPO_TRACEBACK=1`: the traceback too).
+    `preflight(**kwargs)` checks the input before the flow starts, where Prefect would log a traceback."""
     try:
+        if preflight is not None:
+            preflight(**kwargs)
         with stage_process():
             flow_fn(**kwargs)
     except user_errors as err:

@@ -48,6 +48,13 @@ def with_overrides(cfg: RunConfig, label: str | None, place: Placement) -> RunCo
     return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)})
 
 
+def preflight(params: str, model: str | None = None, label: str | None = None, out: str | None = None) -> None:
+    """Bad benchmarks or a missing model, found before Prefect starts (the flow checks again)."""
+    cfg = load_or_exit(params)
+    load_benchmarks(cfg.evaluate)
+    resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: str | None = None,
                   out: str | None = None) -> dict:

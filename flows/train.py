@@ -41,10 +41,11 @@ from pipeline.config import RunConfig
 from pipeline.outputs import OutputNotWritable
 from pipeline.tracking.registry import quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
-from pipeline.sampling.training_problems import BadProblems
+from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
 from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint
-from pipeline.trainer.run_folder import CHECKPOINTS, RUN_CONFIG, ConfigMismatch, run_folder
+from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
+                                         training_identity)
 
 USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems, OutputNotWritable)
 
@@ -100,6 +101,16 @@ def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: flo
     if (run_dir / RUN_CONFIG).is_file():
         MlflowClient(cfg.run.tracking_uri).log_artifact(run_id, str(run_dir / RUN_CONFIG), CHECKPOINTS)
     return logged
+
+
+def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
+    """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
+    checkpoints written under another config."""
+    place = placement("train", params, label=label, out=out, ad_hoc=False)
+    cfg = placed_config(load_or_exit(params), place)
+    read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)
+    if resume:
+        check_resumable(run_folder(cfg, run_name(place)), training_identity(cfg))
 
 
 @flow(name="train", log_prints=True)

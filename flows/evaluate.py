@@ -29,6 +29,7 @@ from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
+from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
 from pipeline.tracking.runs import tracked_run
@@ -68,7 +69,8 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
         with running_services(cfg, tools, params) as urls:
             metrics = evaluate_task(cfg, urls, model)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
-        decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], eval_run_id=run_id)
+        decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"],
+                                   setting=evaluation_setting(cfg, benchmarks), eval_run_id=run_id)
     print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
     print(f"outputs in {cfg.evaluate.output_dir}")
     return metrics

@@ -66,6 +66,7 @@ from pipeline.sampling.training_problems import check_prompt_budget, read_traini
 from pipeline.tools.factory import make_tools
 from pipeline.tools.outages import OutageGuard
 from pipeline.tracking.history import MetricHistory, StepProgress
+from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import tracked_run
 from pipeline.tracking.train_samples import log_samples
@@ -247,7 +248,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-    register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
+    register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
     return last
 
 
@@ -260,11 +261,11 @@ def finish_run(t: Training, output_dir: Path) -> None:
         publish_dir(staging, output_dir)
 
 
-def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
+def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path) -> None:
     """A new version of tapo-policy, unless this run already registered these weights (a run killed after
     registering and then resumed registers nothing twice)."""
     known = find_version(cfg.run, str(model_dir))
     if known is not None and known.run_id == run_id:
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
-    log_and_register(cfg.run, run_id, model_dir)
+    log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))

@@ -78,7 +78,8 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
     tags = {"mode": "dvc" if use_dvc else "flow", "prefect_flow_run_id": str(flow_run.id or "")}
     if not use_dvc:
         tags |= lineage_tags(lock)
-    with parent_run(cfg.run, "pipeline", cfg.model_dump(), tags) as parent_id:
+    # named after the flow run (Prefect's name for it, e.g. "crimson-fox"): the stage runs become <name>/<stage>
+    with parent_run(cfg.run, str(flow_run.name or "pipeline"), cfg.model_dump(), tags) as parent_id:
         print(f"MLflow parent run {parent_id} in experiment {cfg.run.experiment!r}")
         if not use_dvc:
             return run_stages(params)

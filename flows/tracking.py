@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,12 +28,13 @@ from typing import Any
 import mlflow
 import yaml
 from mlflow import MlflowClient
-from mlflow.entities import Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
+from pipeline.tracking.headline import PREFIX as HEADLINE
 from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
-                               mark_abandoned_runs, owner)
+                                    mark_abandoned_runs, open_experiment, owner)
 
 INVOCATION_TAG = "dvc_invocation"
 RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
@@ -135,15 +137,38 @@ def dvc_parent(cfg: RunConfig, invocation: str) -> str:
     tags = {"stage": "pipeline", "mode": "dvc", "git_commit": git_commit(), INVOCATION_TAG: invocation,
             OWNER_TAG: invocation}  # '<host>:<pid>:<start>' like every owner: open while that dvc process runs
     tags |= {f"dvc.{k.lower()}": v for k in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV") if (v := os.environ.get(k))}
-    run_id = client.create_run(experiment_id, run_name="dvc repro", tags=tags).info.run_id
+    run_id = client.create_run(experiment_id, run_name=dvc_run_name(), tags=tags).info.run_id
     client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(cfg.model_dump()).items()])
     return run_id
+
+
+def dvc_run_name() -> str:
+    """A `dvc exp run` parent is named after the experiment; a plain `dvc repro` after when it started."""
+    return os.environ.get("DVC_EXP_NAME") or f"dvc-repro-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def stage_run_name(client: MlflowClient, parent: str | None, stage: str) -> str:
+    """`<parent's name>/<stage>` (the DVC experiment's or the flow run's), else `<DVC experiment>/<stage>`,
+    else the stage: chart legends and compare columns then say which run a stage belongs to."""
+    prefix = client.get_run(parent).info.run_name if parent else os.environ.get("DVC_EXP_NAME")
+    return f"{prefix}/{stage}" if prefix else stage
+
+
+def copy_headline(client: MlflowClient, stage_run_id: str, parent: str | None, stage: str) -> None:
+    """The stage's `headline/*` metrics onto the parent run as `<stage>/<name>`."""
+    if parent is None:
+        return
+    metrics = client.get_run(stage_run_id).data.metrics
+    headline = {f"{stage}/{k.removeprefix(HEADLINE)}": v for k, v in metrics.items() if k.startswith(HEADLINE)}
+    if headline:
+        client.log_batch(parent, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headline.items()])
 
 
 @contextmanager
 def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Iterator[str | None]:
     """The stage's MLflow run (a new one, or `run_id` reopened on resume), nested under the pipeline
-    parent if there is one; yields its id (None on data-parallel ranks other than 0)."""
+    parent if there is one; yields its id (None on data-parallel ranks other than 0). On success the
+    stage's headline metrics are copied onto the parent."""
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
@@ -158,7 +183,8 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
     tags = {"stage": stage, "git_commit": git_commit(), OWNER_TAG: owner(), **hashes} | (
         {"mlflow.parentRunId": parent} if parent else {})
     if run_id is None:
-        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage, tags=tags).info.run_id
+        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(client, parent, stage),
+                                   tags=tags).info.run_id
     else:
         client.update_run(run_id, status=RUNNING)
         for key, value in {OWNER_TAG: tags[OWNER_TAG], **hashes}.items():
@@ -168,6 +194,7 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
         if invocation:  # the parent gathers the inputs of every stage this invocation ran
             client.log_batch(parent, tags=[RunTag(k, v) for k, v in hashes.items()])
         yield run_id
+        copy_headline(client, run_id, parent, stage)
 
 
 def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any], report: Any) -> None:
@@ -189,8 +216,7 @@ def _client(run_cfg: RunSection) -> MlflowClient:
 
 
 def _experiment_id(run_cfg: RunSection) -> str:
-    mlflow.set_tracking_uri(run_cfg.tracking_uri)
-    return mlflow.set_experiment(run_cfg.experiment).experiment_id
+    return open_experiment(run_cfg)
 
 
 @contextmanager

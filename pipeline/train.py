@@ -65,6 +65,7 @@ from pipeline.sampling.problem_stream import ProblemStream, problem_stream
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
 from pipeline.tools.factory import make_tools
 from pipeline.tools.outages import OutageGuard
+from pipeline.tracking.headline import write_train_headline
 from pipeline.tracking.history import MetricHistory, StepProgress
 from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
@@ -248,6 +249,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+    write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
     register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
     return last
 

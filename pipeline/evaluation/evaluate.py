@@ -39,6 +39,7 @@ from pipeline.tracking.model_source import fingerprint, resolve_model
 from pipeline.evaluation.report import write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
 from pipeline.evaluation.setting import evaluation_setting
+from pipeline.tracking.headline import HEADLINE_DIR, PREFIX, eval_headline, headline_file
 from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
 from pipeline.evaluation.summary import summarise
 from pipeline.jsonl import write_json
@@ -200,12 +201,15 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)
+    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks})
+    write_json(headline_file(out_dir, "eval"), headline)
     result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
     write_json(out_dir / RUN_FILE, result.header())
     artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
-    log_to_mlflow(metrics, [out_dir / METRICS_FILE, out_dir / SAMPLES_FILE, out_dir / RUN_FILE, *artifacts],
-                  records, evaluation_setting(cfg, benchmarks))
+    log_to_mlflow(metrics | {PREFIX + k: v for k, v in headline.items()},
+                  [out_dir / METRICS_FILE, headline_file(out_dir, "eval"), out_dir / SAMPLES_FILE, out_dir / RUN_FILE,
+                   *artifacts], records, evaluation_setting(cfg, benchmarks))
     return metrics
 
 
@@ -225,8 +229,10 @@ def log_to_mlflow(metrics: Mapping[str, float], files: list[Path], records: list
     the setting they are comparable within (tags `eval.setting.*`), the files and the samples as a table."""
     if mlflow.active_run() is None:
         return
-    mlflow.log_metrics({f"eval/{k}".replace("@", "_at_"): float(v) for k, v in metrics.items()})
+    mlflow.log_metrics({(k if k.startswith(PREFIX) else f"eval/{k}").replace("@", "_at_"): float(v)
+                        for k, v in metrics.items()})
     mlflow.set_tags({f"eval.setting.{k}": v for k, v in setting.items()})
     for path in files:
-        mlflow.log_artifact(str(path), artifact_path="evaluation" if path.suffix != ".png" else "evaluation/plots")
+        folder = "plots" if path.suffix == ".png" else path.parent.name if path.parent.name == HEADLINE_DIR else ""
+        mlflow.log_artifact(str(path), artifact_path=f"evaluation/{folder}".rstrip("/"))
     mlflow.log_table(samples_table(records), artifact_file=SAMPLES_TABLE)

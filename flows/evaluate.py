@@ -17,11 +17,13 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 
     main("evaluate")
 
+from pathlib import Path
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
-from flows.common import load_or_exit
+from flows.common import load_or_exit, publish
 from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run
@@ -29,6 +31,8 @@ from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
+from pipeline.evaluation.evaluate import run_label
+from pipeline.evaluation.report import TABLE_FILE
 from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
@@ -71,6 +75,9 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
         decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"],
                                    setting=evaluation_setting(cfg, benchmarks), eval_run_id=run_id)
-    print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
-    print(f"outputs in {cfg.evaluate.output_dir}")
+    champion = f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})"
+    print(f"{champion}\noutputs in {cfg.evaluate.output_dir}")
+    table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
+    publish("evaluate", f"evaluate: {run_label(cfg, model or cfg.evaluate.model)}",
+            f"{table}\n{champion}\n\nOutputs: `{cfg.evaluate.output_dir}`", cfg.run, run_id)
     return metrics

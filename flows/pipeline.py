@@ -7,7 +7,9 @@ The parent run is named in `TAPO_MLFLOW_PARENT_RUN`, which also reaches the stag
 `dvc repro` starts; every stage flow opens its one nested run under it (flows/tracking.py),
 tagged with the DVC hashes of that stage's inputs. The parent is tagged with the git commit
 and the DVC hash of every stage input recorded in `dvc.lock` (read when the run starts
-in-process; after `dvc repro`, which rewrites it, in dvc mode).
+in-process; after `dvc repro`, which rewrites it, in dvc mode). In dvc mode with nothing to do
+(`dvc status` finds every stage up to date) no parent run is opened: the flow run records that in a
+markdown artifact instead of leaving an empty MLflow run behind.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 
     main("pipeline")
 
+import json
 import os
 import subprocess
 import sys
@@ -31,7 +34,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
-from flows.common import load_or_exit
+from flows.common import load_or_exit, publish
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.prepare_model import prepare_model_flow
@@ -47,13 +50,27 @@ STAGES: tuple[tuple[str, Callable[[str], Any]], ...] = (
     ("evaluate", lambda params: evaluate_flow(params, out=".")))
 
 
+def dvc_command() -> tuple[str, dict[str, str]]:
+    """The dvc executable beside this Python (else on PATH) and the environment to run it in."""
+    local = Path(sys.executable).with_name("dvc")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return (str(local) if local.is_file() else "dvc"), env
+
+
+def dvc_up_to_date(workdir: str) -> bool:
+    """Whether `dvc repro` would run no stage (`dvc status` reports nothing changed)."""
+    dvc, env = dvc_command()
+    done = subprocess.run([dvc, "status", "--json"], cwd=workdir, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"dvc status failed in {workdir} (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout or "{}") == {}
+
+
 @task(cache_policy=NO_CACHE, retries=0)
 def dvc_repro(workdir: str, args: tuple[str, ...]) -> None:
     """`dvc <args>` in `workdir`, its output streamed to the flow log. Not retried: stages are not I/O."""
-    local = Path(sys.executable).with_name("dvc")
-    dvc = str(local) if local.is_file() else "dvc"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    dvc, env = dvc_command()
     logger = get_run_logger()
     tail: deque[str] = deque(maxlen=60)
     with subprocess.Popen([dvc, *args], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -74,6 +91,11 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
                   dvc_args: tuple[str, ...] = ("repro",)) -> dict[str, Any]:
     """All stages in order under one MLflow parent run; returns each stage's result (in-process)."""
     cfg = load_or_exit(Path(workdir) / params if use_dvc else params)
+    if use_dvc and tuple(dvc_args) == ("repro",) and dvc_up_to_date(workdir):
+        publish("pipeline", "pipeline: nothing to do", "`dvc status`: every stage is up to date; no stage ran and "
+                "no MLflow run was opened.", cfg.run, None)
+        print("every stage is up to date: nothing to run")
+        return {"parent_run_id": None, "up_to_date": True}
     lock = Path(workdir) / "dvc.lock"
     tags = {"mode": "dvc" if use_dvc else "flow", "prefect_flow_run_id": str(flow_run.id or "")}
     if not use_dvc:
@@ -87,4 +109,4 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
         client = MlflowClient(cfg.run.tracking_uri)
         for key, value in lineage_tags(lock).items():  # the lock dvc repro just wrote: what was run
             client.set_tag(parent_id, key, value)
-        return {"parent_run_id": parent_id, "dvc_inputs": len(dvc_input_hashes(lock))}
+        return {"parent_run_id": parent_id, "dvc_inputs": len(dvc_input_hashes(lock)), "up_to_date": False}

@@ -10,7 +10,7 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit
+from flows.common import load_or_exit, markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
@@ -25,8 +25,9 @@ def sft_task(cfg: RunConfig, urls: dict) -> dict:
 @flow(name="sft", log_prints=True)
 def sft_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
-    with stage_run(cfg, "sft"), running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+    with stage_run(cfg, "sft") as run_id, running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
         metrics = sft_task(cfg, urls)
     print(f"sft: {metrics}")
+    publish("sft", f"sft: {cfg.sft.output_dir}", markdown_table(metrics), cfg.run, run_id)
     return metrics
 

@@ -37,6 +37,8 @@ from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_de
                                     mark_abandoned_runs, open_experiment, owner)
 
 INVOCATION_TAG = "dvc_invocation"
+UI_URL_ENV = "TAPO_MLFLOW_UI_URL"
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
 RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
     RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED))
 
@@ -208,6 +210,13 @@ def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any
     for key, value in values.items():
         if isinstance(value, int | float) and not isinstance(value, bool):
             client.log_metric(run_id, key, float(value))
+
+
+def run_url(run_cfg: RunSection, run_id: str) -> str:
+    """The run's page in the MLflow UI (`TAPO_MLFLOW_UI_URL`, default the `mlflow ui` address the docs give)."""
+    base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL).rstrip("/")
+    experiment_id = _client(run_cfg).get_run(run_id).info.experiment_id
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def _client(run_cfg: RunSection) -> MlflowClient:

@@ -33,13 +33,14 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
-from flows.common import load_or_exit, tools_needed
+from flows.common import load_or_exit, markdown_table, publish, tools_needed
 from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
 from pipeline.outputs import OutputNotWritable
-from pipeline.tracking.registry import quiet_progress_unless_tty
+from pipeline.tracking.headline import headline_file
+from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
@@ -129,4 +130,20 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
             print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")
     print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}; "
           f"model {cfg.train.output_dir}, metrics {metrics_dir}")
+    if run_id is not None:  # the main process (the others record nothing)
+        publish("train", f"train: {run_dir.name}", training_summary(cfg, run_dir, metrics_dir), cfg.run, run_id)
     return metrics
+
+
+def training_summary(cfg: RunConfig, run_dir: Path, metrics_dir: Path) -> str:
+    """The run in a few lines: what trained, where everything went, the headline numbers, the registered version."""
+    tc = cfg.train
+    headline = json.loads(headline_file(metrics_dir, "train").read_text())
+    version = find_version(cfg.run, tc.output_dir)
+    registered = f"`{MODEL_NAME}` v{version.version}" if version is not None else "not registered"
+    return "\n".join([
+        f"{tc.algorithm.kind} ({tc.finetune.kind}) for {tc.steps} steps from `{tc.init_model}` on `{tc.train_file}`.",
+        "", f"* final model: `{tc.output_dir}` ({registered})", f"* checkpoints: `{run_dir / CHECKPOINTS}`",
+        f"* metrics: `{metrics_dir}`", "",
+        f"Mean over the last {headline['averaged_steps']:.0f} of {headline['steps']:.0f} steps:", "",
+        markdown_table({k: v for k, v in headline.items() if k not in ("steps", "averaged_steps")})])

@@ -12,11 +12,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from prefect.artifacts import Artifact
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.outputs import RUNS_ROOT, dvc_tracked, label_of, placement, touches
-from tests.helpers.workspace import TINY_EVAL, make_workspace
+from tests.helpers.workspace import TINY_EVAL, make_workspace, subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 TRACKED = dvc_tracked(REPO / "dvc.yaml")
@@ -93,12 +95,12 @@ def test_an_absolute_path_inside_the_checkout_is_placed_too(in_repo: None) -> No
 
 
 @pytest.mark.slow
-def test_an_ad_hoc_evaluation_leaves_dvc_outputs_alone(tmp_path: Path, repo_root: Path) -> None:
+def test_an_ad_hoc_evaluation_leaves_dvc_outputs_alone(tmp_path: Path, repo_root: Path, prefect_server: str) -> None:
     """`python -m flows.evaluate --model tiny-model` in a workspace: its outputs under runs/evaluate/tiny-model/,
-    nothing under metrics/."""
+    nothing under metrics/; the flow run publishes the evaluation table, linking its MLflow run."""
     ws = make_workspace(tmp_path / "ws", repo_root, TINY_EVAL)
-    env = {**os.environ, "PYTHONPATH": str(ws), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_HOME": str(tmp_path / "prefect")}
+    env = {**subprocess_env(prefect_server, tmp_path / "prefect"), "PYTHONPATH": str(ws),
+           "TAPO_MLFLOW_UI_URL": "http://mlflow.example:5000"}
     done = subprocess.run([sys.executable, "-m", "flows.evaluate", "--params", "params.yaml", "--model", "tiny-model"],
                           cwd=ws, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -107,3 +109,7 @@ def test_an_ad_hoc_evaluation_leaves_dvc_outputs_alone(tmp_path: Path, repo_root
     assert json.loads((written / "eval.json").read_text())["n_problems"] == 2
     assert (written / "eval_samples.jsonl").is_file() and (written / "eval_table.md").is_file()
     assert yaml.safe_load((ws / "params.yaml").read_text())["evaluate"]["output_dir"] == "metrics"
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        artifact = Artifact.get("evaluate-summary")
+    assert artifact is not None and "| Method |" in artifact.data and "runs/evaluate/tiny-model/metrics" in artifact.data
+    assert "](http://mlflow.example:5000/#/experiments/" in artifact.data

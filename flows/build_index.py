@@ -19,7 +19,8 @@ from sandbox.search.build_index import build_index
 
 @task(cache_policy=NO_CACHE)
 def build_index_task(cfg: SearchConfig) -> dict:
-    return {k: str(v) for k, v in dataclasses.asdict(build_index(cfg)).items()}
+    # numbers stay numbers (MLflow metrics, the summary); paths become strings
+    return {k: v if isinstance(v, int | float) else str(v) for k, v in dataclasses.asdict(build_index(cfg)).items()}
 
 
 @flow(name="build-index", log_prints=True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from flows.quiet import quiet_libraries
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
 
 Option = Callable[[argparse.ArgumentParser], None]
@@ -86,6 +87,7 @@ def main(module: str, argv: list[str] | None = None) -> NoReturn:
         raise SystemExit(1) from None
     if module == "pipeline":
         args["use_dvc"] = args.pop("dvc")
+    quiet_libraries()  # before the libraries load: they read these settings at import
     # Imported here, once the command line is known to be good: these imports take seconds.
     common, flows = importlib.import_module("flows.common"), importlib.import_module(f"flows.{module}")
     common.run_flow(module, getattr(flows, COMMANDS[module].flow), args,

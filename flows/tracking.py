@@ -17,6 +17,7 @@ other than 0 records nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -30,6 +31,7 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunStatus, RunTag
 
+from flows.quiet import quiet_libraries
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
 from pipeline.tracking.headline import PREFIX as HEADLINE
@@ -84,6 +86,7 @@ def stage_input_hashes(stage: str, root: Path | None = None) -> dict[str, str]:
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's hashing bars in a stage's log: no
     try:
         with Repo(str(root)) as repo:
             (found,) = repo.stage.collect(stage)
@@ -171,6 +174,7 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
     """The stage's MLflow run (a new one, or `run_id` reopened on resume), nested under the pipeline
     parent if there is one; yields its id (None on data-parallel ranks other than 0). On success the
     stage's headline metrics are copied onto the parent."""
+    quiet_libraries()
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return

@@ -5,6 +5,7 @@ exit 1, not a traceback."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -93,3 +94,27 @@ def test_a_resume_under_another_config_is_one_line_naming_the_key(tmp_path: Path
     done = run_module(["-m", "flows.train", "--params", str(params), "--resume"])
     line = one_line_error(done, "train")
     assert "train.steps: 4 in the checkpoints, 3 now" in line and str(folder / "checkpoints") in line
+
+
+QUIET_DRIVER = r"""
+import logging, sys
+from flows.quiet import quiet_libraries
+quiet_libraries()
+import deepspeed  # noqa: F401  (on a CPU machine it announces its CPU fallback)
+from tests.helpers.tiny import tiny_llama, tiny_tokenizer
+tok = tiny_tokenizer()
+model = tiny_llama(len(tok), seed=0)
+model.gradient_checkpointing_enable()
+model.is_gradient_checkpointing  # deprecated in the pinned transformers; peft still reads it
+model.save_pretrained(sys.argv[1])  # transformers draws a "Writing model shards" bar unless told not to
+from sandbox.search import bm25  # noqa: F401
+print("bm25s level", logging.getLogger("bm25s").getEffectiveLevel())
+"""
+
+
+def test_library_noise_is_silenced_at_the_source(tmp_path: Path) -> None:
+    done = run_module(["-c", QUIET_DRIVER, str(tmp_path / "model")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    noise = ("Setting accelerator to CPU", "Writing model shards", "is_gradient_checkpointing")
+    assert not [n for n in noise if n in done.stdout + done.stderr], done.stdout + done.stderr
+    assert f"bm25s level {logging.WARNING}" in done.stdout

@@ -41,6 +41,9 @@ from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_de
 INVOCATION_TAG = "dvc_invocation"
 UI_URL_ENV = "TAPO_MLFLOW_UI_URL"
 DEFAULT_UI_URL = "http://127.0.0.1:5000"
+# MLflow 3.17's UI picks GenAI or "Model training" pages by a switch (the URL's `workflowType`, else the
+# browser's last choice, GenAI at first), not by the experiment's kind tag: links ask for the runs table.
+UI_MODE = "workflowType=machine_learning"
 RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
     RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED))
 
@@ -217,10 +220,11 @@ def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any
 
 
 def run_url(run_cfg: RunSection, run_id: str) -> str:
-    """The run's page in the MLflow UI (`TAPO_MLFLOW_UI_URL`, default the `mlflow ui` address the docs give)."""
+    """The run's page in the MLflow UI (`TAPO_MLFLOW_UI_URL`, default the `mlflow ui` address the docs give), in
+    the UI's "Model training" mode (`UI_MODE`)."""
     base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL).rstrip("/")
     experiment_id = _client(run_cfg).get_run(run_id).info.experiment_id
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_MODE}"
 
 
 def _client(run_cfg: RunSection) -> MlflowClient:

@@ -12,7 +12,7 @@ import dataclasses
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import reported_stage
+from flows.reported import reported_stage
 from pipeline.config.search import SearchConfig
 from sandbox.search.build_index import build_index
 

@@ -13,12 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel
 
-from flows.tracking import LockFileError, dvc_invocation, log_report, run_url, stage_run
+from flows.tracking import LockFileError, dvc_invocation
 from pipeline.config import ConfigError, RunConfig, load_config
-from pipeline.config.run import RunSection
 from pipeline.jsonl import read_problems
 from pipeline.services.reaper import watch_this_process
 from pipeline.rollout.offered import TOOLS_FOR_TYPE
@@ -95,31 +92,3 @@ def stage_process() -> Iterator[None]:
         raise SystemExit(128 + _Signalled.number) from None
     finally:
         watcher.returncode = 0  # not waited for: it ends on its own once this process is gone, after the rest
-
-
-def markdown_table(values: dict[str, Any]) -> str:
-    """| key | value | rows (numbers to 4 significant digits)."""
-    rows = [f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in values.items()]
-    return "\n".join(["| | |", "|---|---|", *rows])
-
-
-def publish(stage: str, title: str, body: str, run_cfg: RunSection, run_id: str | None) -> None:
-    """A markdown artifact on the flow run (Prefect's UI shows it with the run), linking the stage's MLflow run."""
-    link = f"\n\nMLflow run: [{run_id}]({run_url(run_cfg, run_id)})" if run_id else ""
-    create_markdown_artifact(f"# {title}\n\n{body}{link}\n", key=f"{stage.replace('_', '-')}-summary",
-                             description=title)
-
-
-def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:
-    """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
-    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report."""
-    cfg = load_or_exit(params)
-    part: BaseModel = getattr(cfg, section)
-    with stage_run(cfg, stage) as run_id:
-        report = work(part)
-        log_report(cfg.run, run_id, {section: part.model_dump()}, report)
-    print(f"{stage}: {report}")
-    values = report if isinstance(report, dict) else {"output": report}
-    publish(stage, f"{stage}: done", markdown_table({k: v for k, v in values.items() if not isinstance(v, dict)}),
-            cfg.run, run_id)
-    return report

@@ -17,7 +17,8 @@ from typing import get_args
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, reported_stage
+from flows.common import load_or_exit
+from flows.reported import reported_stage
 from pipeline.config.curate import CurateConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import run as curate

@@ -32,7 +32,8 @@ from prefect.deployments.runner import EntrypointType, RunnerDeployment, deploy
 from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 
-from flows.common import load_or_exit, publish
+from flows.common import load_or_exit
+from flows.summary import publish
 from flows.evaluate import evaluate_flow
 from flows.pipeline import pipeline_flow
 from pipeline.config import RunConfig, read_params

@@ -23,7 +23,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
-from flows.common import load_or_exit, publish
+from flows.common import load_or_exit
+from flows.summary import publish
 from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run

@@ -34,7 +34,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
-from flows.common import load_or_exit, publish
+from flows.common import load_or_exit
+from flows.summary import publish
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.prepare_model import prepare_model_flow

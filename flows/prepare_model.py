@@ -10,7 +10,7 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import reported_stage
+from flows.reported import reported_stage
 from pipeline.config.model import ModelConfig
 from pipeline.model import prepare_base_model
 

@@ -10,7 +10,8 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, markdown_table, publish
+from flows.common import load_or_exit
+from flows.summary import markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig

@@ -33,7 +33,8 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
-from flows.common import load_or_exit, markdown_table, publish, tools_needed
+from flows.common import load_or_exit, tools_needed
+from flows.summary import markdown_table, publish
 from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run

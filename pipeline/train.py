@@ -53,7 +53,7 @@ import torch
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.jsonl import write_json
-from pipeline.model import AUTOCAST, load_policy, model_device
+from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
@@ -130,7 +130,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     model = weights.prepare(model)
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from prefect.artifacts import Artifact
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.common import markdown_table
+from flows.summary import markdown_table
 from flows.pipeline import pipeline_flow
 from pipeline.paths import REPO_ROOT
 

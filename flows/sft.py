@@ -20,7 +20,8 @@ def sft_task(cfg: RunConfig, urls: dict) -> dict:
 @flow(name="sft", log_prints=True)
 def sft_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
-    with stage_run(cfg, "sft"), running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+    tools = ("code", "search") if cfg.sft.enabled else ()  # the teacher's calls really run (pipeline.sft)
+    with stage_run(cfg, "sft"), running_services(cfg, tools, params) as urls:
         metrics = sft_task(cfg, urls)
     print(f"sft: {metrics}")
     return metrics

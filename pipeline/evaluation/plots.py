@@ -6,6 +6,8 @@
   accuracy on the fact benchmarks; right, accuracy of rollouts grouped by how many searches
   they made (marker size = how many rollouts).
 - `response_length.png`: distribution of policy tokens per rollout, per run.
+- `accuracy.png`: accuracy and right-tool rate per benchmark (and over all), one bar per run: the models
+  side by side.
 """
 
 from __future__ import annotations
@@ -93,6 +95,26 @@ def plot_response_lengths(path: Path, runs: list[RunResult]) -> Path:
     return _save(fig, path)
 
 
+def plot_accuracy(path: Path, runs: list[RunResult]) -> Path:
+    benches = _benchmarks(runs) + ["all"]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(benches) * 2), 4.2), squeeze=False, sharey=True)
+    width = 0.8 / len(runs)
+    x = np.arange(len(benches))
+    for ax, metric, title in zip(axes[0], ("accuracy", "right_tool"), ("accuracy", "first call is the right tool"),
+                                 strict=True):
+        for i, run in enumerate(runs):
+            values = [100 * (run.value(b, metric) or 0.0) for b in benches]
+            bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=run.label)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_title(title)
+        ax.set_xticks(x, benches, rotation=30, ha="right")
+        ax.set_ylim(0, 105)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("% of rollouts")
+    axes[0][-1].legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -102,6 +124,7 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 
 def write_plots(out_dir: Path, runs: list[RunResult]) -> list[Path]:
-    return [plot_tool_calls(out_dir / "tool_calls.png", runs),
+    return [plot_accuracy(out_dir / "accuracy.png", runs),
+            plot_tool_calls(out_dir / "tool_calls.png", runs),
             plot_accuracy_vs_search(out_dir / "accuracy_vs_search.png", runs),
             plot_response_lengths(out_dir / "response_length.png", runs)]

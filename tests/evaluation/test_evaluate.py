@@ -219,6 +219,7 @@ def test_metrics_and_reports_are_logged_to_the_active_mlflow_run(tok, tmp_path) 
     assert run_data.metrics["eval/calculator/accuracy"] == 0.5
     client = mlflow.MlflowClient()
     logged = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation")}
-    assert {"evaluation/eval.json", "evaluation/eval_samples.jsonl", "evaluation/eval_table.md"} <= logged
+    assert {f"evaluation/{n}" for n in ("eval.json", "eval_samples.jsonl", "eval_table.md", "eval_compare.json")} <= logged
     plots = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation/plots")}
-    assert plots == {f"evaluation/plots/{n}.png" for n in ("tool_calls", "accuracy_vs_search", "response_length")}
+    assert plots == {f"evaluation/plots/{n}.png"
+                     for n in ("accuracy", "tool_calls", "accuracy_vs_search", "response_length")}

@@ -23,7 +23,7 @@ from flows.tracking import INVOCATION_TAG
 from pipeline.tracking.runs import DVC_TAG_PREFIX
 from tests.helpers.workspace import make_workspace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # a whole tiny pipeline, three evaluations
 
 TINY = {
     "model": {"path": "tiny-model"},
@@ -78,20 +78,26 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     train = json.loads((workspace / "metrics/train.json").read_text())
     evaluation = json.loads((workspace / "metrics/eval.json").read_text())
     assert "reward/mean" in train and "train/grad_norm" in train
-    assert evaluation["n_problems"] == 4 and 0.0 <= evaluation["all/accuracy"] <= 1.0
+    # evaluate.limit is per benchmark: the held-out calculator problems and the Wikipedia fact questions
+    assert evaluation["n_problems"] == 8 and 0.0 <= evaluation["all/accuracy"] <= 1.0
+    compared = json.loads((workspace / "metrics/eval_compare.json").read_text())  # base, SFT and RL side by side
+    assert compared["order"] == ["base (tools)", "SFT (tools)", "SFT + DAPO (tools)"]
+    assert compared["flips"]["problems"] == 8 and compared["flips"]["before"] == "SFT (tools)"
+    assert all(compared["models"][m]["all"]["n_problems"] == 8 for m in compared["order"])
     assert (workspace / "models/policy/config.json").is_file()
     curve = (workspace / "metrics/train_curve.csv").read_text().splitlines()
     assert len(curve) == 1 + TINY["train"]["steps"]
     client, (parent,) = _pipeline_runs(workspace)
     assert parent.info.status == "FINISHED" and INVOCATION_TAG in parent.data.tags
     stages = _stage_runs(client, parent)
-    assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate"}
+    assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate-base", "evaluate-sft",
+                             "evaluate"}
     lock = yaml.safe_load((workspace / "dvc.lock").read_text())["stages"]
     for name, run in stages.items():
         tagged = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
         assert tagged == {d["path"]: d["md5"] for d in lock[name]["deps"]}, name
         assert run.info.status == "FINISHED" and run.data.tags["git_commit"] == parent.data.tags["git_commit"]
-    assert stages["evaluate"].data.metrics["eval/n_problems"] == 4
+    assert stages["evaluate"].data.metrics["eval/n_problems"] == 8
     train = stages["train"].info.run_id
     saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
     assert saved == ["step-000001", "step-000002"]  # checkpoint_every 1, the trainer keeps the last 2
@@ -114,17 +120,17 @@ def test_changing_one_param_reruns_only_its_stages(workspace: Path) -> None:
     out = _dvc(workspace, "repro").stdout
     assert "Running stage 'evaluate'" in out
     assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 3
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 6
 
 
 def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> None:
     out = _dvc(workspace, "exp", "run", "-S", "evaluate.limit=2").stdout
     assert "Running stage 'evaluate'" in out
     assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 2
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 4
     assert yaml.safe_load((workspace / "params.yaml").read_text())["evaluate"]["limit"] == 2
     listed = _dvc(workspace, "exp", "ls", "--name-only").stdout.split()
     assert len(listed) == 1, f"expected one experiment, got {listed}"
     client, parents = _pipeline_runs(workspace)
     assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
-    assert _stage_runs(client, parents[-1]).keys() == {"evaluate"}
+    assert _stage_runs(client, parents[-1]).keys() == {"evaluate-base", "evaluate-sft", "evaluate"}

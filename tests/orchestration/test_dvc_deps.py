@@ -20,7 +20,8 @@ CODE_TREES = ("pipeline", "flows", "sandbox")
 # The services a stage's flow starts as processes (flows/services.py), whose code is a dep too.
 SERVICES = {"curate": ("sandbox.search",), "sft": ("sandbox.code", "sandbox.search"),
             "train": ("sandbox.code", "sandbox.search"),
-            "evaluate": ("sandbox.code", "sandbox.search")}
+            "evaluate": ("sandbox.code", "sandbox.search"), "evaluate-base": ("sandbox.code", "sandbox.search"),
+            "evaluate-sft": ("sandbox.code", "sandbox.search")}
 
 
 def _file_of(module: str) -> Path | None:

@@ -36,8 +36,8 @@ BAD_INPUT = (BenchmarkError, EvaluationError, ModelSourceError, FileNotFoundErro
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_task(cfg: RunConfig, urls: dict, model: str | None) -> dict:
-    with tracked_run(cfg.run, "evaluate", cfg.model_dump()):
+def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str = "evaluate") -> dict:
+    with tracked_run(cfg.run, stage, cfg.model_dump()):
         return evaluate(cfg, urls, model_path=model)
 
 
@@ -60,7 +60,7 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
     tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
     with stage_run(cfg, stage) as run_id:
         with running_services(cfg, tools, params) as urls:
-            metrics = evaluate_task(cfg, urls, model)
+            metrics = evaluate_task(cfg, urls, model, stage)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
         decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], eval_run_id=run_id)
     print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")

@@ -31,7 +31,8 @@ TINY = {
     "rollout": {"group_size": 2, "max_policy_tokens": 12, "max_total_tokens": 2048, "max_batch_sequences": 4},
     # dynamic sampling off: a random tiny model earns equal rewards, and the step must still run
     "train": {"steps": 2, "prompts_per_step": 2, "max_gen_rounds": 1, "checkpoint_every": 1, "lr": 1e-4,
-              "algorithm": {"kind": "dapo", "dynamic_sampling": False}},
+              "algorithm": {"kind": "dapo", "dynamic_sampling": False}, "refill_dropped_groups": False,
+              "anchor_dropped_tokens": 0},
     "evaluate": {"limit": 4},
 }
 

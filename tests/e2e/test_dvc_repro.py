@@ -23,7 +23,7 @@ from flows.tracking import INVOCATION_TAG
 from pipeline.tracking.runs import DVC_TAG_PREFIX
 from tests.helpers.workspace import make_workspace
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]  # a whole tiny pipeline, three evaluations
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a whole tiny pipeline, three evaluations
 
 TINY = {
     "model": {"path": "tiny-model"},

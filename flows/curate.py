@@ -9,12 +9,18 @@ When a fact set must be answerable by search (`curate.wiki_facts.answerable_only
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("curate")
+
 from typing import get_args
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, reported_stage, run_stage
+from flows.common import load_or_exit
+from flows.reported import reported_stage
 from flows.services import running_services
 from pipeline.config import RunConfig
 from pipeline.config.rollout import RolloutConfig
@@ -49,6 +55,3 @@ def curate_flow(params: str = "params.yaml") -> dict:
     run = load_or_exit(params)
     return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params))
 
-
-if __name__ == "__main__":
-    run_stage(curate_flow, "Curate the training and test problems.")

@@ -1,59 +1,101 @@
 """Stage evaluate: accuracy and tool use of a model on benchmarks (TAPO Table 1, Figures 3-4).
 
-    python -m flows.evaluate --params params.yaml [--model PATH_OR_URI] [--label NAME] [--output-dir DIR]
-                             [--stage NAME]
+    python -m flows.evaluate --params params.yaml                     # the DVC stage: metrics/eval*
+    python -m flows.evaluate --params params.yaml --baseline sft      # the DVC stage evaluate-sft
+    python -m flows.evaluate --model runs/step2 [--label NAME]        # ad hoc: runs/evaluate/<label>/
 
-The main job runs it three times on the same held-out problems (dvc.yaml): the prompted base model
-(`evaluate-base`) and the SFT model (`evaluate-sft`), each into its own directory, then the RL policy
-(`evaluate`), whose report puts the other two beside it (`evaluate.compare_dirs`) and compares the last two
-problem by problem. `--stage` names the DVC stage (its MLflow run and input hashes).
+The main job evaluates the prompted base model and the SFT model (`evaluate.baselines`, each its own DVC stage,
+`evaluate-<name>`, writing its baseline's output_dir) on the same held-out problems as the policy; the policy's
+stage then puts them beside it in its report (`evaluate.compare_dirs` are added after them) and compares the last
+two problem by problem. A baseline moves no champion: it is not a version of the policy.
 
 Benchmarks are read (and bad ones rejected) before any service starts; only the services the
 benchmarks' problem types need are started, none in mode no_tools. The run is tracked in
-MLflow; the library logs its metrics, table and plots into it.
+MLflow; the library logs its metrics, table and plots into it. An ad-hoc evaluation (another model,
+a label or another params file) writes under runs/evaluate/<label>/, never into DVC's outputs
+(flows.outputs).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("evaluate")
+
+from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit
+from flows.summary import publish
+from flows.outputs import Placement, placement
 from flows.services import running_services
 from flows.tracking import stage_run
-from pipeline.config import DEFAULT_PARAMS, RunConfig
+from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
+from pipeline.evaluation.evaluate import run_label
+from pipeline.evaluation.report import TABLE_FILE
+from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
 from pipeline.tracking.runs import tracked_run
 
-BAD_INPUT = (BenchmarkError, EvaluationError, ModelSourceError, FileNotFoundError)
+USER_ERRORS = (*COMMON_ERRORS, BenchmarkError, EvaluationError, ModelSourceError)
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str = "evaluate") -> dict:
+def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str) -> dict:
     with tracked_run(cfg.run, stage, cfg.model_dump()):
         return evaluate(cfg, urls, model_path=model)
 
 
-def with_overrides(cfg: RunConfig, label: str | None, output_dir: str | None = None) -> RunConfig:
-    """The evaluate section with the command line's label and output directory; a baseline written elsewhere
-    compares against nothing (its own report is one row)."""
-    update = {"label": label} if label else {}
-    if output_dir:
-        update |= {"output_dir": output_dir, "compare_dirs": ()}
-    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)}) if update else cfg
+def with_overrides(cfg: RunConfig, label: str | None, place: Placement) -> RunConfig:
+    """The row label given, and the output folder where this run writes (ad hoc: under runs/evaluate/<label>/).
+    The DVC stage (written in place) compares with the baselines' evaluations first."""
+    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))} | ({"label": label} if label else {})
+    if place.root is None:
+        baselines = tuple(b.output_dir for b in cfg.evaluate.baselines.values())
+        update["compare_dirs"] = baselines + tuple(d for d in cfg.evaluate.compare_dirs if d not in baselines)
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)})
+
+
+def as_baseline(cfg: RunConfig, name: str) -> RunConfig:
+    """The evaluate section for baseline `name`: its model, label and output folder, compared with nothing."""
+    if name not in cfg.evaluate.baselines:
+        raise EvaluationError(f"--baseline {name!r}: not one of evaluate.baselines {sorted(cfg.evaluate.baselines)}")
+    baseline = cfg.evaluate.baselines[name]
+    update = {"model": baseline.model, "label": baseline.label, "output_dir": baseline.output_dir, "compare_dirs": ()}
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)})
+
+
+def preflight(params: str, model: str | None = None, label: str | None = None, out: str | None = None,
+              baseline: str | None = None) -> None:
+    """Bad benchmarks, an unknown baseline or a missing model, found before Prefect starts (the flow checks
+    again)."""
+    cfg = load_or_exit(params)
+    cfg = as_baseline(cfg, baseline) if baseline else cfg
+    load_benchmarks(cfg.evaluate)
+    resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
+
+
+def configured(params: str, model: str | None, label: str | None, out: str | None,
+               baseline: str | None) -> tuple[RunConfig, str]:
+    """This run's config and the stage it is: a baseline's DVC stage, the policy's, or an ad-hoc run."""
+    if baseline is not None:
+        return as_baseline(load_or_exit(params), baseline), f"evaluate-{baseline}"
+    place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
+    return with_overrides(load_or_exit(params), label, place), "evaluate"
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: str | None = None,
-                  output_dir: str | None = None, stage: str = "evaluate") -> dict:
-    cfg = with_overrides(load_or_exit(params), label, output_dir)
+                  out: str | None = None, baseline: str | None = None) -> dict:
+    cfg, stage = configured(params, model, label, out, baseline)
     # Bad benchmarks or a missing model fail here, before any service starts.
     benchmarks = load_benchmarks(cfg.evaluate)
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
@@ -62,31 +104,13 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
         with running_services(cfg, tools, params) as urls:
             metrics = evaluate_task(cfg, urls, model, stage)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
-        decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], eval_run_id=run_id)
-    print(f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
+        decision = None if baseline else update_champion(
+            cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], setting=evaluation_setting(cfg, benchmarks),
+            eval_run_id=run_id)
+    champion = ("champion: not a policy version (a baseline)" if decision is None else
+                f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
+    print(f"{champion}\noutputs in {cfg.evaluate.output_dir}")
+    table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
+    publish(stage, f"{stage}: {run_label(cfg, model or cfg.evaluate.model)}",
+            f"{table}\n{champion}\n\nOutputs: `{cfg.evaluate.output_dir}`", cfg.run, run_id)
     return metrics
-
-
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Evaluate a model on the configured benchmarks.")
-    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
-    parser.add_argument("--model", default=None, help="model to evaluate instead of evaluate.model "
-                        "(directory, hub id, or MLflow URI such as models:/tapo-policy@champion)")
-    parser.add_argument("--label", default=None, help="row name in the comparison table")
-    parser.add_argument("--output-dir", default=None, help="write the evaluation here instead of evaluate.output_dir "
-                        "(and compare it with nothing)")
-    parser.add_argument("--stage", default="evaluate", help="the DVC stage this run is (its MLflow run's name)")
-    return parser.parse_args()
-
-
-def main() -> None:
-    args = parse_args()
-    try:
-        evaluate_flow(args.params, args.model, args.label, args.output_dir, args.stage)
-    except BAD_INPUT as err:
-        print(f"evaluate: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()

@@ -24,6 +24,7 @@ from pipeline.jsonl import write_json
 
 TABLE_FILE = "eval_table.md"
 COMPARE_FILE = "eval_compare.json"
+ACCURACY_FILE = "eval_accuracy.csv"
 HEADLINE = ("accuracy", "tool_use", "right_tool", "calls_per_rollout/search", "calls_per_rollout/code", "n_problems")
 PLOTS_DIR = "eval_plots"
 CATEGORY_ORDER = ("fact", "math", "comprehensive")
@@ -107,6 +108,17 @@ def comparison(runs: list[RunResult]) -> dict:
     return {"models": models, "order": [run.label for run in runs]} | ({"flips": flips.to_dict()} if flips else {})
 
 
+def comparison_headline(runs: list[RunResult]) -> dict[str, float]:
+    """For the headline (DVC metrics, the MLflow parent): the last run's accuracy gain over the one before it
+    and their flips (none with a single run)."""
+    flips = flips_of(runs)
+    if flips is None:
+        return {}
+    gain = (runs[-1].value("all", "accuracy") or 0.0) - (runs[-2].value("all", "accuracy") or 0.0)
+    return {"gain_over_previous": gain, "flips/to_right": float(flips.to_right),
+            "flips/to_wrong": float(flips.to_wrong), "flips/sign_test_p": flips.sign_test_p}
+
+
 def markdown_report(runs: list[RunResult]) -> str:
     flips = flips_of(runs)
     return "\n".join([
@@ -122,14 +134,22 @@ def markdown_report(runs: list[RunResult]) -> str:
     ])
 
 
+def accuracy_csv(run: RunResult) -> str:
+    """`benchmark,accuracy` rows (each benchmark, then all): what DVC's Vega plot compares across experiments."""
+    rows = [f"{name},{run.value(name, 'accuracy'):.6f}" for name in [*run.benchmarks, "all"]]
+    return "\n".join(["benchmark,accuracy", *rows]) + "\n"
+
+
 def write_reports(out_dir: Path, current: RunResult, earlier: list[RunResult], *, plots: bool) -> list[Path]:
-    """Write eval_table.md, eval_compare.json (and the PNG plots) for the earlier runs and the current one;
-    return the files."""
+    """Write eval_table.md, eval_compare.json, eval_accuracy.csv (and the PNG plots) for the earlier runs and the
+    current one;    return the files."""
     runs = [*earlier, current]
     table = out_dir / TABLE_FILE
     table.write_text(markdown_report(runs), encoding="utf-8")
     write_json(out_dir / COMPARE_FILE, comparison(runs))
-    written = [table, out_dir / COMPARE_FILE]
+    curve = out_dir / ACCURACY_FILE
+    curve.write_text(accuracy_csv(current), encoding="utf-8")
+    written = [table, out_dir / COMPARE_FILE, curve]
     if plots:
         written += write_plots(out_dir / PLOTS_DIR, runs)
     return written

@@ -5,7 +5,8 @@ A preset (`configs/experiments/*.yaml`) is an override file (`extends: ../../par
 `dvc exp run -S ...` rather than by copying it over params.yaml, the experiment records exactly which params it
 changed (`dvc exp show`, `dvc params diff`) and runs only the stages that read them. Values are written as
 Hydra reads them (DVC parses `-S` with Hydra's override grammar): strings single-quoted, lists `[...]`,
-mappings `{key: value}`, so a list of sources or a nested section goes in one override.
+mappings `{key: value}`, so a list of sources or a nested section goes in one override. A key the preset
+adds (another variant's fields, a new named entry) goes in as `+key=value` and one it drops as `~key`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ from typing import Any
 from pipeline.config import RunConfig
 
 
-def changed_leaves(base: Any, preset: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> preset value for every leaf where `preset` differs from `base` (lists are leaves)."""
-    if isinstance(base, dict) and isinstance(preset, dict):
-        out: dict[str, Any] = {}
-        for key in preset:
-            out |= changed_leaves(base.get(key), preset[key], f"{prefix}{key}.")
-        return out
-    return {} if base == preset else {prefix.removesuffix("."): preset}
+def leaf_overrides(base: Any, preset: Any, prefix: str = "") -> list[str]:
+    """The overrides that turn mapping `base` into `preset`, a leaf at a time (lists are leaves).
+
+    A key the preset adds is appended (`+key=value`: a variant with other fields, a new named entry) and a key
+    it lacks is deleted (`~key`), since Hydra refuses to set a key the file does not have and keeps one the
+    preset dropped."""
+    if not (isinstance(base, dict) and isinstance(preset, dict)):
+        return [] if base == preset else [f"{prefix.removesuffix('.')}={hydra_value(preset)}"]
+    out = [f"~{prefix}{key}" for key in base if key not in preset]
+    for key, value in preset.items():
+        if key not in base:
+            out.append(f"+{prefix}{key}={hydra_value(value)}")
+        else:
+            out += leaf_overrides(base[key], value, f"{prefix}{key}.")
+    return out
 
 
 def hydra_value(value: Any) -> str:
@@ -49,6 +57,6 @@ def hydra_value(value: Any) -> str:
 
 
 def experiment_overrides(base: RunConfig, preset: RunConfig) -> list[str]:
-    """The `key=value` overrides that turn `base` into `preset`, in key order."""
-    changed = changed_leaves(base.model_dump(mode="json"), preset.model_dump(mode="json"))
-    return [f"{key}={hydra_value(value)}" for key, value in sorted(changed.items())]
+    """The overrides that turn `base` into `preset`, in key order."""
+    changed = leaf_overrides(base.model_dump(mode="json"), preset.model_dump(mode="json"))
+    return sorted(changed, key=lambda line: line.lstrip("+~"))

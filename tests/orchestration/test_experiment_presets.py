@@ -5,10 +5,12 @@ of params.yaml, for every preset under configs/experiments, and for any value th
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from dvc.utils.hydra import apply_overrides
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hypothesis import given, settings
@@ -49,3 +51,25 @@ def test_each_seed_is_one_named_experiment(repo_root: Path) -> None:
     lines = commands(PRESETS[0], [0, 2], "lc", queue=True, base=repo_root / "params.yaml")
     assert [line[:5] for line in lines] == [["dvc", "exp", "run", "-n", "lc-s0"], ["dvc", "exp", "run", "-n", "lc-s2"]]
     assert all(line[-3:] == ["-S", f"run.seed={seed}", "--queue"] for line, seed in zip(lines, (0, 2)))
+
+
+TEPO_VARIANTS = {"off": {"kind": "off"}, "sparse": {"kind": "sparse", "min_segment_tokens": 2},
+                 "dense": {"kind": "dense", "alpha": 0.7, "min_segment_tokens": 1, "advantage_eps": 1.0e-5}}
+
+
+@pytest.mark.parametrize("before", sorted(TEPO_VARIANTS))
+@pytest.mark.parametrize("after", sorted(TEPO_VARIANTS))
+def test_a_preset_that_switches_a_variant_or_drops_an_entry_gets_exactly_its_config(before: str, after: str,
+                                                                                     repo_root: Path,
+                                                                                     tmp_path: Path) -> None:
+    default = yaml.safe_load((repo_root / "params.yaml").read_text())
+    start, target = copy.deepcopy(default), copy.deepcopy(default)
+    start["reward"]["tepo"] = TEPO_VARIANTS[before]
+    start["evaluate"]["baselines"]["extra"] = {"model": "models/x", "label": "x", "output_dir": "metrics/x"}
+    target["reward"]["tepo"] = TEPO_VARIANTS[after]
+    target["run"]["seed"] = 17
+    params, preset = tmp_path / "params.yaml", tmp_path / "preset.yaml"
+    params.write_text(yaml.safe_dump(start))
+    preset.write_text(yaml.safe_dump(target))
+    apply_overrides(params, experiment_overrides(load_config(params), load_config(preset)))
+    assert load_config(params).model_dump() == load_config(preset).model_dump()

@@ -43,6 +43,11 @@ def _model(parser: argparse.ArgumentParser) -> None:
                         "hub id, or MLflow URI such as models:/tapo-policy@champion)")
 
 
+def _baseline(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", default=None, help="evaluate one of evaluate.baselines (its model, label and "
+                        "output folder: the DVC stage evaluate-<name>) instead of evaluate.model")
+
+
 def _dvc(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dvc", action="store_true", help="run `dvc repro` (only stages whose inputs changed)")
 
@@ -62,7 +67,7 @@ COMMANDS: dict[str, Command] = {
     "train": Command("train_flow", "Train the policy with tools (models/policy, metrics/train*).",
                      (_resume, _label, _out)),
     "evaluate": Command("evaluate_flow", "Evaluate a model on the configured benchmarks (metrics/eval*).",
-                        (_model, _label, _out)),
+                        (_model, _label, _out, _baseline)),
     "services": Command("services_flow", "Start the tool services and keep them running until Ctrl-C."),
     "pipeline": Command("pipeline_flow", "Run the whole pipeline under one MLflow parent run.", (_dvc,)),
 }

@@ -3,6 +3,8 @@
 Rows whose prompt overruns the rollout's token budget are rejected ("too_long") with the
 tokenizer of the model the run trains (`model.base_dir`, written by prepare-model) and the
 tools training offers; without a prepared model that filter is skipped and the report says so.
+When a fact set must be answerable by search (`curate.wiki_facts.answerable_only`, a source's
+`answerable_only`), the stage starts the search service over the built index for the "unanswerable" filter.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import load_or_exit
 from flows.reported import reported_stage
-from pipeline.config.curate import CurateConfig
+from flows.services import running_services
+from pipeline.config import RunConfig
 from pipeline.config.rollout import RolloutConfig
+from pipeline.data.answerable import service_probe
 from pipeline.data.curate import run as curate
 from pipeline.model import load_prepared_tokenizer
 from pipeline.rollout.prompt_budget import PromptBudget
@@ -37,13 +41,17 @@ def prompt_budget(model_dir: str, rollout: RolloutConfig) -> PromptBudget | None
 
 
 @task(cache_policy=NO_CACHE)
-def curate_task(cfg: CurateConfig, model_dir: str, rollout: RolloutConfig) -> dict:
-    return curate(cfg, prompt_budget=prompt_budget(model_dir, rollout)).to_dict()
+def curate_task(run: RunConfig, params: str) -> dict:
+    budget = prompt_budget(run.model.base_dir, run.rollout)
+    if not run.curate.needs_search():
+        return curate(run.curate, prompt_budget=budget).to_dict()
+    with running_services(run, ("search",), params) as urls:
+        probe = service_probe(run.search, urls["search"], run.rollout.max_tool_output_chars)
+        return curate(run.curate, prompt_budget=budget, search=probe).to_dict()
 
 
 @flow(name="curate", log_prints=True)
 def curate_flow(params: str = "params.yaml") -> dict:
     run = load_or_exit(params)
-    return reported_stage(params, "curate", "curate",
-                          lambda cfg: curate_task(cfg, run.model.base_dir, run.rollout))
+    return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params))
 

@@ -1,7 +1,13 @@
 """Stage evaluate: accuracy and tool use of a model on benchmarks (TAPO Table 1, Figures 3-4).
 
     python -m flows.evaluate --params params.yaml                     # the DVC stage: metrics/eval*
+    python -m flows.evaluate --params params.yaml --baseline sft      # the DVC stage evaluate-sft
     python -m flows.evaluate --model runs/step2 [--label NAME]        # ad hoc: runs/evaluate/<label>/
+
+The main job evaluates the prompted base model and the SFT model (`evaluate.baselines`, each its own DVC stage,
+`evaluate-<name>`, writing its baseline's output_dir) on the same held-out problems as the policy; the policy's
+stage then puts them beside it in its report (`evaluate.compare_dirs` are added after them) and compares the last
+two problem by problem. A baseline moves no champion: it is not a version of the policy.
 
 Benchmarks are read (and bad ones rejected) before any service starts; only the services the
 benchmarks' problem types need are started, none in mode no_tools. The run is tracked in
@@ -43,42 +49,68 @@ USER_ERRORS = (*COMMON_ERRORS, BenchmarkError, EvaluationError, ModelSourceError
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_task(cfg: RunConfig, urls: dict, model: str | None) -> dict:
-    with tracked_run(cfg.run, "evaluate", cfg.model_dump()):
+def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str) -> dict:
+    with tracked_run(cfg.run, stage, cfg.model_dump()):
         return evaluate(cfg, urls, model_path=model)
 
 
 def with_overrides(cfg: RunConfig, label: str | None, place: Placement) -> RunConfig:
-    """The row label given, and the output folder where this run writes (ad hoc: under runs/evaluate/<label>/)."""
+    """The row label given, and the output folder where this run writes (ad hoc: under runs/evaluate/<label>/).
+    The DVC stage (written in place) compares with the baselines' evaluations first."""
     update = {"output_dir": str(place.place(cfg.evaluate.output_dir))} | ({"label": label} if label else {})
+    if place.root is None:
+        baselines = tuple(b.output_dir for b in cfg.evaluate.baselines.values())
+        update["compare_dirs"] = baselines + tuple(d for d in cfg.evaluate.compare_dirs if d not in baselines)
     return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)})
 
 
-def preflight(params: str, model: str | None = None, label: str | None = None, out: str | None = None) -> None:
-    """Bad benchmarks or a missing model, found before Prefect starts (the flow checks again)."""
+def as_baseline(cfg: RunConfig, name: str) -> RunConfig:
+    """The evaluate section for baseline `name`: its model, label and output folder, compared with nothing."""
+    if name not in cfg.evaluate.baselines:
+        raise EvaluationError(f"--baseline {name!r}: not one of evaluate.baselines {sorted(cfg.evaluate.baselines)}")
+    baseline = cfg.evaluate.baselines[name]
+    update = {"model": baseline.model, "label": baseline.label, "output_dir": baseline.output_dir, "compare_dirs": ()}
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update=update)})
+
+
+def preflight(params: str, model: str | None = None, label: str | None = None, out: str | None = None,
+              baseline: str | None = None) -> None:
+    """Bad benchmarks, an unknown baseline or a missing model, found before Prefect starts (the flow checks
+    again)."""
     cfg = load_or_exit(params)
+    cfg = as_baseline(cfg, baseline) if baseline else cfg
     load_benchmarks(cfg.evaluate)
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
 
 
+def configured(params: str, model: str | None, label: str | None, out: str | None,
+               baseline: str | None) -> tuple[RunConfig, str]:
+    """This run's config and the stage it is: a baseline's DVC stage, the policy's, or an ad-hoc run."""
+    if baseline is not None:
+        return as_baseline(load_or_exit(params), baseline), f"evaluate-{baseline}"
+    place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
+    return with_overrides(load_or_exit(params), label, place), "evaluate"
+
+
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: str | None = None,
-                  out: str | None = None) -> dict:
-    place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
-    cfg = with_overrides(load_or_exit(params), label, place)
+                  out: str | None = None, baseline: str | None = None) -> dict:
+    cfg, stage = configured(params, model, label, out, baseline)
     # Bad benchmarks or a missing model fail here, before any service starts.
     benchmarks = load_benchmarks(cfg.evaluate)
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
     tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
-    with stage_run(cfg, "evaluate") as run_id:
+    with stage_run(cfg, stage) as run_id:
         with running_services(cfg, tools, params) as urls:
-            metrics = evaluate_task(cfg, urls, model)
+            metrics = evaluate_task(cfg, urls, model, stage)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
-        decision = update_champion(cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"],
-                                   setting=evaluation_setting(cfg, benchmarks), eval_run_id=run_id)
-    champion = f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})"
+        decision = None if baseline else update_champion(
+            cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], setting=evaluation_setting(cfg, benchmarks),
+            eval_run_id=run_id)
+    champion = ("champion: not a policy version (a baseline)" if decision is None else
+                f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
     print(f"{champion}\noutputs in {cfg.evaluate.output_dir}")
     table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
-    publish("evaluate", f"evaluate: {run_label(cfg, model or cfg.evaluate.model)}",
+    publish(stage, f"{stage}: {run_label(cfg, model or cfg.evaluate.model)}",
             f"{table}\n{champion}\n\nOutputs: `{cfg.evaluate.output_dir}`", cfg.run, run_id)
     return metrics

@@ -26,7 +26,8 @@ def sft_task(cfg: RunConfig, urls: dict) -> dict:
 @flow(name="sft", log_prints=True)
 def sft_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
-    with stage_run(cfg, "sft") as run_id, running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+    tools = ("code", "search") if cfg.sft.enabled else ()  # the teacher's calls really run (pipeline.sft)
+    with stage_run(cfg, "sft") as run_id, running_services(cfg, tools, params) as urls:
         metrics = sft_task(cfg, urls)
     print(f"sft: {metrics}")
     publish("sft", f"sft: {cfg.sft.output_dir}", markdown_table(metrics), cfg.run, run_id)

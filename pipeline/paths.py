@@ -1,11 +1,14 @@
-"""Where things are: the repository root and the shared benchmark data beside it."""
+"""Where things are: the repository root, the shared benchmark data beside it, the embedded Wikipedia dump."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The real English Wikipedia dump excerpt in the gensim wheel's test data (106 articles), pinned by gensim's version
+GENSIM_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 
 def shared_data_dir() -> Path:
@@ -15,3 +18,15 @@ def shared_data_dir() -> Path:
     """
     env = os.environ.get("TAPO_SHARED_DATA")
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+def embedded_wiki_dump() -> Path:
+    """The Wikipedia dump excerpt in the installed gensim package: the default search corpus and the source of
+    the offline default's fact questions (`pipeline.data.wiki_facts`)."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default search corpus needs the 'gensim' package (pip install gensim==4.4.0)")
+    path = Path(spec.submodule_search_locations[0]) / "test" / "test_data" / GENSIM_DUMP
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: gensim's Wikipedia test dump is missing from this gensim install")
+    return path

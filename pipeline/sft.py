@@ -8,7 +8,12 @@ are built from curated problems and *really executed*:
   Calculator generator) as a tool call, runs it in the sandbox, appends the sandbox's real
   output exactly as the rollout engine would (loss mask 0), then the answer read from that
   output;
-- a trace is kept only when the reward verifier accepts its answer.
+- for a question the fact verifier scores (reward.routing), it searches the question itself with
+  the real search service, appends what the policy would see of the output, and answers with the first
+  gold alias that output shows (`pipeline.data.answerable.shows_answer`);
+- a trace is kept only when the reward verifier (routed as in RL) accepts its answer.
+The prompt offers the tools the RL rollout will offer the same problem, so the cold start teaches the
+choice between them; traces alternate between the two kinds, so `max_traces` keeps both.
 
 The loss is token-level cross-entropy over the teacher's tokens only, normalised by the
 batch's count of those tokens (tool output and prompt excluded, as in RL).
@@ -21,17 +26,20 @@ import math
 import random
 import time
 from collections.abc import Mapping
+from itertools import zip_longest
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipeline.config import RunConfig
+from pipeline.config.reward import RewardConfig
+from pipeline.data.answerable import shows_answer
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device
 from pipeline.tracking.progress import progress
 from pipeline.protocols import ToolProtocol, protocol_for
-from pipeline.reward import verify
+from pipeline.reward import route, verify
 from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
 from pipeline.rollout.offered import tools_for
 from pipeline.tools.base import Tool
@@ -40,7 +48,7 @@ from pipeline.tracking.runs import log_metrics, tracked_run
 from pipeline.types import Problem, ToolName, TrainBatch
 from pipeline.trainer.update import micro_batches, token_logprobs_and_entropy
 
-THOUGHT = "I will compute this exactly with Python."
+THOUGHTS: dict[ToolName, str] = {"code": "I will compute this exactly with Python.", "search": "I should look it up."}
 
 
 @dataclass(frozen=True)
@@ -50,31 +58,50 @@ class Trace:
     loss_mask: tuple[int, ...]  # 1 on the teacher's tokens, 0 on prompt and tool output
 
 
-async def _run_programs(tool: Tool, programs: list[str]) -> list:
+async def _call_all(tool: Tool, inputs: list[str]) -> list:
     try:
-        return await asyncio.gather(*(tool(p) for p in programs))
+        return await asyncio.gather(*(tool(i) for i in inputs))
     finally:
         await tool.aclose()
 
 
-def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, code_tool: Tool,
-                    max_output_chars: int) -> list[Trace]:
-    """One verified trace per problem that carries a program; the program really runs."""
-    usable = [p for p in problems if p.meta.get("code")]
-    results = asyncio.run(_run_programs(code_tool, [p.meta["code"] for p in usable]))
-    traces = []
-    for problem, result in zip(usable, results, strict=True):
-        answer = result.output.strip()
-        if not result.ok or verify(problem.type, answer, list(problem.answers)) < 0.9:
+def teacher_calls(problems: list[Problem], reward: RewardConfig, tools: Mapping[ToolName, Tool]
+                  ) -> list[tuple[Problem, ToolName, str]]:
+    """(problem, tool, call input) of each problem the scripted teacher can solve with the run's tools: its own
+    program with code, or its question with search when the fact verifier scores it."""
+    calls = []
+    for problem in problems:
+        if problem.meta.get("code") and "code" in tools:
+            calls.append((problem, "code", problem.meta["code"]))
+        elif route(problem, reward) == "fact" and "search" in tools:
+            calls.append((problem, "search", problem.question))
+    return calls
+
+
+def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, tools: Mapping[ToolName, Tool],
+                    reward: RewardConfig, max_output_chars: int) -> list[Trace]:
+    """One verified trace per problem the teacher can solve; every call really runs. Code traces and search
+    traces alternate (in problem order within each kind)."""
+    calls = teacher_calls(problems, reward, tools)
+    results: dict[ToolName, list] = {}
+    for name in ("code", "search"):
+        inputs = [call for _, tool, call in calls if tool == name]
+        results[name] = iter(asyncio.run(_call_all(tools[name], inputs))) if inputs else iter(())
+    by_tool: dict[ToolName, list[Trace]] = {"code": [], "search": []}
+    for problem, tool, call in calls:
+        result = next(results[tool])
+        shown = cut_middle(result.output.strip(), max_output_chars) if result.ok else ""
+        answer = shown if tool == "code" else shows_answer(shown, problem.answers)
+        if not result.ok or not answer or verify(route(problem, reward), answer, list(problem.answers)) < 0.9:
             continue  # filtered by the verifier: never teach a wrong trace
-        prompt = encode_prompt(tokenizer, protocol, problem, tools_for(problem, ("code",)))
-        call = _ids(tokenizer, protocol.render_call("code", problem.meta["code"], THOUGHT))
-        output = encode_plain(tokenizer, protocol.wrap_output(cut_middle(answer, max_output_chars)))  # tool text is text
+        prompt = encode_prompt(tokenizer, protocol, problem, tools_for(problem, tuple(tools)))
+        call_ids = _ids(tokenizer, protocol.render_call(tool, call, THOUGHTS[tool]))
+        output = encode_plain(tokenizer, protocol.wrap_output(shown))  # tool text is text
         final = _ids(tokenizer, protocol.render_answer(answer)) + [tokenizer.eos_token_id]
-        ids = prompt + call + output + final
-        mask = [0] * len(prompt) + [1] * len(call) + [0] * len(output) + [1] * len(final)
-        traces.append(Trace(problem.id, tuple(ids), tuple(mask)))
-    return traces
+        ids = prompt + call_ids + output + final
+        mask = [0] * len(prompt) + [1] * len(call_ids) + [0] * len(output) + [1] * len(final)
+        by_tool[tool].append(Trace(problem.id, tuple(ids), tuple(mask)))
+    return [t for pair in zip_longest(by_tool["code"], by_tool["search"]) for t in pair if t is not None]
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -129,14 +156,15 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = P
 def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str]) -> dict[str, float]:
     sc = cfg.sft
     torch.manual_seed(cfg.run.seed)
-    tools = make_tools(cfg, {k: v for k, v in tool_urls.items() if k == "code"})
+    tools = make_tools(cfg, tool_urls)
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol), tools["code"],
+    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol), tools, cfg.reward,
                              cfg.rollout.max_tool_output_chars)
     if sc.max_traces:
         traces = traces[: sc.max_traces]
     if not traces:
-        raise ValueError(f"{sc.train_file}: no problem yields a verified scripted trace (need meta.code)")
+        raise ValueError(f"{sc.train_file}: no problem yields a verified scripted trace (need meta.code with the "
+                         f"code tool, or a fact question the search tool answers; tools: {sorted(tools)})")
     if sc.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)

@@ -186,7 +186,8 @@ def prepared_batch(t: Training, groups: list[ScoredGroup]) -> tuple[TrainBatch, 
     and its weight (0: a rank without data this mini-batch, which still runs as many passes)."""
     mine, weight = t.replicas.share(groups)
     advantages = token_advantages(mine, t.cfg.train.algorithm, t.tepo, t.keep)
-    batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id).to(model_device(t.replicas.module))
+    batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id, t.cfg.train.mask_tool_output
+                             ).to(model_device(t.replicas.module))
     batch = t.old_logprobs.attach(t.replicas, batch, t.settings)
     return t.reference.attach(batch, t.settings.micro_batch_size, t.settings.temperature), weight
 

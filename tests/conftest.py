@@ -7,9 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
+from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT, shared_data_dir
 from pipeline.services.processes import ServiceProcess, free_port, python_service, redis_service
+from sandbox.search.build_index import build_index
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +55,16 @@ def code_sandbox_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     logs = tmp_path_factory.mktemp("sandbox")
     with python_service("sandbox", "sandbox.code", ["--workers", "2"], free_port(), logs).start(timeout_s=120) as svc:
         yield svc.url
+
+
+@pytest.fixture(scope="session")
+def wiki_search_url(redis_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real search service over the default corpus (the embedded Wikipedia dump), as the default run serves it."""
+    tmp = tmp_path_factory.mktemp("wiki-search")
+    build_index(SearchConfig(index_dir=str(tmp / "index")))
+    params = tmp / "params.yaml"
+    params.write_text(yaml.safe_dump({"extends": "defaults", "search": {"index_dir": str(tmp / "index")}}))
+    service = python_service("search", "sandbox.search", ["--redis-url", redis_server.url, "--params", str(params)],
+                             free_port(), tmp)
+    with service.start(timeout_s=60):
+        yield service.url

@@ -50,6 +50,10 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(("train.finetune.kind", "distributed.enabled"),
                 lambda c: c.train.finetune.kind == "lora" and c.distributed.enabled,
                 "the DeepSpeed backend trains full weights only (use train.finetune.kind full)"),
+    Unsupported(("train.mask_tool_output", "train.logprobs_source"),
+                lambda c: not c.train.mask_tool_output and c.train.logprobs_source != "recompute",
+                "tool-output tokens were never sampled, so they have no sampling log-probs to form the importance "
+                "ratio with (train.mask_tool_output false needs train.logprobs_source recompute)"),
     Unsupported(("reward.tepo.kind", "rollout.backend"),
                 lambda c: c.reward.tepo.kind != "off" and c.rollout.backend == "vllm",
                 "TEPO needs the sampling entropies, which the vllm backend does not record "

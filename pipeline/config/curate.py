@@ -22,6 +22,16 @@ class CalculatorConfig(StageConfig):
     levels: tuple[Literal[1, 2, 3], ...] = Field((1, 2, 3), min_length=1, description="Difficulty levels drawn uniformly (1 = small operands).")
 
 
+class WikiFactsConfig(StageConfig):
+    """Fact questions generated from the embedded Wikipedia dump (`pipeline.data.wiki_facts`): the offline fact set."""
+
+    enabled: bool = Field(False, description="Generate them (params.yaml: on, the main job's fact questions; no download).")
+    test_fraction: float = Field(0.4, ge=0.0, le=1.0, description="Share of the dump's pages whose questions go to test (split by page).")
+    answerable_only: bool = Field(True, description=(
+        "Keep a question only when searching it with the search service shows a gold answer within "
+        "rollout.max_tool_output_chars (filter unanswerable); the curate stage then starts the search service."))
+
+
 class SourceConfig(StageConfig):
     """One input data set: a local file or a hub id, mapped to `Problem`s by a named adapter."""
 
@@ -36,6 +46,9 @@ class SourceConfig(StageConfig):
     split: Literal["train", "test", "holdout"] = Field(..., description="train, test, or holdout = seeded split by test_fraction.")
     limit: int = Field(0, ge=0, description="Read at most this many rows (0 = all).")
     judge: bool = Field(False, description="Keep rows only if the multi-LLM judges answer them (TAPO-hard).")
+    answerable_only: bool = Field(False, description=(
+        "Keep a row only when searching its question shows a gold answer within rollout.max_tool_output_chars "
+        "(filter unanswerable; the curate stage then starts the search service)."))
 
     @model_validator(mode="after")
     def _one_location(self) -> SourceConfig:
@@ -101,6 +114,10 @@ class MultiLLMConfig(StageConfig):
 class CurateConfig(StageConfig):
     seed: int = Field(0, ge=0, description="Seed of generation and splitting.")
     calculator: CalculatorConfig = Field(default_factory=CalculatorConfig, description="TAPO Calculator-6K generator.")
+    wiki_facts: WikiFactsConfig = Field(default_factory=WikiFactsConfig, description="Fact questions from the embedded Wikipedia dump.")
+    offer_all_tools: bool = Field(False, description=(
+        "Every problem offers both tools (type complex), so the policy must choose one; the source still routes "
+        "the verifier (reward.routing). False keeps each type's own tool (TAPO's routing); params.yaml: on."))
     sources: tuple[SourceConfig, ...] = Field((), description="Input data sets, in priority order (earlier wins a duplicate).")
     test_fraction: float = Field(0.1, ge=0.0, le=1.0, description="Share of a holdout source's rows that go to test.")
     filters: FilterConfig = Field(default_factory=FilterConfig, description="Rule-based filters.")
@@ -113,8 +130,9 @@ class CurateConfig(StageConfig):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"source names must be unique, repeated: {dupes}")
-        if "calculator" in names:
-            raise ValueError("source name 'calculator' is reserved for the generator")
+        reserved = sorted({"calculator", "wiki_facts"} & set(names))
+        if reserved:
+            raise ValueError(f"source names {reserved} are reserved for the generators")
         judge_names = [j.name for j in self.multi_llm.judges]
         if self.filters.time_judge and self.filters.time_judge not in judge_names:
             raise ValueError(f"filters.time_judge {self.filters.time_judge!r} is not one of multi_llm.judges {judge_names}")
@@ -122,3 +140,7 @@ class CurateConfig(StageConfig):
         if judged and not self.multi_llm.judges:
             raise ValueError(f"sources {judged} have judge: true but multi_llm.judges is empty")
         return self
+
+    def needs_search(self) -> bool:
+        """Whether the unanswerable filter runs (and so the curate stage needs the search service)."""
+        return (self.wiki_facts.enabled and self.wiki_facts.answerable_only) or any(s.answerable_only for s in self.sources)

@@ -8,6 +8,7 @@ from `pipeline.evaluation.benchmarks`) or a custom one with `adapter` and `type`
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -70,6 +71,14 @@ class EvalJudgeConfig(StageConfig):
         return self
 
 
+class BaselineConfig(StageConfig):
+    """A model the policy is compared with on the same problems (the DVC stage evaluate-<name> evaluates it)."""
+
+    model: str = Field(..., min_length=1, description="The model: a directory, an embedded model name, a hub id or an MLflow URI.")
+    label: str = Field("", description="Its row in the comparison table (empty = model name and mode).")
+    output_dir: str = Field(..., min_length=1, description="Where its evaluation goes (the stage's output).")
+
+
 class EvaluateConfig(StageConfig):
     model: str = Field("models/policy", min_length=1, description="Model to evaluate: a directory, an embedded model name, a hub id or an MLflow model URI (models:/, runs:/).")
     split_file: str = Field("data/curated/test.jsonl", min_length=1, description="Problems evaluated when `benchmarks` is empty (curated Problem JSONL).")
@@ -83,6 +92,9 @@ class EvaluateConfig(StageConfig):
     pass_k: tuple[int, ...] = Field((1,), min_length=1, description="k values of unbiased pass@k (each <= samples).")
     chunk_problems: int = Field(16, ge=1, description="Problems per rollout batch; finished batches are saved, so a crash loses at most one.")
     resume: bool = Field(True, description="Keep finished samples of the same model and settings from an interrupted run.")
+    baselines: dict[str, BaselineConfig] = Field(default_factory=dict, description=(
+        "Models the policy's evaluation is compared with, each evaluated on the same problems by its own stage "
+        "(`python -m flows.evaluate --baseline <name>`); the policy's stage puts them first in its report."))
     compare_dirs: tuple[str, ...] = Field((), description="Output dirs of earlier evaluations to put beside this one in the table and plots.")
     plots: bool = Field(True, description="Write PNG plots (tool calls, accuracy vs search calls, response lengths).")
     judge: EvalJudgeConfig = Field(default_factory=EvalJudgeConfig, description="Optional LLM judge for fact answers.")
@@ -96,4 +108,8 @@ class EvaluateConfig(StageConfig):
         too_big = [k for k in self.pass_k if not 1 <= k <= self.samples]
         if too_big:
             raise ValueError(f"pass_k values {too_big} must be between 1 and samples={self.samples}")
+        bad = [n for n in self.baselines if not re.fullmatch(r"[A-Za-z0-9_-]+", n)]
+        if bad:
+            raise ValueError(f"baseline names {bad} must be letters, digits, '_' or '-' (each names a DVC stage "
+                             "evaluate-<name>)")
         return self

@@ -6,8 +6,9 @@ The rule for missing sections and keys (what `load_config` and `python -m pipeli
   each nested settings mapping (`curate.filters`, `rollout.vllm`, `train.algorithm` for its `kind`, ...).
   `params.yaml`, the file the stages and DVC read, is such a file. What "every key" means is derived from
   the config classes, so a key added to a class is required in params.yaml from then on. Entries of lists
-  (`curate.sources`, `evaluate.benchmarks`, `curate.multi_llm.judges`) are records whose optional fields
-  keep their defaults (`- {name: gsm8k}`), and free-form mappings (`reward.routing`) hold what they hold.
+  (`curate.sources`, `evaluate.benchmarks`, `curate.multi_llm.judges`) and of named mappings
+  (`evaluate.baselines`) are records whose optional fields keep their defaults (`- {name: gsm8k}`), and
+  free-form mappings (`reward.routing`) hold what they hold.
 - Or it is an **override file**, which says what fills its gaps with a top-level `extends:`:
   `extends: ../params.yaml` (a path relative to the override file, or absolute) merges the override over
   that file, which is read by the same rule (complete, or extending another); `extends: defaults` merges it

@@ -35,6 +35,7 @@ DEFAULT_SOURCE_ROUTING: dict[str, str] = {
     "aime25": "math",
     "amc23": "math",
     "calculator": "calculator",
+    "wiki_facts": "fact",
     "complex": "complex",
 }
 

@@ -148,6 +148,10 @@ class TrainConfig(StageConfig):
             "forward (one no-grad pass per mini-batch; under train.autocast this removes the sampler/trainer "
             "precision gap exactly).")
     )
+    mask_tool_output: bool = Field(True, description=(
+        "Exclude the tokens a tool returned from the loss (TAPO, ToRL: needed for stable training). False trains on "
+        "them too, as if the policy had written them: the ablation of the masking claim (their old log-probs must "
+        "then be recomputed: logprobs_source recompute)."))
     balance_sources: bool = Field(
         False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."
     )

@@ -1,15 +1,19 @@
-"""The curation stage: sources + Calculator -> filters -> multi-LLM filtering -> split files.
+"""The curation stage: Calculator + Wikipedia facts + sources -> filters -> multi-LLM filtering -> split files.
 
 `run(cfg)` writes, under `cfg.output_dir`:
 - `train.jsonl`, `test.jsonl`: one `Problem.to_dict()` a line, in config order (calculator
-  first, then each source in file order);
+  first, then the embedded dump's fact questions, then each source in file order);
 - `rejected.jsonl`: every row that did not make it, with its source, file, line, filter and
   reason — nothing is dropped silently;
 - `report.json`: counts per source and per filter, and judge token/cost totals.
 
 Filters run cheapest first so judges are only paid for rows that passed everything else:
 malformed -> invalid answer -> time-ambiguous rules -> duplicates -> contamination ->
-too long -> time-ambiguity LLM judge (optional) -> multi-LLM judges.
+too long -> unanswerable -> time-ambiguity LLM judge (optional) -> multi-LLM judges.
+With `offer_all_tools` every row becomes type complex (both tools offered) after the duplicate checks, which
+read the original types, and before "too long", which must measure the prompt training will show.
+"unanswerable" (`pipeline.data.answerable`) keeps a fact question the search service can answer: for the
+generated Wikipedia facts (`wiki_facts.answerable_only`) and sources with `answerable_only`.
 "too long" rejects a row whose chat-templated prompt leaves no room for a full response within the
 rollout's token budget, encoded exactly as training's load-time check encodes it
 (`pipeline.rollout.prompt_budget.prompt_overruns`), so a kept row is never refused when training loads
@@ -30,7 +34,7 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 from tqdm import tqdm
 
 from pipeline.config.curate import CurateConfig, FilterConfig
+from pipeline.data import wiki_facts
+from pipeline.data.answerable import SearchProbe, drop_unanswerable
 from pipeline.data.calculator import generate_splits
 from pipeline.data.dedupe import Deduper, NgramIndex
 from pipeline.data.filters import rule_rejection
@@ -46,6 +52,7 @@ from pipeline.data.judging import ToolFactory, judge_filter
 from pipeline.data.sources import Rejection, load_source, location
 from pipeline.data.time_judge import time_judge_filter
 from pipeline.jsonl import write_json, write_json_lines, write_problems
+from pipeline.paths import embedded_wiki_dump
 from pipeline.types import Problem
 
 if TYPE_CHECKING:
@@ -54,7 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FILTERS: tuple[str, ...] = ("malformed", "invalid_answer", "time_ambiguous", "duplicate", "near_duplicate",
-                            "contamination", "too_long", "judges")
+                            "contamination", "too_long", "unanswerable", "judges")
 NO_BUDGET = "not checked: no tokenizer of the model to train (prepare the model before curating)"
 
 
@@ -90,9 +97,13 @@ def check_sources(cfg: CurateConfig) -> None:
 
 
 def read_all(cfg: CurateConfig) -> tuple[list[Problem], list[Rejection]]:
-    """Calculator problems and every configured source, in config order."""
+    """Calculator problems, the embedded dump's fact questions and every configured source, in config order."""
     train, test = generate_splits(cfg.calculator.n_train, cfg.calculator.n_test, cfg.seed, cfg.calculator.levels)
     problems: list[Problem] = [*train, *test]
+    if cfg.wiki_facts.enabled:
+        facts = wiki_facts.generate(embedded_wiki_dump())
+        train, test = wiki_facts.split_by_page(facts, cfg.wiki_facts.test_fraction, cfg.seed)
+        problems += [*train, *test]
     rejections: list[Rejection] = []
     for src in cfg.sources:
         for item in _progress(load_source(src, cfg.seed, cfg.test_fraction), f"read {src.name}"):
@@ -165,9 +176,22 @@ def drop_too_long(problems: list[Problem], budget: PromptBudget | None) -> tuple
                             f"rollout.max_policy_tokens), protocol {budget.rollout.protocol}")
 
 
+def offering_all_tools(problems: list[Problem]) -> list[Problem]:
+    """Every problem as type complex (both tools offered); its source still routes the verifier."""
+    return [Problem(p.id, p.question, p.answers, "complex", p.source, p.split, p.meta) for p in problems]
+
+
+def needs_answer_check(cfg: CurateConfig) -> Callable[[Problem], bool]:
+    """Which rows the unanswerable filter checks: generated facts (when asked) and sources marked answerable_only."""
+    sources = {s.name for s in cfg.sources if s.answerable_only}
+    if cfg.wiki_facts.enabled and cfg.wiki_facts.answerable_only:
+        sources.add(wiki_facts.SOURCE)
+    return lambda problem: problem.source in sources
+
+
 def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejected: list[Rejection]) -> tuple[
         dict[str, dict[str, int]], dict[str, int]]:
-    names = ["calculator", *(s.name for s in cfg.sources)]
+    names = ["calculator", *([wiki_facts.SOURCE] if cfg.wiki_facts.enabled else []), *(s.name for s in cfg.sources)]
     per_source: dict[str, dict[str, int]] = {n: {"read": 0, "train": 0, "test": 0, "rejected": 0} for n in names}
     for p in read:
         per_source[p.source]["read"] += 1
@@ -184,12 +208,14 @@ def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejec
 
 
 def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None,
-        prompt_budget: PromptBudget | None = None) -> CurationReport:
+        prompt_budget: PromptBudget | None = None, search: SearchProbe | None = None) -> CurationReport:
     """Curate, write the split files, rejected rows and report; return the report.
 
     `tool_factory` builds the judges' tools inside the judging event loop; by default they are
     clients of `multi_llm.code_url` and `multi_llm.search_url`. `prompt_budget` (the trained model's
-    tokenizer, the rollout config, the tools training offers) enables the "too_long" filter.
+    tokenizer, the rollout config, the tools training offers) enables the "too_long" filter; `search` (what the
+    policy would see of a search for each question) the "unanswerable" one, which `cfg.needs_search()` says
+    is configured (without a probe it raises).
     """
     started = time.perf_counter()
     check_sources(cfg)
@@ -200,7 +226,11 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None,
     rejected += dropped
     kept, dropped = drop_contaminated(kept, cfg.filters.contamination_ngram)
     rejected += dropped
+    if cfg.offer_all_tools:
+        kept = offering_all_tools(kept)
     kept, dropped, budget_checked = drop_too_long(kept, prompt_budget)
+    rejected += dropped
+    kept, dropped = drop_unanswerable(kept, needs_answer_check(cfg), search)
     rejected += dropped
     judge_totals: dict[str, dict[str, float]] = {}
     run_stats: dict[str, float] = {}

@@ -52,6 +52,7 @@ KNOWN: dict[str, KnownBenchmark] = {
     "musique": KnownBenchmark("musique/musique_500.jsonl", "musique", "multihop", "fact"),
     "bamboogle": KnownBenchmark("bamboogle/test.jsonl", "bamboogle", "multihop", "fact"),
     "calculator": KnownBenchmark("data/curated/test.jsonl", "problems", "calculator", "math", in_repo=True),
+    "wiki_facts": KnownBenchmark("data/curated/test.jsonl", "problems", "fact", "fact", in_repo=True),
     "complex": KnownBenchmark("", "problems", "complex", "comprehensive"),
 }
 CATEGORY_OF_TYPE = {"math": "math", "calculator": "math", "code": "math", "fact": "fact", "multihop": "fact",
@@ -140,14 +141,16 @@ def load_benchmark(cfg: BenchmarkConfig, default_limit: int) -> Benchmark:
 
 
 def split_file_benchmarks(path: str, limit: int) -> list[Benchmark]:
-    """The default: a curated split, one benchmark per problem source (in order of first appearance)."""
+    """The default: a curated split, one benchmark per problem source (in order of first appearance), in its
+    known Table-1 group (a curated source offered both tools is still a math or fact column), else its type's."""
     problems = _read_problem_file(Path(path).name, path, None)
     by_source: dict[str, list[Problem]] = {}
     for p in problems:
         by_source.setdefault(p.source, []).append(p)
     if not by_source:
         raise BenchmarkError(f"{path}: no problems")
-    return [Benchmark(name, CATEGORY_OF_TYPE[rows[0].type], path, tuple(unique_ids(rows[:limit] if limit else rows)), 0)
+    return [Benchmark(name, KNOWN[name].category if name in KNOWN else CATEGORY_OF_TYPE[rows[0].type], path,
+                      tuple(unique_ids(rows[:limit] if limit else rows)), 0)
             for name, rows in by_source.items()]
 
 

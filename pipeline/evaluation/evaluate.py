@@ -36,7 +36,7 @@ from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
 from pipeline.tracking.model_source import fingerprint, resolve_model
-from pipeline.evaluation.report import write_reports
+from pipeline.evaluation.report import comparison_headline, write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
 from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.headline import HEADLINE_DIR, PREFIX, eval_headline, headline_file
@@ -201,10 +201,10 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)
-    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks})
-    write_json(headline_file(out_dir, "eval"), headline)
     result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
+    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks}) | comparison_headline([*earlier, result])
+    write_json(headline_file(out_dir, "eval"), headline)
     write_json(out_dir / RUN_FILE, result.header())
     artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
     log_to_mlflow(metrics | {PREFIX + k: v for k, v in headline.items()},

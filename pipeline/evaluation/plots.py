@@ -1,8 +1,9 @@
 """PNG plots of evaluated runs (matplotlib, Agg backend: no display needed). Images, so `dvc plots show`
 renders them offline (its Vega plots load scripts from a CDN); only plots with something to show are written.
 
-- `accuracy.png`: accuracy per benchmark (and over all), one bar per run: the comparison a reader wants
-  first (the Vega plot of `eval_accuracy.csv` shows the same across DVC experiments).
+- `accuracy.png`: accuracy and right-tool rate per benchmark (and over all), one bar per run: the models side
+  by side, the comparison a reader wants first (the Vega plot of `eval_accuracy.csv` shows accuracy across DVC
+  experiments).
 - `tool_calls.png` (TAPO Figure 3): mean tool calls per rollout for each benchmark, one panel
   per tool, one bar per run.
 - `accuracy_vs_search.png` (TAPO Figure 4), when a fact benchmark was evaluated: left, each run's mean
@@ -96,28 +97,32 @@ def plot_response_lengths(path: Path, runs: list[RunResult]) -> Path:
     return _save(fig, path)
 
 
+def plot_accuracy(path: Path, runs: list[RunResult]) -> Path:
+    benches = _benchmarks(runs) + ["all"]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(benches) * 2), 4.2), squeeze=False, sharey=True)
+    width = 0.8 / len(runs)
+    x = np.arange(len(benches))
+    for ax, metric, title in zip(axes[0], ("accuracy", "right_tool"), ("accuracy", "first call is the right tool"),
+                                 strict=True):
+        for i, run in enumerate(runs):
+            values = [100 * (run.value(b, metric) or 0.0) for b in benches]
+            bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=run.label)
+            ax.bar_label(bars, fmt="%.0f", fontsize=7)
+        ax.set_title(title)
+        ax.set_xticks(x, benches, rotation=30, ha="right")
+        ax.set_ylim(0, 105)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("% of rollouts")
+    axes[0][-1].legend(fontsize=8)
+    return _save(fig, path)
+
+
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
-
-
-def plot_accuracy(path: Path, runs: list[RunResult]) -> Path:
-    names = [*_benchmarks(runs), "all"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * len(runs)), 4.2))
-    width = 0.8 / len(runs)
-    x = np.arange(len(names))
-    for i, run in enumerate(runs):
-        values = [100 * (run.value(b, "accuracy") or 0.0) for b in names]
-        bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=run.label)
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
-    ax.set_xticks(x, names, rotation=30, ha="right")
-    ax.set(ylabel="accuracy (%)", ylim=(0, 105), title="accuracy per benchmark")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
 
 
 def write_plots(out_dir: Path, runs: list[RunResult]) -> list[Path]:

@@ -5,7 +5,10 @@ Earlier runs (`evaluate.compare_dirs`, read by `results.load_run`) go beside the
 Table 1's layout: one row per method, columns grouped Fact-reasoning | Math | Comprehensive,
 pass@1 (%) per benchmark, then the average per group present and over all benchmarks (the
 paper averages TAPO-easy/-hard; our groups are the benchmark categories). A second table gives
-tool calls per rollout (search / code), as TAPO Figure 3 and TEPO report them.
+tool calls per rollout (search / code), as TAPO Figure 3 and TEPO report them, and a third the tool choice
+(tool-use and right-tool rates). With two or more runs, the last two are compared problem by problem
+(`flips.paired_flips`: the answers that flipped and the sign test's p-value), and `eval_compare.json` holds every
+run's headline numbers per benchmark and the flips, for DVC and MLflow.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.evaluation.flips import Flips, paired_flips
 from pipeline.evaluation.plots import write_plots
 from pipeline.evaluation.results import RunResult
+from pipeline.jsonl import write_json
 
 TABLE_FILE = "eval_table.md"
+COMPARE_FILE = "eval_compare.json"
 ACCURACY_FILE = "eval_accuracy.csv"
+HEADLINE = ("accuracy", "tool_use", "right_tool", "calls_per_rollout/search", "calls_per_rollout/code", "n_problems")
 PLOTS_DIR = "eval_plots"
 CATEGORY_ORDER = ("fact", "math", "comprehensive")
 CATEGORY_TITLES = {"fact": "Fact-reasoning", "math": "Math", "comprehensive": "Comprehensive"}
@@ -69,13 +76,60 @@ def tool_calls_table(runs: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def tool_choice_table(runs: list[RunResult]) -> str:
+    benches = [n for _, names in column_groups(runs) for n in names] + ["all"]
+    head = ["Method"] + [f"{n}: tool use / right tool" for n in benches]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for run in runs:
+        cells = [f"{_pct(run.value(n, 'tool_use'))} / {_pct(run.value(n, 'right_tool'))}" for n in benches]
+        lines.append("| " + " | ".join([run.label] + cells) + " |")
+    return "\n".join(lines)
+
+
+def flips_of(runs: list[RunResult]) -> Flips | None:
+    """The last two runs compared problem by problem (the trained model against the one it started from)."""
+    if len(runs) < 2:
+        return None
+    return paired_flips(runs[-2].records, runs[-1].records, (runs[-2].label, runs[-1].label))
+
+
+def flips_line(flips: Flips) -> str:
+    return (f"{flips.before} -> {flips.after} on the {flips.problems} problems both evaluated: {flips.to_right} "
+            f"wrong -> right, {flips.to_wrong} right -> wrong (two-sided sign test p = {flips.sign_test_p:.3g}).")
+
+
+def comparison(runs: list[RunResult]) -> dict:
+    """Every run's headline numbers per benchmark and overall, and the flips of the last two."""
+    benches = [n for _, names in column_groups(runs) for n in names] + ["all"]
+    models = {run.label: {"model": run.model, "mode": run.mode,
+                          **{b: {m: v for m in HEADLINE if (v := run.value(b, m)) is not None} for b in benches}}
+              for run in runs}
+    flips = flips_of(runs)
+    return {"models": models, "order": [run.label for run in runs]} | ({"flips": flips.to_dict()} if flips else {})
+
+
+def comparison_headline(runs: list[RunResult]) -> dict[str, float]:
+    """For the headline (DVC metrics, the MLflow parent): the last run's accuracy gain over the one before it
+    and their flips (none with a single run)."""
+    flips = flips_of(runs)
+    if flips is None:
+        return {}
+    gain = (runs[-1].value("all", "accuracy") or 0.0) - (runs[-2].value("all", "accuracy") or 0.0)
+    return {"gain_over_previous": gain, "flips/to_right": float(flips.to_right),
+            "flips/to_wrong": float(flips.to_wrong), "flips/sign_test_p": flips.sign_test_p}
+
+
 def markdown_report(runs: list[RunResult]) -> str:
+    flips = flips_of(runs)
     return "\n".join([
         "# Evaluation", "",
         "Pass@1 accuracy (%) per benchmark (TAPO Table 1 layout; avg@k when samples > 1).", "",
         accuracy_table(runs, "accuracy"), "",
         "Mean tool calls per rollout (search / code).", "",
         tool_calls_table(runs), "",
+        "Tool choice (%): rollouts calling a tool; rollouts whose first call is the tool the problem needs.", "",
+        tool_choice_table(runs), "",
+        *([flips_line(flips), ""] if flips else []),
         "Runs: " + "; ".join(f"{r.label} = {r.model} [{r.mode}]" for r in runs), "",
     ])
 
@@ -87,14 +141,15 @@ def accuracy_csv(run: RunResult) -> str:
 
 
 def write_reports(out_dir: Path, current: RunResult, earlier: list[RunResult], *, plots: bool) -> list[Path]:
-    """Write eval_table.md, eval_accuracy.csv (and the PNG plots) for the earlier runs and the current one;
-    return the files."""
+    """Write eval_table.md, eval_compare.json, eval_accuracy.csv (and the PNG plots) for the earlier runs and the
+    current one;    return the files."""
     runs = [*earlier, current]
     table = out_dir / TABLE_FILE
     table.write_text(markdown_report(runs), encoding="utf-8")
+    write_json(out_dir / COMPARE_FILE, comparison(runs))
     curve = out_dir / ACCURACY_FILE
     curve.write_text(accuracy_csv(current), encoding="utf-8")
-    written = [table, curve]
+    written = [table, out_dir / COMPARE_FILE, curve]
     if plots:
         written += write_plots(out_dir / PLOTS_DIR, runs)
     return written

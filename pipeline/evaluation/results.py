@@ -38,7 +38,9 @@ def load_run(out_dir: Path) -> RunResult:
     """An earlier evaluation's results; a clear error when the directory lacks them."""
     missing = [n for n in (RUN_FILE, "eval.json", "eval_samples.jsonl") if not (out_dir / n).is_file()]
     if missing:
-        raise FileNotFoundError(f"compare dir {out_dir}: missing {missing} (not an evaluation output dir?)")
+        raise FileNotFoundError(f"compare dir {out_dir}: missing {missing} (not an evaluation output dir? the main job's "
+                                "baselines come from `dvc repro evaluate-base evaluate-sft`; evaluate.compare_dirs: [] "
+                                "compares with nothing)")
     header = json.loads((out_dir / RUN_FILE).read_text(encoding="utf-8"))
     metrics = json.loads((out_dir / "eval.json").read_text(encoding="utf-8"))
     records = [r for _, r in iter_json_lines(out_dir / "eval_samples.jsonl")]

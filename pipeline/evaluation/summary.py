@@ -4,6 +4,9 @@
 pass@1); `pass@k` is the unbiased estimator of Chen et al. (2021) over each problem's n
 samples. A sample is correct when its score exceeds 0.9 (as `RewardBreakdown.correct`).
 `all/*` pools every sample; `all/macro_accuracy` averages the benchmarks (Table 1's Avg.).
+Tool choice: `tool_use` is the share of rollouts that call a tool at all; `right_tool` the share whose
+first call is the tool the problem's verifier kind calls for (`RIGHT_TOOL`: search for a fact, code for a
+computation), over the rollouts of problems that have one (a policy answering facts with code shows here).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pipeline.evaluation.pass_at_k import pass_at_k
 
 TOOLS = ("code", "search")
 CORRECT_ABOVE = 0.9
+RIGHT_TOOL = {"fact": "search", "calculator": "code", "math": "code"}  # verifier kind -> the tool that answers it
 
 
 def is_correct(record: dict[str, Any]) -> bool:
@@ -25,6 +29,18 @@ def is_correct(record: dict[str, Any]) -> bool:
 
 def calls_of(record: dict[str, Any], tool: str) -> int:
     return sum(1 for c in record["tool_calls"] if c["tool"] == tool)
+
+
+def first_tool(record: dict[str, Any]) -> str | None:
+    return record["tool_calls"][0]["tool"] if record["tool_calls"] else None
+
+
+def _tool_choice(rows: list[dict[str, Any]]) -> dict[str, float]:
+    out = {"tool_use": float(np.mean([first_tool(r) is not None for r in rows]))}
+    judged = [r for r in rows if r.get("verifier") in RIGHT_TOOL]
+    if judged:
+        out["right_tool"] = float(np.mean([first_tool(r) == RIGHT_TOOL[r["verifier"]] for r in judged]))
+    return out
 
 
 def _group_metrics(rows: list[dict[str, Any]], pass_k: tuple[int, ...]) -> dict[str, float]:
@@ -38,7 +54,7 @@ def _group_metrics(rows: list[dict[str, Any]], pass_k: tuple[int, ...]) -> dict[
         "format_error_rate": float(np.mean([not r["format_ok"] for r in rows])),
         "mean_policy_tokens": float(np.mean([r["policy_tokens"] for r in rows])),
         "tool_failure_rate": _failure_rate(rows),
-    }
+    } | _tool_choice(rows)
     for tool in TOOLS:
         out[f"calls_per_rollout/{tool}"] = float(np.mean([calls_of(r, tool) for r in rows]))
     for k in pass_k:

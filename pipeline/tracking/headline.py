@@ -27,7 +27,8 @@ PREFIX = "headline/"
 TRAIN_KEYS = {"reward/mean": "reward", "reward/accuracy": "accuracy", "reward/format_error_rate": "format_error_rate",
               "train/kept_group_fraction": "kept_group_fraction"}
 TOOL_CALLS = "rollout/calls_per_traj/"
-EVAL_KEYS = ("accuracy", "format_error_rate", "tool_failure_rate", "calls_per_rollout/code", "calls_per_rollout/search")
+EVAL_KEYS = ("accuracy", "format_error_rate", "tool_failure_rate", "calls_per_rollout/code", "calls_per_rollout/search",
+             "tool_use", "right_tool")
 
 
 def last_quarter(n_steps: int) -> int:

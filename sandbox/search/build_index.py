@@ -17,7 +17,8 @@ from pipeline.config import load_config
 from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT
 from sandbox.search.bm25 import BM25Index
-from sandbox.search.corpus import default_dump_path, load_corpus
+from pipeline.paths import embedded_wiki_dump
+from sandbox.search.corpus import load_corpus
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def _sha256(path: Path) -> str:
 def build_index(cfg: SearchConfig, root: Path = REPO_ROOT) -> IndexReport:
     """Load the corpus, index it, and replace `cfg.index_dir` atomically (a half-built index never shows)."""
     started = time.perf_counter()
-    corpus = Path(cfg.corpus_path) if cfg.corpus_path else default_dump_path()
+    corpus = Path(cfg.corpus_path) if cfg.corpus_path else embedded_wiki_dump()
     passages = load_corpus(cfg.corpus_path, cfg.corpus_format, cfg.passage_words)
     index_dir = Path(cfg.index_dir) if Path(cfg.index_dir).is_absolute() else root / cfg.index_dir
     staging = index_dir.with_name(index_dir.name + ".building")

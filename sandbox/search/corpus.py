@@ -18,17 +18,16 @@ uses 100-word passages). Bad rows raise ValueError naming the file and line.
 from __future__ import annotations
 
 import bz2
-import importlib.util
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 from pipeline.jsonl import iter_json_lines
+from pipeline.paths import embedded_wiki_dump
 from sandbox.search.results import Passage
 
 CorpusFormat = Literal["jsonl", "kilt", "wiki18", "wikidump"]
-GENSIM_DUMP = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 
 _WIKI_EMPHASIS = re.compile(r"'{2,}")
 _WIKI_HEADING = re.compile(r"^=+\s*(.*?)\s*=+$", re.MULTILINE)
@@ -36,17 +35,6 @@ _WIKI_HEADING = re.compile(r"^=+\s*(.*?)\s*=+$", re.MULTILINE)
 
 class CorpusError(ValueError):
     """A corpus file that is not what its format says (the message names the file)."""
-
-
-def default_dump_path() -> Path:
-    """The Wikipedia dump excerpt in the installed gensim package's test data."""
-    spec = importlib.util.find_spec("gensim")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the default search corpus needs the 'gensim' package (pip install gensim==4.4.0)")
-    path = Path(spec.submodule_search_locations[0]) / "test" / "test_data" / GENSIM_DUMP
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: gensim's Wikipedia test dump is missing from this gensim install")
-    return path
 
 
 def split_passages(text: str, passage_words: int) -> list[str]:
@@ -137,7 +125,7 @@ def load_corpus(path: str | Path, corpus_format: CorpusFormat, passage_words: in
         if corpus_format != "wikidump":
             raise ValueError(f"an empty corpus path means the default Wikipedia dump; corpus_format must be "
                              f"'wikidump', got {corpus_format!r}")
-        path = default_dump_path()
+        path = embedded_wiki_dump()
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: corpus file not found")

@@ -23,7 +23,7 @@ from flows.tracking import INVOCATION_TAG
 from pipeline.tracking.runs import DVC_TAG_PREFIX
 from tests.helpers.workspace import make_workspace
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a whole tiny pipeline, three evaluations
 
 TINY = {
     "model": {"path": "tiny-model"},
@@ -31,7 +31,8 @@ TINY = {
     "rollout": {"group_size": 2, "max_policy_tokens": 12, "max_total_tokens": 2048, "max_batch_sequences": 4},
     # dynamic sampling off: a random tiny model earns equal rewards, and the step must still run
     "train": {"steps": 2, "prompts_per_step": 2, "max_gen_rounds": 1, "checkpoint_every": 1, "lr": 1e-4,
-              "algorithm": {"kind": "dapo", "dynamic_sampling": False}},
+              "algorithm": {"kind": "dapo", "dynamic_sampling": False}, "refill_dropped_groups": False,
+              "anchor_dropped_tokens": 0},
     "evaluate": {"limit": 4},
 }
 
@@ -79,11 +80,15 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     train = json.loads((workspace / "metrics/train.json").read_text())  # diagnostics: the last step's every metric
     evaluation = json.loads((workspace / "metrics/eval.json").read_text())
     assert "reward/mean" in train and "train/grad_norm" in train
-    assert evaluation["n_problems"] == 4 and 0.0 <= evaluation["all/accuracy"] <= 1.0
+    # evaluate.limit is per benchmark: the held-out calculator problems and the Wikipedia fact questions
+    assert evaluation["n_problems"] == 8 and 0.0 <= evaluation["all/accuracy"] <= 1.0
+    compared = json.loads((workspace / "metrics/eval_compare.json").read_text())  # base, SFT and RL side by side
+    assert compared["order"] == ["base (tools)", "SFT (tools)", "SFT + DAPO (tools)"]
+    assert compared["flips"]["problems"] == 8 and compared["flips"]["before"] == "SFT (tools)"
+    assert all(compared["models"][m]["all"]["n_problems"] == 8 for m in compared["order"])
     headline = {s: json.loads((workspace / f"metrics/headline/{s}.json").read_text()) for s in ("train", "eval")}
     assert headline["train"]["steps"] == 2 and {"reward", "accuracy", "format_error_rate"} <= headline["train"].keys()
-    assert headline["eval"]["n_problems"] == 4 and headline["eval"]["accuracy"] == evaluation["all/accuracy"]
-    assert len(headline["eval"]) <= 8, headline  # a few columns for `dvc exp show`, not every diagnostic
+    assert headline["eval"]["n_problems"] == 8 and headline["eval"]["accuracy"] == evaluation["all/accuracy"]
     assert (workspace / "models/policy/config.json").is_file()
     curve = (workspace / "metrics/train_curve.csv").read_text().splitlines()
     assert len(curve) == 1 + TINY["train"]["steps"]
@@ -93,14 +98,15 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     assert parent.info.run_name.startswith("dvc-repro-")
     assert {"train/reward", "train/accuracy", "evaluate/accuracy"} <= parent.data.metrics.keys()
     stages = _stage_runs(client, parent)
-    assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate"}
+    assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate-base", "evaluate-sft",
+                             "evaluate"}
     assert all(run.info.run_name == f"{parent.info.run_name}/{name}" for name, run in stages.items())
     lock = yaml.safe_load((workspace / "dvc.lock").read_text())["stages"]
     for name, run in stages.items():
         tagged = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
         assert tagged == {d["path"]: d["md5"] for d in lock[name]["deps"]}, name
         assert run.info.status == "FINISHED" and run.data.tags["git_commit"] == parent.data.tags["git_commit"]
-    assert stages["evaluate"].data.metrics["eval/n_problems"] == 4
+    assert stages["evaluate"].data.metrics["eval/n_problems"] == 8
     train = stages["train"].info.run_id
     saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
     assert saved == ["run_config.json", "step-000001", "step-000002"]  # checkpoint_every 1, the last 2 kept
@@ -139,18 +145,18 @@ def test_changing_one_param_reruns_only_its_stages(workspace: Path) -> None:
     out = _dvc(workspace, "repro").stdout
     assert "Running stage 'evaluate'" in out
     assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 3
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 6
 
 
 def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> None:
     out = _dvc(workspace, "exp", "run", "-S", "evaluate.limit=2").stdout
     assert "Running stage 'evaluate'" in out
     assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 2
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 4
     assert yaml.safe_load((workspace / "params.yaml").read_text())["evaluate"]["limit"] == 2
     listed = _dvc(workspace, "exp", "ls", "--name-only").stdout.split()
     assert len(listed) == 1, f"expected one experiment, got {listed}"
     client, parents = _pipeline_runs(workspace)
     assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
     assert parents[-1].info.run_name == listed[0]  # the parent is named after the DVC experiment
-    assert _stage_runs(client, parents[-1]).keys() == {"evaluate"}
+    assert _stage_runs(client, parents[-1]).keys() == {"evaluate-base", "evaluate-sft", "evaluate"}

@@ -152,8 +152,10 @@ def test_table_and_plots_compare_runs(tok, tmp_path) -> None:
     full = json.loads((policy / "eval.json").read_text())
     headline = json.loads((policy / "headline" / "eval.json").read_text())
     assert headline == {k: full[f"all/{k}"] for k in ("accuracy", "format_error_rate", "tool_failure_rate",
-                                                       "calls_per_rollout/code", "calls_per_rollout/search")} | {
-        "n_problems": full["n_problems"]}  # one benchmark, one category: no per-benchmark columns
+                                                       "calls_per_rollout/code", "calls_per_rollout/search",
+                                                       "tool_use", "right_tool")} | {
+        "n_problems": full["n_problems"],  # one benchmark, one category: no per-benchmark columns
+        "gain_over_previous": 0.5, "flips/to_right": 1.0, "flips/to_wrong": 0.0, "flips/sign_test_p": 1.0}  # vs Base
 
 
 def test_missing_compare_dir_fails_before_any_rollout(tmp_path, tiny_model_dir) -> None:
@@ -226,7 +228,7 @@ def test_metrics_and_reports_are_logged_to_the_active_mlflow_run(tok, tmp_path) 
     assert run_data.metrics["eval/calculator/accuracy"] == 0.5
     client = mlflow.MlflowClient()
     logged = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation")}
-    assert {"evaluation/eval.json", "evaluation/eval_samples.jsonl", "evaluation/eval_table.md"} <= logged
+    assert {f"evaluation/{n}" for n in ("eval.json", "eval_samples.jsonl", "eval_table.md", "eval_compare.json")} <= logged
     plots = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation/plots")}
     assert plots == {f"evaluation/plots/{n}.png" for n in ("accuracy", "tool_calls", "response_length")}
     assert run_data.metrics["headline/accuracy"] == 0.5 and run_data.tags["eval.setting.samples"] == "1"

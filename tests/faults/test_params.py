@@ -40,10 +40,12 @@ def leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def keys_of(node: dict[str, Any], prefix: str = "") -> Iterator[str]:
-    """Every dotted key of a mapping, inner mappings included (`reward.routing.*` are not config keys)."""
+    """Every dotted key of a mapping, inner mappings included (`reward.routing.*` and the named
+    `evaluate.baselines.*` records are entries, not config keys)."""
     for key, value in node.items():
         yield prefix + key
-        if isinstance(value, dict) and prefix + key not in ("reward.routing", "reward.type_routing"):
+        if isinstance(value, dict) and prefix + key not in ("reward.routing", "reward.type_routing",
+                                                                 "evaluate.baselines"):
             yield from keys_of(value, f"{prefix}{key}.")
 
 

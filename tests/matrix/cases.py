@@ -107,6 +107,8 @@ def overrides(row: Row, root: Path, model_dir: Path, train_file: Path, tool_url:
         "train.checkpoint_dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
         "train.gradient_checkpointing": False, "train.lr": 1e-3, "train.prompts_per_step": 2,
         "train.max_gen_rounds": 2, "train.micro_batch_size": 4, "train.algorithm": algorithm,
+        "train.ppo_mini_batches": 1, "train.warmup_steps": 0, "train.lr_decay": "constant",
+        "train.balance_sources": False,
         "train.finetune": {"kind": row["finetune"], "r": 4, "alpha": 8.0} if row["finetune"] == "lora"
         else {"kind": "full"},
         "train.autocast": row["autocast"], "train.logprobs_source": row["logprobs_source"],

@@ -74,9 +74,12 @@ UNSUPPORTED_CASES = {  # one params change per refused combination (each rule of
                                                       "rollout.schedule": "turn-synchronous"},
     "train.finetune.kind+distributed.enabled": {"train.finetune": {"kind": "lora"}, "distributed.enabled": True},
     "train.refill_dropped_groups+train.algorithm.dynamic_sampling": {
-        "train.refill_dropped_groups": True, "train.algorithm": {"kind": "grpo", "dynamic_sampling": False}},
+        "train.refill_dropped_groups": True, "train.algorithm": {"kind": "grpo", "dynamic_sampling": False},
+        "train.anchor_dropped_tokens": 0},
     "train.anchor_dropped_tokens+train.algorithm.kl_coef+train.algorithm.dynamic_sampling": {
-        "train.anchor_dropped_tokens": 8},
+        "train.anchor_dropped_tokens": 8, "train.algorithm.kl_coef": 0.0},
+    "train.mask_tool_output+train.logprobs_source": {"train.mask_tool_output": False,
+                                                     "train.logprobs_source": "rollout"},
     "reward.tepo.kind+rollout.backend": {"reward.tepo": {"kind": "sparse"}, "rollout.backend": "vllm"},
     "rollout.backend+rollout.top_p+rollout.temperature+train.logprobs_source": {
         "rollout.backend": "vllm", "rollout.top_p": 0.9, "rollout.temperature": 0.7, "train.logprobs_source": "rollout"},

@@ -1,6 +1,6 @@
 """DVC in a scratch workspace: the pipeline flow's dvc mode under an MLflow parent run, and a local remote.
 
-The first stages of the real dvc.yaml (prepare-model on a tiny model, curate on a few
+The first stages of the real dvc.yaml (prepare-model on a tiny model, build-index, curate on a few
 calculator problems) run through `pipeline_flow(use_dvc=True)`: each stage process opens one
 run nested under the flow's parent, tagged with its inputs' hashes as dvc.lock records them.
 Their outputs are then pushed to a directory remote, deleted with the cache, and pulled back
@@ -30,8 +30,9 @@ pytestmark = pytest.mark.slow
 
 TINY_STAGES = merge({"model": {"path": "tiny-model"}, "curate": {"calculator": {"n_train": 6, "n_test": 2}}},
                     TINY_EVAL)
-OUTPUTS = ("models/base", "data/curated")
-RAN = ("prepare-model", "curate")  # later stages never ran here: name the targets
+OUTPUTS = ("models/base", "data/search/index", "data/curated")
+# later stages never ran here: name the targets (curation keeps the fact questions search can answer)
+RAN = ("prepare-model", "build-index", "curate")
 
 
 def _dvc(ws: Path, *args: str) -> subprocess.CompletedProcess:

@@ -18,8 +18,10 @@ from tests.helpers.source_imports import imports
 ROOT = Path(__file__).resolve().parents[2]
 CODE_TREES = ("pipeline", "flows", "sandbox")
 # The services a stage's flow starts as processes (flows/services.py), whose code is a dep too.
-SERVICES = {"sft": ("sandbox.code",), "train": ("sandbox.code", "sandbox.search"),
-            "evaluate": ("sandbox.code", "sandbox.search")}
+SERVICES = {"curate": ("sandbox.search",), "sft": ("sandbox.code", "sandbox.search"),
+            "train": ("sandbox.code", "sandbox.search"),
+            "evaluate": ("sandbox.code", "sandbox.search"), "evaluate-base": ("sandbox.code", "sandbox.search"),
+            "evaluate-sft": ("sandbox.code", "sandbox.search")}
 
 
 def _file_of(module: str) -> Path | None:

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from pipeline.data.calculator import generate
+from pipeline.config.reward import RewardConfig
 from pipeline.protocols import TapoProtocol
 from pipeline.sft import Trace, scripted_traces, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
+from pipeline.tools.search import SearchClient
+from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -19,8 +22,8 @@ def test_traces_run_in_the_sandbox_and_mask_tool_output(code_sandbox_url: str) -
     problems = generate(6, seed=1)
     wrong = dataclasses.replace(problems[0], id="wrong", meta={**problems[0].meta, "code": "print(1 / 0)"})
     no_code = dataclasses.replace(problems[1], id="no-code", meta={})
-    traces = scripted_traces(problems + [wrong, no_code], tok, TapoProtocol(), CodeSandboxClient(code_sandbox_url),
-                             max_output_chars=200)
+    traces = scripted_traces(problems + [wrong, no_code], tok, TapoProtocol(),
+                             {"code": CodeSandboxClient(code_sandbox_url)}, RewardConfig(), max_output_chars=200)
     assert [t.problem_id for t in traces] == [p.id for p in problems]  # failing and code-less problems dropped
     for trace, problem in zip(traces, problems):
         text = tok.decode(trace.input_ids)
@@ -32,6 +35,29 @@ def test_traces_run_in_the_sandbox_and_mask_tool_output(code_sandbox_url: str) -
         assert problem.meta["code"] in taught and taught.endswith("</answer>" + tok.eos_token)
         assert trace.input_ids[-1] == tok.eos_token_id
         assert answer.split(".")[0] in taught
+
+
+def test_fact_traces_search_for_real_and_alternate_with_code_traces(code_sandbox_url: str, wiki_search_url: str) -> None:
+    """A question the fact verifier scores is taught as a real search whose visible output shows the answer the
+    trace gives; both tools are offered in every prompt (type complex), and the two kinds alternate."""
+    tok = tiny_tokenizer()
+    calculator = [dataclasses.replace(p, type="complex") for p in generate(3, seed=2)]
+    facts = [Problem(f"f{i}", q, a, "complex", "wiki_facts", "train") for i, (q, a) in enumerate([
+        ("What is the capital of Algeria?", ("Algiers",)),
+        ('Which subject is described as "a political philosophy that advocates self-governed societies"?',
+         ("Anarchism",)),
+        ("What is the capital of Atlantis, the lost city?", ("Poseidonis",))])]  # nothing shows it: no trace
+    tools = {"code": CodeSandboxClient(code_sandbox_url), "search": SearchClient(wiki_search_url)}
+    traces = scripted_traces(facts + calculator, tok, TapoProtocol(), tools, RewardConfig(), max_output_chars=1024)
+    assert [t.problem_id for t in traces] == [calculator[0].id, "f0", calculator[1].id, "f1", calculator[2].id]
+    for trace in traces:
+        text = tok.decode(trace.input_ids)
+        assert "<search>" in text.split("<|im_start|>assistant")[0] and "<code>" in text.split("<|im_start|>assistant")[0]
+    for trace, answer in ((traces[1], "Algiers"), (traces[3], "Anarchism")):
+        masked = tok.decode([i for i, m in zip(trace.input_ids, trace.loss_mask) if m == 0])
+        taught = tok.decode([i for i, m in zip(trace.input_ids, trace.loss_mask) if m == 1])
+        assert "<search>" in taught and f"<answer>{answer}</answer>" in taught
+        assert answer in masked.split("<response>", 1)[1]  # the answer was read from the real search output
 
 
 def test_sft_loss_decreases() -> None:

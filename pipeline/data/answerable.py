@@ -1,0 +1,75 @@
+"""The `unanswerable` filter: keep a fact question only when the search tool can answer it.
+
+A question is answerable when searching its own text shows one of its gold answers within what the policy
+sees of the tool's output (the rollout cuts it to `rollout.max_tool_output_chars`). Training on a question
+whose answer the corpus does not surface teaches guessing, and scoring one measures the corpus, not the policy.
+The answer must appear as a whole phrase (`shows_answer`): 'dz' in 'adze' does not count.
+
+The search itself is the caller's (`SearchProbe`: the curate flow asks the real search service). A search the
+service fails is an outage, not a verdict: the probe raises and curation stops, so no row is rejected for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+
+from pipeline.config.search import SearchConfig
+from pipeline.data.sources import Rejection
+from pipeline.tools.search import SearchClient
+from pipeline.tools.shown import cut_middle
+from pipeline.types import Problem, ToolResult
+
+# questions -> what the policy would see of each search's output (already cut to the rollout's budget)
+SearchProbe = Callable[[Sequence[str]], list[str]]
+
+
+def shows_answer(visible: str, answers: Sequence[str]) -> str | None:
+    """The first gold answer `visible` contains as a whole phrase (case-insensitive), or None."""
+    text = visible.casefold()
+    for answer in answers:
+        pattern = r"(?<!\w)" + re.escape(answer.casefold().strip()) + r"(?!\w)"
+        if answer.strip() and re.search(pattern, text):
+            return answer
+    return None
+
+
+def drop_unanswerable(problems: list[Problem], checked: Callable[[Problem], bool],
+                      probe: SearchProbe | None) -> tuple[list[Problem], list[Rejection]]:
+    """Rows `checked` selects are kept only when `probe` shows one of their answers; other rows pass."""
+    asked = [p for p in problems if checked(p)]
+    if not asked:
+        return problems, []
+    if probe is None:
+        raise ValueError(f"{len(asked)} rows need the unanswerable filter (curate.wiki_facts.answerable_only or a "
+                         "source's answerable_only) but no search service was given")
+    visible = probe([p.question for p in asked])
+    if len(visible) != len(asked):
+        raise RuntimeError(f"the search probe answered {len(visible)} of {len(asked)} questions")
+    unanswered = {p.id for p, shown in zip(asked, visible) if shows_answer(shown, p.answers) is None}
+    kept = [p for p in problems if p.id not in unanswered]
+    rejected = [Rejection.of(p, "unanswerable", "searching the question shows none of its answers within the "
+                             "tool output the policy sees") for p in problems if p.id in unanswered]
+    return kept, rejected
+
+
+def service_probe(cfg: SearchConfig, url: str, max_output_chars: int) -> SearchProbe:
+    """A probe that asks the search service at `url` and cuts each output as the rollout does; a search the
+    service fails raises (naming it), so an outage never rejects a row."""
+    def probe(questions: Sequence[str]) -> list[str]:
+        results = asyncio.run(_search_all(cfg, url, questions))
+        failed = [r for r in results if r.infrastructure]
+        if failed:
+            raise RuntimeError(f"the search service at {url} failed {len(failed)} of {len(results)} searches "
+                               f"({failed[0].error}); no row was rejected for it")
+        return [cut_middle(r.output.strip(), max_output_chars) if r.ok else "" for r in results]
+    return probe
+
+
+async def _search_all(cfg: SearchConfig, url: str, questions: Sequence[str]) -> list[ToolResult]:
+    client = SearchClient.from_config(cfg, url)
+    try:
+        return list(await asyncio.gather(*(client(q) for q in questions)))
+    finally:
+        await client.aclose()

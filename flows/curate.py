@@ -7,7 +7,6 @@ tools training offers; without a prepared model that filter is skipped and the r
 
 from __future__ import annotations
 
-from typing import get_args
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
@@ -18,7 +17,7 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import run as curate
 from pipeline.model import load_prepared_tokenizer
 from pipeline.rollout.prompt_budget import PromptBudget
-from pipeline.types import ToolName
+from pipeline.types import BUILTIN_TOOLS
 
 
 def prompt_budget(model_dir: str, rollout: RolloutConfig) -> PromptBudget | None:
@@ -27,7 +26,7 @@ def prompt_budget(model_dir: str, rollout: RolloutConfig) -> PromptBudget | None
     if tokenizer is None:
         print(f"curate: no prepared model at {model_dir}: prompt lengths are not checked")
         return None
-    return PromptBudget(tokenizer, rollout, get_args(ToolName))
+    return PromptBudget(tokenizer, rollout, BUILTIN_TOOLS)
 
 
 @task(cache_policy=NO_CACHE)

@@ -30,13 +30,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from pipeline.protocols.tokens import encode_marked, mark, special_token_ids
+from pipeline.protocols.tokens import TemplateError, encode_marked, mark, special_token_ids
+
+__all__ = ["ChatTemplate", "TemplateError"]
 
 Message = dict[str, Any]
-
-
-class TemplateError(ValueError):
-    """A chat template `chat-tools` cannot train with, and why."""
 
 
 class ChatTemplate:
@@ -107,7 +105,11 @@ class ChatTemplate:
         """The end-of-sequence token the template closes an assistant turn with, and its text."""
         probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": mark(0)},
                  {"role": "user", "content": "v"}]
-        after_turn = self.render(probe, (), add_generation_prompt=False).partition(mark(0))[2]
+        rendered = self.render(probe, (), add_generation_prompt=False)
+        if rendered.count(mark(0)) != 1:
+            raise TemplateError("the chat template does not render an assistant turn's content verbatim, once "
+                                "(it escapes, trims or repeats it), so the sampled tokens could not stand for it")
+        after_turn = rendered.partition(mark(0))[2]
         for eos in sorted(eos_ids):
             text = self.tokenizer.convert_ids_to_tokens(eos)
             if eos in self._special_ids and text and after_turn.startswith(text):

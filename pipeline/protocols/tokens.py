@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 
+class TemplateError(ValueError):
+    """A chat template the rollout cannot render token-exactly, and why."""
+
+
 def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every special token id: the named ones and any added token marked special."""
     added = getattr(tokenizer, "added_tokens_decoder", {})
@@ -47,13 +51,13 @@ def encode_marked(tokenizer: PreTrainedTokenizerBase, rendered: str, contents: S
                   special_ids: frozenset[int] | None = None) -> list[int]:
     """Ids of a rendering whose k-th content was replaced by `mark(k)`: the template's text between the marks
     keeps the template's ids, each content is its plain-text ids (a string) or the given ids (what was sampled).
-    A ValueError when the rendering does not hold every mark exactly once, in order."""
+    A TemplateError when the rendering does not hold every mark exactly once, in order."""
     ids: list[int] = []
     rest = rendered
     for k, content in enumerate(contents):
         template_text, sep, rest = rest.partition(mark(k))
         if not sep or mark(k) in rest:
-            raise ValueError(f"the chat template did not render content #{k} exactly once, unchanged "
+            raise TemplateError(f"the chat template did not render content #{k} exactly once, unchanged "
                              "(it transforms message contents: escapes, trims or repeats them)")
         ids += encode_template_text(tokenizer, template_text)
         ids += encode_plain(tokenizer, content, special_ids) if isinstance(content, str) else list(content)

@@ -30,11 +30,12 @@ from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
 from pipeline.tracking.progress import progress
-from pipeline.protocols import ToolProtocol, protocol_for
+from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_for
 from pipeline.reward import verify
-from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
+from pipeline.rollout.backends.hf import eos_ids
+from pipeline.rollout.engine import cut_middle
 from pipeline.rollout.offered import tools_for
-from pipeline.tools.base import Tool
+from pipeline.tools.base import Tool, tool_specs
 from pipeline.tools.factory import make_tools
 from pipeline.tracking.runs import log_metrics, tracked_run
 from pipeline.types import Problem, ToolName, TrainBatch
@@ -58,27 +59,44 @@ async def _run_programs(tool: Tool, programs: list[str]) -> list:
 
 
 def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, code_tool: Tool,
-                    max_output_chars: int) -> list[Trace]:
-    """One verified trace per problem that carries a program; the program really runs."""
+                    max_output_chars: int, eos_ids: frozenset[int] | None = None) -> list[Trace]:
+    """One verified trace per problem that carries a program; the program really runs. The trace is built as a
+    rollout builds a trajectory (the protocol's `Renderer`: prompt, the call and what ends it, the tool output as
+    the protocol shows it, the answer), so the tag protocols and chat-tools are taught their own format."""
     usable = [p for p in problems if p.meta.get("code")]
     results = asyncio.run(_run_programs(code_tool, [p.meta["code"] for p in usable]))
+    renderer = protocol.bind(tokenizer, tool_specs({"code": code_tool}), eos_ids or frozenset({tokenizer.eos_token_id}))
     traces = []
     for problem, result in zip(usable, results, strict=True):
         answer = result.output.strip()
         if not result.ok or verify(problem.type, answer, list(problem.answers)) < 0.9:
             continue  # filtered by the verifier: never teach a wrong trace
-        prompt = encode_prompt(tokenizer, protocol, problem, tools_for(problem, ("code",)))
-        call = _ids(tokenizer, protocol.render_call("code", problem.meta["code"], THOUGHT))
-        output = encode_plain(tokenizer, protocol.wrap_output(cut_middle(answer, max_output_chars)))  # tool text is text
-        final = _ids(tokenizer, protocol.render_answer(answer)) + [tokenizer.eos_token_id]
-        ids = prompt + call + output + final
-        mask = [0] * len(prompt) + [1] * len(call) + [0] * len(output) + [1] * len(final)
-        traces.append(Trace(problem.id, tuple(ids), tuple(mask)))
+        traces.append(_trace(renderer, problem, problem.meta["code"], cut_middle(answer, max_output_chars), answer))
     return traces
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _trace(renderer: Renderer, problem: Problem, program: str, shown: str, answer: str) -> Trace:
+    tools = tools_for(problem, ("code",))
+    dialogue = renderer.start(problem, tools)
+    call = renderer.segment_ids(renderer.protocol.render_call("code", program, THOUGHT), final=False)
+    parsed = _read_call(renderer, dialogue, call, tools)
+    output = renderer.reply(dialogue, call, [(parsed, shown)])  # tool text is text, as the engine shows it
+    final = renderer.segment_ids(renderer.protocol.render_answer(answer), final=True)
+    prompt = dialogue.prompt_ids
+    ids = prompt + call + output + final
+    mask = [0] * len(prompt) + [1] * len(call) + [0] * len(output) + [1] * len(final)
+    return Trace(problem.id, tuple(ids), tuple(mask))
+
+
+def _read_call(renderer: Renderer, dialogue: Dialogue, ids: list[int], tools: tuple[ToolName, ...]) -> ParsedCall:
+    """The teacher's call as the rollout reads it: at its stop string (tags), or at the end of its turn (chat)."""
+    for at_eos in (False, True):
+        calls = renderer.read(dialogue, ids, tools, at_eos=at_eos).calls
+        if calls and calls[0].error is None:
+            return calls[0]
+        if calls:
+            raise ValueError(f"the scripted teacher wrote a call its protocol refuses: {calls[0].error}")
+    raise ValueError("the scripted teacher's call is not read as a call by its protocol")
 
 
 def to_batch(traces: list[Trace], pad_id: int) -> TrainBatch:
@@ -131,8 +149,8 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     torch.manual_seed(cfg.run.seed)
     tools = make_tools(cfg, {k: v for k, v in tool_urls.items() if k == "code"})
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol), tools["code"],
-                             cfg.rollout.max_tool_output_chars)
+    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol, cfg.rollout.chat_tools),
+                             tools["code"], cfg.rollout.max_tool_output_chars, eos_ids(model, tokenizer))
     if sc.max_traces:
         traces = traces[: sc.max_traces]
     if not traces:

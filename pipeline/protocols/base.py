@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedTokenizerBase
 
-from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids
+from pipeline.protocols.tokens import chat_ids, encode_plain, encode_template_text, special_token_ids
 from pipeline.types import Problem, ToolName, ToolSpec, Trajectory
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -168,6 +168,11 @@ class Renderer(ABC):
         """The ids appended after the segment: each call's shown output (already cut), in order, as the
         protocol shows it, up to where the model writes next."""
 
+    @abstractmethod
+    def segment_ids(self, text: str, *, final: bool) -> list[int]:
+        """A teacher's segment as the model would sample it (the SFT traces): `text` (a rendered call, or the
+        `final` answer) and what ends it (a stop string in the text, or the end-of-turn/sequence token)."""
+
 
 class TextRenderer(Renderer):
     """The tag protocols' token side: the chat-templated prompt; one call per segment, its output wrapped by
@@ -190,6 +195,10 @@ class TextRenderer(Renderer):
               ) -> list[int]:
         (_, shown), = answered  # a tag segment ends at its one call
         return encode_plain(self.tokenizer, self.protocol.wrap_output(shown), self._special_ids)
+
+    def segment_ids(self, text: str, *, final: bool) -> list[int]:
+        ids = encode_template_text(self.tokenizer, text)  # a call ends at its stop string, the answer at EOS
+        return ids + [self.tokenizer.eos_token_id] if final else ids
 
 
 def system_turn_length(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], prompt_ids: list[int]

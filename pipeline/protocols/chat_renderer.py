@@ -86,6 +86,9 @@ class ChatRenderer(Renderer):
         dialogue.messages += [{"role": "assistant", "content": turn}, *results]
         return ids
 
+    def segment_ids(self, text: str, *, final: bool) -> list[int]:
+        return encode_template_text(self.tokenizer, text) + [self.template.turn_end_id]  # every turn ends alike
+
     def turn_text(self, segment_ids: Sequence[int]) -> str:
         """The turn's text as the template receives it: the sampled ids before the turn closer, decoded."""
         return self.tokenizer.decode(list(segment_ids[:-1]))

@@ -30,7 +30,7 @@ from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import load_policy, model_device
 from pipeline.tracking.progress import progress
-from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_for
+from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_of
 from pipeline.reward import verify
 from pipeline.rollout.backends.hf import eos_ids
 from pipeline.rollout.engine import cut_middle
@@ -149,7 +149,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     torch.manual_seed(cfg.run.seed)
     tools = make_tools(cfg, {k: v for k, v in tool_urls.items() if k == "code"})
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol, cfg.rollout.chat_tools),
+    traces = scripted_traces(problems, tokenizer, protocol_of(cfg.rollout),
                              tools["code"], cfg.rollout.max_tool_output_chars, eos_ids(model, tokenizer))
     if sc.max_traces:
         traces = traces[: sc.max_traces]

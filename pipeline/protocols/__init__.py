@@ -18,6 +18,7 @@ here parsing reads the text but the tokens stay exactly as sampled (see rollout.
 
 from __future__ import annotations
 
+from pipeline.config.rollout import RolloutConfig
 from pipeline.config.tools import ChatToolsConfig
 from pipeline.protocols.base import (MALFORMED, OUTPUT_MARK, Dialogue, ParsedCall, Renderer, SegmentEnd,
                                      TextRenderer, ToolProtocol, Wrapper)
@@ -49,6 +50,7 @@ __all__ = [
     "TorlProtocol",
     "Wrapper",
     "protocol_for",
+    "protocol_of",
 ]
 
 
@@ -61,3 +63,8 @@ def protocol_for(name: str, chat_tools: ChatToolsConfig | None = None) -> ToolPr
     if protocol is None:
         raise ValueError(f"unknown protocol {name!r}; expected one of {PROTOCOL_NAMES}")
     return protocol
+
+
+def protocol_of(rollout: RolloutConfig) -> ToolProtocol:
+    """The protocol a rollout section names, configured by it (`rollout.protocol`, `rollout.chat_tools`)."""
+    return protocol_for(rollout.protocol, rollout.chat_tools)

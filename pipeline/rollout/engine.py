@@ -2,9 +2,11 @@
 
 One coroutine-free decoder thread generates for every sequence (`pipeline.rollout.backends.hf.HFDecoder`);
 tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
-a segment ends at a tool call, the sequence is parked; its result is tokenized as plain text
-(`encode_plain`: special tokens in a tool's output stay text), appended with loss mask 0, and
-the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
+a segment ends at tool calls (one for the tag protocols; any number in a chat-tools turn, run together and
+answered in the order written), the sequence is parked; the protocol's renderer (`ToolProtocol.bind`) gives
+the ids of the results as it shows them (a tag protocol's wrapped output as plain text, `encode_plain`:
+special tokens in a tool's output stay text; chat-tools: the chat template's own rendering of the tool
+messages, token-exact), appended with loss mask 0, and the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
 (TAPO and ToRL do). With the hf backend a row rejoins at a decoding step fixed when it called
 (`rollout.readmit_after_steps` later; `_ClockedRun`), not when its tool happens to answer: which
 rows share a batch then depends on the sampled tokens alone, so log-probs are bit-identical
@@ -36,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends import make_backend
 from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams, eos_ids
-from pipeline.protocols import Renderer, ToolProtocol, protocol_for
+from pipeline.protocols import Renderer, ToolProtocol, protocol_of
 from pipeline.protocols.base import system_turn_length as turn_length
 from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids  # noqa: F401 - re-exported
 from pipeline.rollout.metrics import RolloutStats
@@ -76,7 +78,7 @@ class RolloutEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tools: dict[ToolName, Tool],
                  cfg: RolloutConfig, *, seed: int = 0) -> None:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
-        self.protocol: ToolProtocol = protocol_for(cfg.protocol, cfg.chat_tools)
+        self.protocol: ToolProtocol = protocol_of(cfg)
         self.eos_ids = eos_ids(model, tokenizer)
         # the protocol's token side: prompts, segment reading, the ids appended after calls (checked once here)
         self.renderer: Renderer = self.protocol.bind(tokenizer, tool_specs(tools), self.eos_ids)

@@ -15,7 +15,9 @@ from pipeline.config.tools import ChatToolsConfig
 from pipeline.protocols import MALFORMED, protocol_for
 from pipeline.reward import check_response, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.types import Problem, ToolResult, ToolSpec
+from pipeline.rollout.offered import tools_for
+from pipeline.rollout.prompt_budget import PromptBudget, prompt_overruns
+from pipeline.types import BUILTIN_SPECS, Problem, ToolResult, ToolSpec
 from tests.protocols.chat_helpers import (FAMILIES, ChatScriptedLM, conversation, family_tokenizer, turn_end_id,
                                           whole_ids)
 
@@ -152,3 +154,16 @@ def test_a_turn_closed_by_another_end_of_sequence_ends_the_trajectory() -> None:
     dialogue = engine.renderer.start(PROBLEM, ("code",))
     end = engine.renderer.read(dialogue, ids, ("code",), at_eos=True)
     assert end.calls == () and not end.answered  # nothing renders after a closer the template does not use
+
+
+def test_the_prompt_budget_counts_the_tools_the_template_declares() -> None:
+    tok = family_tokenizer("hermes")
+    specs = {"code": BUILTIN_SPECS["code"], "lookup": LOOKUP}
+    chat = ChatToolsConfig(template="hermes")
+    offered = tools_for(PROBLEM, tuple(specs))
+    renderer = protocol_for("chat-tools", chat).bind(tok, specs, frozenset({tok.eos_token_id}))
+    n = len(renderer.start(PROBLEM, offered).prompt_ids)
+    assert "lookup" in offered and n > len(renderer.start(PROBLEM, ("code",)).prompt_ids)
+    for total, over in ((n + 99, [(0, n)]), (n + 100, [])):
+        rollout = RolloutConfig(protocol="chat-tools", chat_tools=chat, max_total_tokens=total, max_policy_tokens=100)
+        assert prompt_overruns([PROBLEM], PromptBudget(tok, rollout, tuple(specs), specs)) == over

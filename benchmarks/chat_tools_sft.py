@@ -8,7 +8,8 @@ stage does (one epoch, batch 8, lr 5e-5 unless changed); (3) the SFT model is ev
 model: accuracy, format-ok rate, right-tool rate (the first call is code), malformed calls, mean policy tokens.
 DAPO after SFT is not run here (the learning_cpu benchmark's hour of 2 cores per protocol).
 
-    python benchmarks/chat_tools_sft.py [--traces 48] [--test 40] [--epochs 1] [--lr 5e-5] [--out runs/chat_tools_sft]
+    python benchmarks/chat_tools_sft.py [--traces 48] [--test 40] [--epochs 1] [--lr 5e-5] [--threads N]
+                                        [--out runs/chat_tools_sft]
 
 Last line: one JSON object with the figures per protocol and model.
 """
@@ -82,7 +83,10 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--out", type=Path, default=Path("runs/chat_tools_sft"))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     train = generate(args.traces + 16, seed=11)  # a few spare: a trace is kept only when its program verifies
     test = generate(args.test, seed=12)

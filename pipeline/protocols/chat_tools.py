@@ -34,6 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.config.tools import ChatToolsConfig
 from pipeline.protocols.answers import last_boxed
 from pipeline.protocols.chat_renderer import ChatRenderer
+from pipeline.protocols.chat_template import TemplateError
 from pipeline.protocols.base import (MALFORMED, OUTPUT_MARK, ParsedCall, Renderer, SegmentEnd, ToolProtocol,
                                      strip_eos)
 from pipeline.protocols.tool_parsers import PARSERS, RawCall
@@ -148,7 +149,12 @@ class ChatToolsProtocol(ToolProtocol):
 
     def bind(self, tokenizer: PreTrainedTokenizerBase, specs: Mapping[ToolName, ToolSpec],
              eos_ids: frozenset[int]) -> Renderer:
-        return ChatRenderer(self, tokenizer, specs, eos_ids, template_source(self.options.template, tokenizer))
+        source = template_source(self.options.template, tokenizer)
+        try:
+            return ChatRenderer(self, tokenizer, specs, eos_ids, source)
+        except TemplateError as err:  # name the template the run was given
+            raise TemplateError(f"rollout.chat_tools.template {self.options.template or '(the tokenizer own)'!r}: "
+                                f"{err}") from None
 
 
 def template_source(option: str, tokenizer: PreTrainedTokenizerBase) -> str:

@@ -3,9 +3,10 @@ schemas, and each turn's tool messages appended exactly as the chat template ren
 
 Set up once per run (`ChatToolsProtocol.bind`), it refuses, before anything samples, a template that ignores the
 `tools` it is given, does not close an assistant turn with an end-of-sequence token of the model, transforms
-message contents, or does not render a conversation incrementally: a scripted probe conversation (reasoning,
-one call, two calls in a turn, whitespace at a turn's ends, an answer) is replayed turn by turn and compared,
-as ids, with the whole conversation rendered at once.
+message contents, or does not render a conversation incrementally, and a tokenizer that does not decode a turn
+back to its text (the template is given the decoded turn): a scripted probe conversation (reasoning, one call,
+two calls in a turn, whitespace at a turn's ends, an answer) is replayed turn by turn and compared, as ids,
+with the whole conversation rendered at once.
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ class ChatRenderer(Renderer):
         parser = self.protocol.parser
         for turn, results in _probe_turns(parser):
             turn_ids = encode_template_text(self.tokenizer, turn) + [self.template.turn_end_id]
-            if self.turn_text(turn_ids) != turn:
-                continue  # the tokenizer cannot spell this turn back (a character outside its vocabulary)
+            if self.turn_text(turn_ids) != turn:  # the template would be given other text than was sampled
+                raise TemplateError(f"the tokenizer does not decode a turn's ids back to its text ({turn[:40]!r} "
+                                    f"decodes as {self.turn_text(turn_ids)[:40]!r}); chat-tools needs a lossless "
+                                    "(byte-level) tokenizer")
             sampled[len(dialogue.messages)] = turn_ids[:-1]
             ids += turn_ids
             if results:

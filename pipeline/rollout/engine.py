@@ -50,13 +50,10 @@ from pipeline.tools.base import Tool, tool_specs
 from pipeline.types import Group, Problem, ToolName
 
 
-
 @dataclass(frozen=True)
 class RolloutResult:
     groups: list[Group]  # one per problem, in draw order: the input problems, then any a refill added
     stats: RolloutStats
-
-
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: ToolProtocol, problem: Problem,

@@ -9,10 +9,12 @@ import json
 
 import pytest
 
+from pipeline.config import load_config
 from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.tools import ChatToolsConfig
-from pipeline.protocols import MALFORMED, protocol_for
+from pipeline.paths import REPO_ROOT
+from pipeline.protocols import MALFORMED, protocol_for, protocol_of
 from pipeline.reward import check_response, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.offered import tools_for
@@ -167,3 +169,10 @@ def test_the_prompt_budget_counts_the_tools_the_template_declares() -> None:
     for total, over in ((n + 99, [(0, n)]), (n + 100, [])):
         rollout = RolloutConfig(protocol="chat-tools", chat_tools=chat, max_total_tokens=total, max_policy_tokens=100)
         assert prompt_overruns([PROBLEM], PromptBudget(tok, rollout, tuple(specs), specs)) == over
+
+
+def test_the_chat_tools_params_file_loads_and_binds_to_smollm2() -> None:
+    cfg = load_config(REPO_ROOT / "configs" / "chat-tools.yaml")
+    tok = family_tokenizer("hermes")
+    renderer = protocol_of(cfg.rollout).bind(tok, BUILTIN_SPECS, frozenset({tok.eos_token_id}))
+    assert "<tool_call>" in tok.decode(renderer.start(PROBLEM, ("code",)).prompt_ids)

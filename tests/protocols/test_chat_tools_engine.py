@@ -14,14 +14,14 @@ from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.tools import ChatToolsConfig
 from pipeline.paths import REPO_ROOT
-from pipeline.protocols import MALFORMED, protocol_for, protocol_of
+from pipeline.protocols import MALFORMED, TemplateError, protocol_for, protocol_of
 from pipeline.reward import check_response, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.offered import tools_for
 from pipeline.rollout.prompt_budget import PromptBudget, prompt_overruns
 from pipeline.types import BUILTIN_SPECS, Problem, ToolResult, ToolSpec
-from tests.protocols.chat_helpers import (FAMILIES, ChatScriptedLM, conversation, family_tokenizer, turn_end_id,
-                                          whole_ids)
+from tests.protocols.chat_helpers import (FAMILIES, TEMPLATES, ChatScriptedLM, conversation, family_tokenizer,
+                                          turn_end_id, whole_ids)
 
 LOOKUP = ToolSpec("lookup", "Look a word up in the dictionary.",
                   {"type": "object", "properties": {"word": {"type": "string"}, "limit": {"type": "integer"}},
@@ -176,3 +176,18 @@ def test_the_chat_tools_params_file_loads_and_binds_to_smollm2() -> None:
     tok = family_tokenizer("hermes")
     renderer = protocol_of(cfg.rollout).bind(tok, BUILTIN_SPECS, frozenset({tok.eos_token_id}))
     assert "<tool_call>" in tok.decode(renderer.start(PROBLEM, ("code",)).prompt_ids)
+
+
+def test_a_drift_the_set_up_probe_missed_stops_the_rollout_instead_of_training_on_it(tmp_path) -> None:
+    """A template that rewrites an earlier turn only for some contents passes the set-up probe; the turn where it
+    drifts raises, naming it, rather than yielding a trajectory the template would not show the model."""
+    source = (TEMPLATES / "chatml_tools.jinja").read_text().replace(
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}",
+        "{{- '<|im_start|>' + message.role + '\\n' + message.content.replace('forget', '') + '<|im_end|>\\n' }}")
+    assert "replace('forget'" in source
+    path = tmp_path / "forgetful.jinja"
+    path.write_text(source)
+    call = protocol_for("chat-tools").parser.render([("code", {"code": "print(1)"})], "I forget.")
+    with pytest.raises(TemplateError, match="does not render the conversation incrementally"):
+        rollout_of("chatml", [call, "\\boxed{1}"], {"code": SlowTool("code", {"print(1)": "1"})},
+                   chat_tools=ChatToolsConfig(template=str(path)))

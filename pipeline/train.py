@@ -53,7 +53,7 @@ import torch
 from pipeline.config import RunConfig
 from pipeline.config.train import LoraFinetune
 from pipeline.jsonl import write_json
-from pipeline.model import AUTOCAST, load_policy, model_device
+from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
@@ -66,7 +66,9 @@ from pipeline.sampling.training_problems import check_prompt_budget, read_traini
 from pipeline.tools.base import tool_specs
 from pipeline.tools.factory import close_now, make_tools
 from pipeline.tools.outages import OutageGuard
+from pipeline.tracking.headline import write_train_headline
 from pipeline.tracking.history import MetricHistory, StepProgress
+from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import tracked_run
 from pipeline.tracking.train_samples import log_samples
@@ -75,6 +77,7 @@ from pipeline.trainer.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
 from pipeline.trainer.replicas import OneProcess, Replicas
+from pipeline.trainer.run_folder import check_resumable, run_folder, take, training_identity
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
@@ -105,6 +108,7 @@ class Training:
     settings: UpdateSettings
     outages: OutageGuard  # the run's tool-outage counts
     start: TrainerState  # where this run starts (a resume's checkpoint, or step 0)
+    run_dir: Path  # this run's own folder: its checkpoints and the config they are written under
 
 
 def seed_everything(seed: int) -> None:
@@ -113,11 +117,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Training:
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_dir: Path | None = None) -> Training:
     seed_everything(cfg.run.seed)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    tc = cfg.train
+    tc, identity, run_dir = cfg.train, training_identity(cfg), run_dir or run_folder(cfg)
+    if resume:  # before any model loads: checkpoints of another config are refused, naming what differs
+        check_resumable(run_dir, identity)
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
@@ -125,7 +131,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     model = weights.prepare(model)
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -133,12 +139,15 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     tools = make_tools(cfg, tool_urls)  # the registry: an MCP server is started and its schemas read here
     try:  # before the first step, with the schemas a chat template declares
         check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
-    except BaseException:
+        replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
+        if replicas.is_main:
+            take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
+        start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
+        # the protocol binds here: a chat template it cannot render token-exactly is refused
+        engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
+    except BaseException:  # the registry's servers do not outlive a set-up that failed
         close_now(tools)
         raise
-    replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
-    start = (replicas.load_checkpoint(Path(tc.checkpoint_dir), scheduler) if resume else None)
-    engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
         replicas.sync(engine)
     start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)
@@ -151,7 +160,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
         old_logprobs_source(tc.logprobs_source), make_reference(cfg, model_device(replicas.model)), settings,
-        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start)
+        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -203,15 +212,17 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
-        metrics_dir: Path = Path("metrics")) -> dict[str, float]:
-    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics.
+        metrics_dir: Path = Path("metrics"), run_name: str | None = None) -> dict[str, float]:
+    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics. Checkpoints
+    go to the run's own folder, `<train.checkpoint_dir>/<run_name>` (by default named after the config).
 
     Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
     uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
     history, model registered), so its outputs equal that run's. Every output is renamed into place."""
     output_dir, tc = Path(cfg.train.output_dir), cfg.train
-    ensure_writable([Path(tc.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
-    t = set_up(cfg, tool_urls, resume)
+    run_dir = run_folder(cfg, run_name)
+    ensure_writable([run_dir, output_dir.parent, metrics_dir])  # before any compute
+    t = set_up(cfg, tool_urls, resume, run_dir)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and state.step > 0, enabled=main)
@@ -236,7 +247,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                t.replicas.save_checkpoint(Path(tc.checkpoint_dir), state, t.scheduler, t.tokenizer)  # collective
+                t.replicas.save_checkpoint(t.run_dir, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
     t.engine.close()
     if not main:
@@ -244,7 +255,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-    register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
+    write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
+    register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
     return last
 
 
@@ -257,11 +269,11 @@ def finish_run(t: Training, output_dir: Path) -> None:
         publish_dir(staging, output_dir)
 
 
-def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
+def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path) -> None:
     """A new version of tapo-policy, unless this run already registered these weights (a run killed after
     registering and then resumed registers nothing twice)."""
     known = find_version(cfg.run, str(model_dir))
     if known is not None and known.run_id == run_id:
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
-    log_and_register(cfg.run, run_id, model_dir)
+    log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))

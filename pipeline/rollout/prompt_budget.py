@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config.rollout import RolloutConfig
+from pipeline.config.tools import HttpToolEntry, PythonToolEntry
 from pipeline.protocols import protocol_of
 from pipeline.protocols.tokens import special_token_ids
 from pipeline.rollout.offered import tools_for
-from pipeline.types import BUILTIN_SPECS, Problem, ToolName, ToolSpec
+from pipeline.tools.user import declared_spec
+from pipeline.types import BUILTIN_SPECS, BUILTIN_TOOLS, Problem, ToolName, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -22,12 +24,22 @@ class PromptBudget:
     """What the rollout's token budget check needs: the tokenizer of the model that trains (its chat
     template encodes the prompt), the rollout config (protocol and budget) and the tools it offers, with
     their schemas (a chat-template protocol declares them in the prompt; an MCP server's are known only once
-    it runs, so curation counts the built-in and configured ones)."""
+    it runs, so curation counts the built-in ones and the configured python and http tools: `before_start`)."""
 
     tokenizer: Any
     rollout: RolloutConfig
     tools: tuple[ToolName, ...]
     specs: Mapping[ToolName, ToolSpec] = field(default_factory=lambda: dict(BUILTIN_SPECS))
+
+    @classmethod
+    def before_start(cls, tokenizer: Any, rollout: RolloutConfig) -> PromptBudget:
+        """The budget as far as it is known before any tool runs (curation): every built-in tool a problem's
+        type may use, and each python or http entry of `rollout.tools` with the schema it is declared by."""
+        specs = dict(BUILTIN_SPECS)
+        for entry in rollout.tools:
+            if isinstance(entry, (PythonToolEntry, HttpToolEntry)):
+                specs[entry.name] = declared_spec(entry)
+        return cls(tokenizer, rollout, BUILTIN_TOOLS + tuple(n for n in specs if n not in BUILTIN_TOOLS), specs)
 
     @property
     def room(self) -> int:

@@ -47,12 +47,17 @@ def load_callable(path: str, tool: str) -> Callable[..., Any]:
     return target
 
 
+def declared_spec(entry: PythonToolEntry | HttpToolEntry) -> ToolSpec:
+    """The schema a user tool is declared by: its entry's name, description and parameters (known before it runs)."""
+    return ToolSpec(entry.name, entry.description, dict(entry.parameters))
+
+
 class PythonTool:
     """A Python callable as a tool: called with the arguments as keywords, sync ones on a worker thread."""
 
     def __init__(self, entry: PythonToolEntry) -> None:
         self.name, self.timeout_s = entry.name, entry.timeout_s
-        self.spec = ToolSpec(entry.name, entry.description, dict(entry.parameters))
+        self.spec = declared_spec(entry)
         self._function = load_callable(entry.function, entry.name)
         self._slots = asyncio.Semaphore(entry.concurrency)
         self.counts = CallCounts()
@@ -84,7 +89,7 @@ class HttpTool:
 
     def __init__(self, entry: HttpToolEntry) -> None:
         self.name, self.url, self.retries = entry.name, entry.url, entry.retries
-        self.spec = ToolSpec(entry.name, entry.description, dict(entry.parameters))
+        self.spec = declared_spec(entry)
         self._slots = asyncio.Semaphore(entry.concurrency)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(entry.timeout_s),
                                        limits=httpx.Limits(max_connections=entry.concurrency))

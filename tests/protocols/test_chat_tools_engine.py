@@ -12,13 +12,15 @@ import pytest
 from pipeline.config import load_config
 from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
-from pipeline.config.tools import ChatToolsConfig
+from pipeline.config.tools import ChatToolsConfig, CodeToolEntry, PythonToolEntry, SearchToolEntry
 from pipeline.paths import REPO_ROOT
 from pipeline.protocols import MALFORMED, TemplateError, protocol_for, protocol_of
 from pipeline.reward import check_response, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.offered import tools_for
 from pipeline.rollout.prompt_budget import PromptBudget, prompt_overruns
+from pipeline.tools.base import tool_specs
+from pipeline.tools.user import PythonTool
 from pipeline.types import BUILTIN_SPECS, Problem, ToolResult, ToolSpec
 from tests.protocols.chat_helpers import (FAMILIES, TEMPLATES, ChatScriptedLM, conversation, family_tokenizer,
                                           turn_end_id, whole_ids)
@@ -169,6 +171,30 @@ def test_the_prompt_budget_counts_the_tools_the_template_declares() -> None:
     for total, over in ((n + 99, [(0, n)]), (n + 100, [])):
         rollout = RolloutConfig(protocol="chat-tools", chat_tools=chat, max_total_tokens=total, max_policy_tokens=100)
         assert prompt_overruns([PROBLEM], PromptBudget(tok, rollout, tuple(specs), specs)) == over
+
+
+@pytest.mark.parametrize("kind", ["complex", "fact", "math"])
+def test_curation_counts_the_configured_user_tools_as_training_declares_them(kind: str) -> None:
+    """Curation (no tool started yet) and training's load-time check (the started registry) agree on every
+    budget around the prompt's length: a row curation keeps is never refused when training loads it."""
+    tok = family_tokenizer("hermes")
+    entry = PythonToolEntry(name="lookup", description="Look a word up in the dictionary. " * 8,
+                            parameters=LOOKUP.parameters, function="tests.tools.user_functions:lookup")
+    chat = ChatToolsConfig(template="hermes")
+    problem = Problem("p1", "What does 'tapo' mean?", ("a method",), kind, kind, "train")
+    registry = {"code": SlowTool("code", {}), "search": SlowTool("search", {}), "lookup": PythonTool(entry)}
+    started = (tuple(registry), tool_specs(registry))
+    bare = RolloutConfig(protocol="chat-tools", chat_tools=chat, max_total_tokens=101, max_policy_tokens=100)
+    [(_, without_user_tools)] = prompt_overruns([problem], PromptBudget.before_start(tok, bare))
+    for total in range(3000, 100, -50):
+        rollout = RolloutConfig(protocol="chat-tools", chat_tools=chat, max_total_tokens=total, max_policy_tokens=100,
+                                tools=(CodeToolEntry(), SearchToolEntry(), entry))
+        curation = prompt_overruns([problem], PromptBudget.before_start(tok, rollout))
+        assert curation == prompt_overruns([problem], PromptBudget(tok, rollout, *started))
+        if curation:
+            [(_, n)] = curation
+            break
+    assert n > without_user_tools  # the user tool's schema is in the prompt curation measures
 
 
 def test_the_chat_tools_params_file_loads_and_binds_to_smollm2() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,13 +16,18 @@ import pytest
 from pipeline.config import config_from_dict
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.tools import ChatToolsConfig
+from pipeline.jsonl import write_problems
+from pipeline.protocols import TemplateError
 from pipeline.protocols import protocol_for
 from pipeline.rollout.engine import RolloutEngine
+from pipeline.train import set_up
 from pipeline.services.processes import ServiceProcess, free_port
 from pipeline.tools.factory import make_tools
 from pipeline.tools.mcp import McpUnavailable
 from pipeline.types import Problem
-from tests.protocols.chat_helpers import FAMILIES, ChatScriptedLM, family_tokenizer, turn_end_id
+from tests.helpers.tiny import tiny_llama
+from tests.protocols.chat_helpers import (FAMILIES, STRIPS_REASONING, ChatScriptedLM, family_tokenizer,
+                                          smollm2_tokenizer, turn_end_id)
 
 SERVER = Path(__file__).with_name("mcp_server.py")
 
@@ -128,3 +134,22 @@ def test_an_mcp_tool_answers_a_chat_tools_rollout(stdio_tools: dict) -> None:
     traj = engine.rollout([problem], 1).groups[0].trajectories[0]
     assert [(c.tool, c.result.output) for c in traj.tool_calls] == [("toy_add", "42"), ("toy_shout", "HI")]
     assert traj.finish_reason == "answer"
+
+
+def test_a_training_set_up_that_fails_after_the_server_started_stops_it(tmp_path: Path) -> None:
+    """The registry starts before the chat template is checked: a template refused at set-up must not leave
+    the MCP server's connection (and its child process) running behind the error."""
+    tok = smollm2_tokenizer()
+    tiny_llama(len(tok), seed=0).save_pretrained(tmp_path / "init")
+    tok.save_pretrained(tmp_path / "init")
+    write_problems(tmp_path / "train.jsonl", [Problem("p0", "What is 2 + 3?", ("5",), "math", "math", "train")])
+    source = {"kind": "mcp", "name": "refused", "command": [sys.executable, str(SERVER)], "startup_timeout_s": 60.0}
+    cfg = config_from_dict({
+        "rollout": {"protocol": "chat-tools", "chat_tools": {"template": str(STRIPS_REASONING)},
+                    "tools": [{"kind": "code"}, source]},
+        "train": {"init_model": str(tmp_path / "init"), "train_file": str(tmp_path / "train.jsonl"),
+                  "checkpoint_dir": str(tmp_path / "ckpt"), "gradient_checkpointing": False},
+        "model": {"device": "cpu"}})
+    with pytest.raises(TemplateError, match="incrementally"):
+        set_up(cfg, {}, resume=False)
+    assert not [t.name for t in threading.enumerate() if t.name == "mcp-refused"]

@@ -14,8 +14,6 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 
     main("curate")
 
-from typing import get_args
-
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
@@ -28,16 +26,16 @@ from pipeline.data.answerable import service_probe
 from pipeline.data.curate import run as curate
 from pipeline.model import load_prepared_tokenizer
 from pipeline.rollout.prompt_budget import PromptBudget
-from pipeline.types import ToolName
 
 
 def prompt_budget(model_dir: str, rollout: RolloutConfig) -> PromptBudget | None:
-    """The budget check training applies at load; training offers each problem every tool its type uses."""
+    """The budget check training applies at load; training offers each problem every tool its type uses and
+    every user tool (an MCP server's schemas are read only when training starts it)."""
     tokenizer = load_prepared_tokenizer(model_dir)
     if tokenizer is None:
         print(f"curate: no prepared model at {model_dir}: prompt lengths are not checked")
         return None
-    return PromptBudget(tokenizer, rollout, get_args(ToolName))
+    return PromptBudget.before_start(tokenizer, rollout)
 
 
 @task(cache_policy=NO_CACHE)

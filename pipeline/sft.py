@@ -38,11 +38,12 @@ from pipeline.data.answerable import shows_answer
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device
 from pipeline.tracking.progress import progress
-from pipeline.protocols import ToolProtocol, protocol_for
+from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_of
 from pipeline.reward import route, verify
-from pipeline.rollout.engine import cut_middle, encode_plain, encode_prompt
+from pipeline.rollout.backends.hf import eos_ids
+from pipeline.rollout.engine import cut_middle
 from pipeline.rollout.offered import tools_for
-from pipeline.tools.base import Tool
+from pipeline.tools.base import Tool, tool_specs
 from pipeline.tools.factory import make_tools
 from pipeline.tracking.runs import log_metrics, tracked_run
 from pipeline.types import Problem, ToolName, TrainBatch
@@ -79,14 +80,18 @@ def teacher_calls(problems: list[Problem], reward: RewardConfig, tools: Mapping[
 
 
 def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, tools: Mapping[ToolName, Tool],
-                    reward: RewardConfig, max_output_chars: int) -> list[Trace]:
-    """One verified trace per problem the teacher can solve; every call really runs. Code traces and search
-    traces alternate (in problem order within each kind)."""
+                    reward: RewardConfig, max_output_chars: int, eos_ids: frozenset[int] | None = None
+                    ) -> list[Trace]:
+    """One verified trace per problem the teacher can solve; every call really runs. Each trace is built as a
+    rollout builds a trajectory (the protocol's `Renderer`: prompt, the call and what ends it, the tool output as
+    the protocol shows it, the answer), so the tag protocols and chat-tools are taught their own format. Code
+    traces and search traces alternate (in problem order within each kind)."""
     calls = teacher_calls(problems, reward, tools)
     results: dict[ToolName, list] = {}
     for name in ("code", "search"):
         inputs = [call for _, tool, call in calls if tool == name]
         results[name] = iter(asyncio.run(_call_all(tools[name], inputs))) if inputs else iter(())
+    renderer = protocol.bind(tokenizer, tool_specs(tools), eos_ids or frozenset({tokenizer.eos_token_id}))
     by_tool: dict[ToolName, list[Trace]] = {"code": [], "search": []}
     for problem, tool, call in calls:
         result = next(results[tool])
@@ -94,18 +99,33 @@ def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, 
         answer = shown if tool == "code" else shows_answer(shown, problem.answers)
         if not result.ok or not answer or verify(route(problem, reward), answer, list(problem.answers)) < 0.9:
             continue  # filtered by the verifier: never teach a wrong trace
-        prompt = encode_prompt(tokenizer, protocol, problem, tools_for(problem, tuple(tools)))
-        call_ids = _ids(tokenizer, protocol.render_call(tool, call, THOUGHTS[tool]))
-        output = encode_plain(tokenizer, protocol.wrap_output(shown))  # tool text is text
-        final = _ids(tokenizer, protocol.render_answer(answer)) + [tokenizer.eos_token_id]
-        ids = prompt + call_ids + output + final
-        mask = [0] * len(prompt) + [1] * len(call_ids) + [0] * len(output) + [1] * len(final)
-        by_tool[tool].append(Trace(problem.id, tuple(ids), tuple(mask)))
+        by_tool[tool].append(_trace(renderer, problem, tools_for(problem, tuple(tools)), (tool, call), shown, answer))
     return [t for pair in zip_longest(by_tool["code"], by_tool["search"]) for t in pair if t is not None]
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _trace(renderer: Renderer, problem: Problem, offered: tuple[ToolName, ...], call: tuple[ToolName, str],
+           shown: str, answer: str) -> Trace:
+    tool, call_input = call
+    dialogue = renderer.start(problem, offered)
+    call_ids = renderer.segment_ids(renderer.protocol.render_call(tool, call_input, THOUGHTS[tool]), final=False)
+    parsed = _read_call(renderer, dialogue, call_ids, offered)
+    output = renderer.reply(dialogue, call_ids, [(parsed, shown)])  # tool text is text, as the engine shows it
+    final = renderer.segment_ids(renderer.protocol.render_answer(answer), final=True)
+    prompt = dialogue.prompt_ids
+    ids = prompt + call_ids + output + final
+    mask = [0] * len(prompt) + [1] * len(call_ids) + [0] * len(output) + [1] * len(final)
+    return Trace(problem.id, tuple(ids), tuple(mask))
+
+
+def _read_call(renderer: Renderer, dialogue: Dialogue, ids: list[int], tools: tuple[ToolName, ...]) -> ParsedCall:
+    """The teacher's call as the rollout reads it: at its stop string (tags), or at the end of its turn (chat)."""
+    for at_eos in (False, True):
+        calls = renderer.read(dialogue, ids, tools, at_eos=at_eos).calls
+        if calls and calls[0].error is None:
+            return calls[0]
+        if calls:
+            raise ValueError(f"the scripted teacher wrote a call its protocol refuses: {calls[0].error}")
+    raise ValueError("the scripted teacher's call is not read as a call by its protocol")
 
 
 def to_batch(traces: list[Trace], pad_id: int) -> TrainBatch:
@@ -158,8 +178,8 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     torch.manual_seed(cfg.run.seed)
     tools = make_tools(cfg, tool_urls)
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, protocol_for(cfg.rollout.protocol), tools, cfg.reward,
-                             cfg.rollout.max_tool_output_chars)
+    traces = scripted_traces(problems, tokenizer, protocol_of(cfg.rollout), tools, cfg.reward,
+                             cfg.rollout.max_tool_output_chars, eos_ids(model, tokenizer))
     if sc.max_traces:
         traces = traces[: sc.max_traces]
     if not traces:

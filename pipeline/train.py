@@ -63,7 +63,8 @@ from pipeline.rollout.engine import RolloutEngine
 from pipeline.sampling.dynamic_sampling import GroupReward, Rollouts, Sampler, group_reward, outage_metrics, sampler_for
 from pipeline.sampling.problem_stream import ProblemStream, problem_stream
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
-from pipeline.tools.factory import make_tools
+from pipeline.tools.base import tool_specs
+from pipeline.tools.factory import close_now, make_tools
 from pipeline.tools.outages import OutageGuard
 from pipeline.tracking.headline import write_train_headline
 from pipeline.tracking.history import MetricHistory, StepProgress
@@ -135,13 +136,18 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
-    offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
-    check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
-    replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
-    if replicas.is_main:
-        take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
-    start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
-    engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=seed)
+    tools = make_tools(cfg, tool_urls)  # the registry: an MCP server is started and its schemas read here
+    try:  # before the first step, with the schemas a chat template declares
+        check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
+        replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
+        if replicas.is_main:
+            take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
+        start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
+        # the protocol binds here: a chat template it cannot render token-exactly is refused
+        engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
+    except BaseException:  # the registry's servers do not outlive a set-up that failed
+        close_now(tools)
+        raise
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
         replicas.sync(engine)
     start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)

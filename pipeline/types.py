@@ -19,7 +19,9 @@ import torch
 ProblemType = Literal["math", "fact", "calculator", "complex", "multihop", "code"]
 PROBLEM_TYPES: tuple[str, ...] = ("math", "fact", "calculator", "complex", "multihop", "code")
 Split = Literal["train", "test", "validation"]
-ToolName = Literal["code", "search"]
+# A tool's name: the built-in clients' ("code", "search") or a user-defined tool's (`rollout.tools`).
+ToolName = str
+BUILTIN_TOOLS: tuple[ToolName, ...] = ("code", "search")
 FinishReason = Literal["answer", "eos", "max_tokens", "max_turns", "error"]
 
 
@@ -106,11 +108,49 @@ class ToolResult:
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """What a model is told about a tool: its name, what it does, and its arguments as a JSON schema (an object
+    schema, as OpenAI-style function declarations and `apply_chat_template(tools=...)` take it).
+
+    `text_argument` names the one string argument of a text tool (code: "code", search: "query"): the tag
+    protocols write that text between tags, a chat-template call passes it as that argument, and the client
+    receives the text either way. None: the tool receives its arguments as a JSON object (user and MCP tools).
+    """
+
+    name: ToolName
+    description: str
+    parameters: dict[str, Any] = field(hash=False)
+    text_argument: str | None = None
+
+    def declaration(self) -> dict[str, Any]:
+        """The tool as a chat template's `tools=` entry (the OpenAI function-calling shape)."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+
+def _text_tool(name: ToolName, description: str, argument: str, about: str) -> ToolSpec:
+    parameters = {"type": "object", "properties": {argument: {"type": "string", "description": about}},
+                  "required": [argument], "additionalProperties": False}
+    return ToolSpec(name, description, parameters, text_argument=argument)
+
+
+# The project's own tools, as a chat template declares them (the tag protocols teach them in their prompts).
+BUILTIN_SPECS: dict[ToolName, ToolSpec] = {
+    "code": _text_tool("code", "Run a Python program in a sandbox and return what it prints (stdout, and the last "
+                       "traceback line if it fails). print() the values you need.", "code", "The Python program."),
+    "search": _text_tool("search", "Search the web and return the top passages, one line each.", "query",
+                         "The search query."),
+}
+
+
+@dataclass(frozen=True)
 class ToolCall:
     """One tool call inside a trajectory.
 
     `call_span`: response-token span of the model's call (e.g. `<code>...</code>`), mask 1.
     `output_span`: response-token span of the inserted tool output (`<response>...</response>`), mask 0.
+    Calls written in one chat turn (`chat-tools`) share both: the turn, and the template's rendering of
+    all their results, in order.
     """
 
     tool: ToolName
@@ -140,10 +180,15 @@ class Trajectory:
     turns: int  # generation segments (1 + number of tool calls answered)
     # [R] entropy of the sampling distribution at each token; None where unknown (mask 0, or a backend without it)
     entropies: tuple[float | None, ...] = ()
+    # The policy's own text, one entry per run of sampled tokens between two insertions (so one more than
+    # the insertions), each decoded alone with special tokens kept: what a protocol that reads turns
+    # (`chat-tools`) checks, instead of finding the insertions in `text`. Empty for hand-built records.
+    segments: tuple[str, ...] = ()
 
     @property
     def output_spans(self) -> list[tuple[int, int]]:
-        return [c.output_span for c in self.tool_calls]
+        """The distinct insertion spans, in order (the calls of one chat turn share one)."""
+        return list(dict.fromkeys(c.output_span for c in self.tool_calls))
 
     @property
     def policy_token_count(self) -> int:

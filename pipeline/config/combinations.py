@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.config.rollout import vllm_logprobs_mode
+from pipeline.config.tools import USER_KINDS
 
 if TYPE_CHECKING:
     from pipeline.config import RunConfig
@@ -64,6 +65,14 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "vLLM records log-probs renormalised over the nucleus at this temperature, which the update "
                 "would compare with untruncated ones (set train.logprobs_source recompute, rollout.top_p 1, "
                 "or rollout.temperature 1)"),
+    Unsupported(("rollout.tools", "rollout.protocol"),
+                lambda c: c.rollout.protocol != "chat-tools" and any(t.kind in USER_KINDS for t in c.rollout.tools),
+                "a tag protocol's grammar calls only the code and search tools; python, http and mcp tools are "
+                "declared through the model's chat template (use rollout.protocol chat-tools)"),
+    Unsupported(("reward.tepo.kind", "rollout.protocol"),
+                lambda c: c.reward.tepo.kind == "dense" and c.rollout.protocol == "chat-tools",
+                "dense TEPO gives each call its own output segment; the calls of one chat turn share theirs "
+                "(use reward.tepo.kind off or sparse)"),
 )
 
 

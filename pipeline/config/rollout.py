@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import StageConfig
+from pipeline.config.tools import ChatToolsConfig, CodeToolEntry, SearchToolEntry, ToolEntry, check_unique_names
 
 
 
@@ -60,7 +61,15 @@ class VLLMConfig(StageConfig):
 
 
 class RolloutConfig(StageConfig):
-    protocol: Literal["tapo", "torl", "search-r1"] = Field("tapo", description="Tag protocol: how tool calls, tool outputs and answers are written.")
+    protocol: Literal["tapo", "torl", "search-r1", "chat-tools"] = Field(
+        "tapo", description="How tool calls, tool outputs and answers are written: a tag protocol (tapo, torl, "
+        "search-r1), or chat-tools (the model's own chat template and call format, rollout.chat_tools).")
+    chat_tools: ChatToolsConfig = Field(default_factory=ChatToolsConfig,
+                                        description="protocol chat-tools: template, call parser, answer.")
+    tools: tuple[ToolEntry, ...] = Field(
+        (CodeToolEntry(), SearchToolEntry()),
+        description="The tool registry: the project's code and search services and user tools (python, http, "
+        "mcp; these need protocol chat-tools). See docs/tools.md.")
     backend: Literal["hf", "vllm"] = Field("hf", description="Generation backend: transformers, or vLLM (its own environment: scripts/setup_vllm.sh).")
     schedule: Literal["continuous", "turn-synchronous"] = Field(
         "continuous",
@@ -93,6 +102,11 @@ class RolloutConfig(StageConfig):
         "slow tools, longer idling after fast ones. 0: rejoin as soon as the tool answers (never waits, but "
         "log-probs then round differently from run to run, ~1e-6, and a resumed run with tools is not bit-identical).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value: tuple) -> tuple:
+        return check_unique_names(value)
 
     @model_validator(mode="after")
     def _budgets_consistent(self) -> RolloutConfig:

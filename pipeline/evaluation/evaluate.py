@@ -46,7 +46,7 @@ from pipeline.jsonl import write_json
 from pipeline.model import load_policy
 from pipeline.tools.outages import OutageCounts, ToolOutage
 from pipeline.tracking.progress import progress
-from pipeline.protocols import protocol_for
+from pipeline.protocols import protocol_of
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.offered import TOOLS_FOR_TYPE
@@ -104,7 +104,7 @@ def make_eval_tools(cfg: RunConfig, benchmarks: list[Benchmark], urls: Mapping[T
 def sample_records(group: Group, benchmark: Benchmark, cfg: RunConfig) -> list[dict[str, Any]]:
     """One record per trajectory: question, full response, tool calls, answer, gold, score."""
     p, rc = group.problem, cfg.rollout
-    kind, protocol = route(p, cfg.reward), protocol_for(rc.protocol)
+    kind, protocol = route(p, cfg.reward), protocol_of(rc)
     out = []
     for i, t in enumerate(group.trajectories):
         r = score_trajectory(p, t, cfg.reward, protocol=protocol, max_policy_tokens=rc.max_policy_tokens)

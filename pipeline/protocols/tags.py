@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import ClassVar
 
 from pipeline.protocols.answers import last_answer_tag, last_boxed
-from pipeline.protocols.base import OUTPUT_MARK, ParsedCall, ToolProtocol, SegmentEnd, Wrapper, template
+from pipeline.protocols.base import OUTPUT_MARK, ParsedCall, SegmentEnd, ToolProtocol, Wrapper, strip_eos, template
 from pipeline.types import Problem, ToolName
 
 
@@ -46,8 +46,10 @@ class TagProtocol(ToolProtocol):
         tags = [tag for tag, tool in self.call_tags.items() if tool in tools]
         return tuple(f"</{tag}>" for tag in tags) + ("</answer>",)
 
-    def read_segment(self, text: str, tools: tuple[ToolName, ...]) -> SegmentEnd:
+    def read_segment(self, text: str, tools: tuple[ToolName, ...], *, at_eos: bool = False) -> SegmentEnd:
         """Classify a segment by the first stop string in it (the decoder stops right after it)."""
+        if at_eos:  # calls and answers end at stop strings; an end of sequence ends the trajectory
+            return SegmentEnd()
         found = [(text.find(stop), stop) for stop in self.stop_strings(tools) if stop in text]
         if not found:
             return SegmentEnd()
@@ -58,11 +60,11 @@ class TagProtocol(ToolProtocol):
         tool = self.call_tags[tag]
         start = text.rfind(f"<{tag}>", 0, pos)
         if start < 0:
-            return SegmentEnd(ParsedCall(tool, "", f"malformed call: '{close}' without '<{tag}>'"))
+            return SegmentEnd((ParsedCall(tool, "", f"malformed call: '{close}' without '<{tag}>'"),))
         body = text[start + len(tag) + 2 : pos].strip()
         if not body:
-            return SegmentEnd(ParsedCall(tool, "", f"empty <{tag}> call"))
-        return SegmentEnd(ParsedCall(tool, body))
+            return SegmentEnd((ParsedCall(tool, "", f"empty <{tag}> call"),))
+        return SegmentEnd((ParsedCall(tool, body),))
 
     def wrap_output(self, output: str) -> str:
         return f"\n{self.output.opener}\n{output}\n{self.output.closer}\n"
@@ -197,17 +199,5 @@ def _check_block_order(blocks: list[str], call_tags: tuple[str, ...]) -> str | N
     return None
 
 
-def _strip_eos(tail: str, eos_strings: tuple[str, ...]) -> str:
-    tail = tail.strip()
-    changed = True
-    while changed and tail:
-        changed = False
-        for eos in eos_strings:
-            if eos and tail.endswith(eos):
-                tail = tail[: -len(eos)].rstrip()
-                changed = True
-    return tail
-
-
 def _check_tail(tail: str, eos: tuple[str, ...]) -> str | None:
-    return "text after </answer>" if _strip_eos(tail, eos) else None
+    return "text after </answer>" if strip_eos(tail, eos) else None

@@ -30,14 +30,16 @@ class TorlProtocol(ToolProtocol):
         # A closing fence ends a code block; the segment reader checks it closes a python block.
         return ("```\n",) if "code" in tools else ()
 
-    def read_segment(self, text: str, tools: tuple[ToolName, ...]) -> SegmentEnd:
+    def read_segment(self, text: str, tools: tuple[ToolName, ...], *, at_eos: bool = False) -> SegmentEnd:
+        if at_eos:  # calls and answers end at stop strings; an end of sequence ends the trajectory
+            return SegmentEnd()
         start = text.rfind(self._open)
         stripped = text.rstrip()
         if "code" in tools and start >= 0 and stripped.endswith(self._close) and len(stripped) > start + len(self._open):
             body = stripped[start + len(self._open) : -len(self._close)].strip()
             if not body:
-                return SegmentEnd(ParsedCall("code", "", "empty python block"))
-            return SegmentEnd(ParsedCall("code", body))
+                return SegmentEnd((ParsedCall("code", "", "empty python block"),))
+            return SegmentEnd((ParsedCall("code", body),))
         return SegmentEnd(answered=_BOX_OPEN_RE.search(text) is not None)
 
     def wrap_output(self, output: str) -> str:

@@ -6,7 +6,8 @@ protocol owns its grammar and answer extraction, this package the scoring around
 - `score_trajectory(problem, trajectory, cfg, protocol=..., max_policy_tokens=...)`: a
   `RewardBreakdown` (score.py); `RewardScorer` is the same, built once, for batches.
 - `check_format(text, protocol, tool_outputs, ...)`: the format check: the engine's outputs, then
-  the protocol's grammar (format.py).
+  the protocol's grammar (format.py); `check_response(trajectory, protocol, ...)` reads a trajectory as
+  its protocol does (turn by turn for chat-tools).
 - TEPO's terms need the policy's entropies and live with the algorithm (`pipeline.rl.tepo`).
 
 Rules every verifier kind follows (verifiers.py):
@@ -18,7 +19,7 @@ Rules every verifier kind follows (verifiers.py):
   matches gold 25.
 """
 
-from pipeline.reward.format import FormatResult, check_format, split_engine_outputs
+from pipeline.reward.format import FormatResult, check_format, check_response, split_engine_outputs
 from pipeline.reward.score import RewardScorer, route, score_trajectory, scorer_for, verify
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.symbolic import SymbolicChecker
@@ -31,6 +32,7 @@ __all__ = [
     "SymbolicChecker",
     "Verifier",
     "check_format",
+    "check_response",
     "code_failure_penalty",
     "fast_math_equal",
     "overlong_penalty",

@@ -13,6 +13,12 @@ grammar forbids.
 What is left once the outputs are cut out (each replaced by `OUTPUT_MARK`) is checked against the
 protocol's own grammar (`ToolProtocol.grammar_violation`; the grammars are written down in
 `pipeline.protocols.tags` and `pipeline.protocols.torl`).
+
+A protocol that reads turns (`chat-tools`: `ToolProtocol.model_segments`) needs no search: the model's
+text between insertions is the trajectory's `segments`, recorded by the engine from the loss mask (the
+template's own text around a tool message is no wrapper a model could forge into its sampled tokens). A
+call it could not read or whose arguments its schema refused (status `malformed`) fails the check, as a
+malformed tag does.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.protocols import OUTPUT_MARK, ToolProtocol, Wrapper
+from pipeline.protocols import MALFORMED, OUTPUT_MARK, ToolProtocol, Wrapper
 from pipeline.tools.shown import CUT_MARK, cut_at, cut_middle
+from pipeline.types import Trajectory
 
-__all__ = ["CUT_MARK", "FormatResult", "check_format", "cut_middle", "shown_as", "split_engine_outputs"]
+__all__ = ["CUT_MARK", "FormatResult", "check_format", "check_response", "cut_middle", "shown_as",
+           "split_engine_outputs"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,8 @@ class FormatResult:
 
     ok: bool
     reason: str | None
-    model_text: str  # the response without the engine's tool outputs
+    # the response without the engine's tool outputs (a turn-reading protocol's turns joined by OUTPUT_MARK)
+    model_text: str
 
 
 def split_engine_outputs(text: str, protocol: ToolProtocol, outputs: Sequence[str]) -> tuple[list[str], str | None]:
@@ -98,3 +107,21 @@ def check_format(
     model_text = OUTPUT_MARK.join(segments)
     reason = protocol.grammar_violation(model_text, strict=strict, eos_strings=tuple(eos_strings))
     return FormatResult(reason is None, reason, model_text.replace(OUTPUT_MARK, "\n"))
+
+
+def check_response(trajectory: Trajectory, protocol: ToolProtocol, *, strict: bool = True,
+                   eos_strings: Sequence[str] = ()) -> FormatResult:
+    """The format check of a trajectory, read as its protocol reads it: turn by turn (`model_segments`), or
+    by finding the engine's outputs in the text (`check_format`)."""
+    segments = protocol.model_segments(trajectory)
+    if segments is None:
+        outputs = [call.result.output for call in trajectory.tool_calls]
+        return check_format(trajectory.text, protocol, outputs, strict=strict, eos_strings=eos_strings)
+    model_text = OUTPUT_MARK.join(segments)
+    if any(OUTPUT_MARK in s for s in segments):
+        return FormatResult(False, "NUL character in the response", model_text)
+    malformed = next((c for c in trajectory.tool_calls if c.result.status == MALFORMED), None)
+    if malformed is not None:
+        return FormatResult(False, f"malformed tool call: {malformed.result.error}", model_text)
+    reason = protocol.grammar_violation(model_text, strict=strict, eos_strings=tuple(eos_strings))
+    return FormatResult(reason is None, reason, model_text)

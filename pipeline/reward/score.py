@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.config.reward import RewardConfig
 from pipeline.protocols import ToolProtocol
-from pipeline.reward.format import FormatResult, check_format
+from pipeline.reward.format import FormatResult, check_response
 from pipeline.reward.shaping import code_failure_penalty, overlong_penalty
 from pipeline.reward.verifiers import VERIFIER_KINDS, Verifier, asks_for_percentage
 from pipeline.types import PROBLEM_TYPES, Group, Problem, RewardBreakdown, ScoredGroup, Trajectory
@@ -84,9 +84,8 @@ class RewardScorer:
 
     def _read(self, trajectory: Trajectory, protocol: ToolProtocol) -> tuple[FormatResult, str | None]:
         """The format verdict and the extracted answer (from the model's own text)."""
-        outputs = [call.result.output for call in trajectory.tool_calls]
         strict = self.cfg.format_strictness == "strict"
-        fmt = check_format(trajectory.text, protocol, outputs, strict=strict, eos_strings=self.cfg.eos_strings)
+        fmt = check_response(trajectory, protocol, strict=strict, eos_strings=self.cfg.eos_strings)
         return fmt, protocol.extract_answer(fmt.model_text)
 
     def _breakdown(

@@ -2,9 +2,11 @@
 
 One coroutine-free decoder thread generates for every sequence (`pipeline.rollout.backends.hf.HFDecoder`);
 tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
-a segment ends at a tool call, the sequence is parked; its result is tokenized as plain text
-(`encode_plain`: special tokens in a tool's output stay text), appended with loss mask 0, and
-the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
+a segment ends at tool calls (one for the tag protocols; any number in a chat-tools turn, run together and
+answered in the order written), the sequence is parked; the protocol's renderer (`ToolProtocol.bind`) gives
+the ids of the results as it shows them (a tag protocol's wrapped output as plain text, `encode_plain`:
+special tokens in a tool's output stay text; chat-tools: the chat template's own rendering of the tool
+messages, token-exact), appended with loss mask 0, and the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
 (TAPO and ToRL do). With the hf backend a row rejoins at a decoding step fixed when it called
 (`rollout.readmit_after_steps` later; `_ClockedRun`), not when its tool happens to answer: which
 rows share a batch then depends on the sampled tokens alone, so log-probs are bit-identical
@@ -35,16 +37,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends import make_backend
-from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams
-from pipeline.protocols import ToolProtocol, protocol_for
+from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams, eos_ids
+from pipeline.protocols import Renderer, ToolProtocol, protocol_of
+from pipeline.protocols.base import system_turn_length as turn_length
+from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids  # noqa: F401 - re-exported
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.offered import tools_for
 from pipeline.rollout.sequence import Sequence
 from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
 from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
-from pipeline.tools.base import Tool
+from pipeline.tools.base import Tool, tool_specs
 from pipeline.types import Group, Problem, ToolName
-
 
 
 @dataclass(frozen=True)
@@ -53,63 +56,17 @@ class RolloutResult:
     stats: RolloutStats
 
 
-
-
-def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str, special_ids: frozenset[int] | None = None
-                 ) -> list[int]:
-    """Token ids of `text` read as plain text: a special token or chat-template role marker written in it
-    (`<|im_end|>`, `<|im_start|>user`) is spelled out in ordinary tokens, never its special id. For what the
-    policy did not sample (tool output, search passages, budget notices, error messages): a real end-of-turn
-    id there would inject a turn boundary into the model's context, and the scorer, which decodes with
-    `skip_special_tokens=True`, would no longer find the tool's output."""
-    ids = list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-    leaked = (special_ids if special_ids is not None else special_token_ids(tokenizer)).intersection(ids)
-    if leaked:
-        raise ValueError(f"the tokenizer turned plain text into special token(s) {sorted(leaked)} even with "
-                         "split_special_tokens=True; it cannot tokenize tool output safely")
-    return ids
-
-
-def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """Every special token id: the named ones and any added token marked special."""
-    added = getattr(tokenizer, "added_tokens_decoder", {})
-    return frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
-
-
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, protocol: ToolProtocol, problem: Problem,
                   tools: tuple[ToolName, ...]) -> list[int]:
-    """The chat-templated prompt (system rules for the offered tools, then the question)."""
-    return _chat_ids(tokenizer, protocol.messages(problem, tools), add_generation_prompt=True)
+    """The chat-templated prompt of a tag protocol (system rules for the offered tools, then the question)."""
+    return chat_ids(tokenizer, protocol.messages(problem, tools), add_generation_prompt=True)
 
 
 def system_turn_length(tokenizer: PreTrainedTokenizerBase, protocol: ToolProtocol, problem: Problem,
                        tools: tuple[ToolName, ...], prompt_ids: list[int]) -> int:
     """How many leading tokens of `prompt_ids` are the system turn alone, as the template renders it
     (0 when there is none, or when the full prompt does not start with exactly those tokens)."""
-    messages = protocol.messages(problem, tools)
-    if messages[0]["role"] != "system":
-        return 0
-    turn = _chat_ids(tokenizer, messages[:1], add_generation_prompt=False)
-    return len(turn) if len(turn) < len(prompt_ids) and prompt_ids[:len(turn)] == turn else 0
-
-
-def _chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], add_generation_prompt: bool
-              ) -> list[int]:
-    """The template's ids. A message that writes a special token (a question quoting `<|im_end|>`) is text
-    like a tool's output: the template is rendered around placeholders and each content encoded as plain
-    text (`encode_plain`), so it cannot open or close a turn. Other prompts keep the template's own ids."""
-    specials = [tokenizer.convert_ids_to_tokens(i) for i in special_token_ids(tokenizer)]
-    if not any(token and token in m["content"] for m in messages for token in specials):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    marks = [f"\x00{k}\x00" for k in range(len(messages))]
-    rendered = tokenizer.apply_chat_template([{**m, "content": mark} for m, mark in zip(messages, marks)],
-                                             add_generation_prompt=add_generation_prompt, tokenize=False)
-    ids: list[int] = []
-    for message, mark in zip(messages, marks):
-        template, rendered = rendered.split(mark, 1)
-        ids += tokenizer(template, add_special_tokens=False)["input_ids"] + encode_plain(tokenizer, message["content"])
-    return ids + tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return turn_length(tokenizer, protocol.messages(problem, tools), prompt_ids)
 
 
 class RolloutEngine:
@@ -118,13 +75,15 @@ class RolloutEngine:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, tools: dict[ToolName, Tool],
                  cfg: RolloutConfig, *, seed: int = 0) -> None:
         self.model, self.tokenizer, self.tools, self.cfg = model, tokenizer, tools, cfg
-        self.protocol: ToolProtocol = protocol_for(cfg.protocol)
+        self.protocol: ToolProtocol = protocol_of(cfg)
+        self.eos_ids = eos_ids(model, tokenizer)
+        # the protocol's token side: prompts, segment reading, the ids appended after calls (checked once here)
+        self.renderer: Renderer = self.protocol.bind(tokenizer, tool_specs(tools), self.eos_ids)
         self.seed = seed
         self.backend = make_backend(model, tokenizer, cfg, seed)  # chosen once by rollout.backend
         # One event loop for the engine's life: tool clients keep connection pools bound to it.
         self._runner = asyncio.Runner()
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
-        self._special_ids = special_token_ids(tokenizer)
         self._schedule = schedule_for(cfg)  # resolved once
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
@@ -177,13 +136,15 @@ class RolloutEngine:
 
     def _new_sequence(self, problem: Problem) -> Sequence:
         tools = tools_for(problem, tuple(self.tools))
-        prompt = encode_prompt(self.tokenizer, self.protocol, problem, tools)
-        return Sequence(problem=problem, tools=tools, prompt_ids=prompt,
-                        shared_prefix_len=system_turn_length(self.tokenizer, self.protocol, problem, tools, prompt))
+        dialogue = self.renderer.start(problem, tools)
+        return Sequence(problem=problem, tools=tools, prompt_ids=dialogue.prompt_ids,
+                        shared_prefix_len=dialogue.shared_prefix_len, dialogue=dialogue)
 
-    def encode_output(self, text: str) -> list[int]:
-        """The wrapped tool output (or notice) as plain-text tokens (`encode_plain`)."""
-        return encode_plain(self.tokenizer, self.protocol.wrap_output(text), self._special_ids)
+    def segment_texts(self, seq: Sequence) -> tuple[str, ...]:
+        """The policy's text between insertions, each run decoded alone without the end-of-sequence token
+        that closed it (`Trajectory.segments`)."""
+        runs = seq.sampled_runs()
+        return tuple(self.tokenizer.decode(run[:-1] if run and run[-1] in self.eos_ids else run) for run in runs)
 
 
 def _run_decoder(decoder: HFDecoder, run) -> DecoderStats:
@@ -225,5 +186,6 @@ class _Draws:
             decode = self.engine.tokenizer.decode
             seqs = self.seqs[k * self.n:(k + 1) * self.n]
             self._groups[k] = Group(self.problems[k], tuple(
-                s.to_trajectory(decode(s.response_ids, skip_special_tokens=True)) for s in seqs))
+                s.to_trajectory(decode(s.response_ids, skip_special_tokens=True), self.engine.segment_texts(s))
+                for s in seqs))
         return self._groups[k]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.protocols import MALFORMED
 from pipeline.rollout.backends.hf import DecoderStats
 from pipeline.types import Group, ToolName, ToolResult
 
@@ -31,6 +32,7 @@ class RolloutStats:
     # rows-per-step figure): few rows a step means the rollout waits on its longest rows, not on throughput.
     decode_steps: int = 0
     decode_rows: int = 0
+    malformed_calls: int = 0  # calls a chat-template protocol could not read or whose schema refused them
 
     @property
     def idle_fraction(self) -> float:
@@ -60,6 +62,7 @@ class RolloutStats:
             tool_seconds={n: float(sum(v)) for n, v in latencies.items()},
             decode_steps=decoder.steps,
             decode_rows=decoder.sampled_tokens,
+            malformed_calls=sum(c.result.status == MALFORMED for t in trajs for c in t.tool_calls),
         )
 
     @classmethod
@@ -94,6 +97,7 @@ class RolloutStats:
             tool_seconds=added("tool_seconds"),
             decode_steps=sum(p.decode_steps for p in parts),
             decode_rows=sum(p.decode_rows for p in parts),
+            malformed_calls=sum(p.malformed_calls for p in parts),
         )
 
     def as_metrics(self, prefix: str = "rollout/") -> dict[str, float]:
@@ -106,6 +110,7 @@ class RolloutStats:
             "mean_policy_tokens": self.policy_tokens / max(self.trajectories, 1),
             "prefill_tokens": self.prefill_tokens,
             "reused_kv_tokens": self.reused_tokens,
+            "malformed_calls": self.malformed_calls,
         }
         if self.decode_steps:
             out |= {"decode_steps": self.decode_steps, "rows_per_decode_step": self.decode_rows / self.decode_steps}

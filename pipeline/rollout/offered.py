@@ -1,8 +1,9 @@
-"""Which tools a prompt offers: those its problem type may use (TAPO's routing) that the run provides."""
+"""Which tools a prompt offers: the built-in ones its problem type may use (TAPO's routing) that the run provides,
+and every user tool of the registry (`rollout.tools`: they are offered to every problem)."""
 
 from __future__ import annotations
 
-from pipeline.types import Problem, ToolName
+from pipeline.types import BUILTIN_TOOLS, Problem, ToolName
 
 # Which tools a problem type may use (TAPO gives fact questions search, computation code).
 TOOLS_FOR_TYPE: dict[str, tuple[ToolName, ...]] = {
@@ -16,5 +17,7 @@ TOOLS_FOR_TYPE: dict[str, tuple[ToolName, ...]] = {
 
 
 def tools_for(problem: Problem, available: tuple[ToolName, ...]) -> tuple[ToolName, ...]:
-    """The tools a prompt offers: those the problem type may use and the run provides."""
-    return tuple(t for t in TOOLS_FOR_TYPE.get(problem.type, ()) if t in available)
+    """The tools a prompt offers: the built-in ones the problem type may use and the run provides, then the user
+    tools the run provides."""
+    routed = tuple(t for t in TOOLS_FOR_TYPE.get(problem.type, ()) if t in available)
+    return routed + tuple(t for t in available if t not in BUILTIN_TOOLS)

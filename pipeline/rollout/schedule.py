@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.protocols import ParsedCall
+from pipeline.protocols import ParsedCall, TemplateError
 from pipeline.rollout.sequence import Sequence
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
@@ -35,7 +35,9 @@ BUDGET_EXHAUSTED = "tool budget exhausted: give your final answer now"
 NO_OUTPUT = "[no output] print() the values you need"
 
 Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
-Answered = Callable[[Sequence, ParsedCall, ToolResult, tuple[int, int]], None]  # what to do with a tool's result
+Calls = tuple[ParsedCall, ...]  # the calls of one segment, in the order written
+Results = list[ToolResult | None]  # one per call; None: not answered yet
+Answered = Callable[[Sequence, Calls, Results, tuple[int, int]], None]  # what to do with a segment's results
 
 
 class _Run:
@@ -57,7 +59,7 @@ class _Run:
     def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
         with self.cond:
             taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
-        return [(s, self.engine.protocol.stop_strings(s.tools)) for s in taken]
+        return [(s, self.engine.renderer.stop_strings(s.tools)) for s in taken]
 
     def wait_ready(self, timeout_s: float) -> None:
         with self.cond:
@@ -70,41 +72,65 @@ class _Run:
 
     def segment_ended(self, seq: Sequence, reason: str) -> None:
         seq.turns += 1
-        if reason == "eos":
-            return self._finish(seq, "eos")
         if reason == "budget":
             return self._finish(seq, "max_tokens")
-        segment_text = self.engine.tokenizer.decode(seq.response_ids[seq.segment_start:])
-        end = self.engine.protocol.read_segment(segment_text, seq.tools)
+        end = self.engine.renderer.read(seq.dialogue, seq.response_ids[seq.segment_start:], seq.tools,
+                                        at_eos=reason == "eos")
         if end.answered:
             return self._finish(seq, "answer")
+        if reason == "eos" and not end.calls:
+            return self._finish(seq, "eos")
         if self._budget_spent(seq):  # re-admission would sample a token past the budget
             return self._finish(seq, "max_tokens")
-        if end.call is None:  # a stop string that closes nothing usable: keep generating
+        if not end.calls:  # a stop string that closes nothing usable: keep generating
             return self._requeue(seq)
         if seq.turns >= self.engine.cfg.max_turns:
             return self._finish(seq, "max_turns")
         call_span = (seq.segment_start, len(seq.response_ids))
-        if end.call.error is not None:
-            return self._insert(seq, end.call, ToolResult.failure(end.call.error, status="rejected"), call_span)
-        if len(seq.tool_calls) >= self.engine.cfg.max_tool_calls:
-            return self._insert(seq, end.call, ToolResult.failure(BUDGET_EXHAUSTED, status="budget"), call_span)
-        self._start_call(seq, end.call, call_span)
+        results = self._answered_unrun(seq, end.calls)
+        if all(r is not None for r in results):
+            return self._insert(seq, end.calls, results, call_span)
+        self._start_calls(seq, end.calls, results, call_span)
 
-    def _start_call(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
-        self.loop.call_soon_threadsafe(self._spawn, seq, call, call_span, self._insert)
+    def _answered_unrun(self, seq: Sequence, calls: Calls) -> Results:
+        """What each call is answered with without running it: a malformed call its error, a call past the
+        budget of C answered calls (counting every earlier one) the budget notice; None: it runs."""
+        used, results = len(seq.tool_calls), []
+        for call in calls:
+            if call.error is not None:
+                results.append(ToolResult.failure(call.error, status=call.status))
+            elif used >= self.engine.cfg.max_tool_calls:
+                results.append(ToolResult.failure(BUDGET_EXHAUSTED, status="budget"))
+            else:
+                results.append(None)
+            used += 1
+        return results
+
+    def _start_calls(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
+        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, self._insert)
 
     def _budget_spent(self, seq: Sequence) -> bool:
         cfg = self.engine.cfg
         return seq.policy_tokens >= cfg.max_policy_tokens or len(seq.context_ids) >= cfg.max_total_tokens
 
     # --- event loop side ----------------------------------------------------------------
-    def _spawn(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int], answered: Answered) -> None:
-        task = self.loop.create_task(self._call_tool(seq, call, call_span, answered))
+    def _spawn(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int],
+               answered: Answered) -> None:
+        task = self.loop.create_task(self._call_tools(seq, calls, results, call_span, answered))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def _call_tool(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int], answered: Answered) -> None:
+    async def _call_tools(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int],
+                          answered: Answered) -> None:
+        """Run a segment's calls that need running, concurrently; answer them all, in the order written."""
+        pending = [i for i, result in enumerate(results) if result is None]
+        ran = await asyncio.gather(*(self._call_tool(calls[i]) for i in pending))
+        done = list(results)
+        for i, result in zip(pending, ran, strict=True):
+            done[i] = result
+        answered(seq, calls, done, call_span)
+
+    async def _call_tool(self, call: ParsedCall) -> ToolResult:
         t0 = time.perf_counter()
         try:
             async with self.limits[call.tool]:
@@ -113,20 +139,28 @@ class _Run:
             result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
                                         latency_s=time.perf_counter() - t0, infrastructure=True)
         self.tool_results.append((call.tool, result))
-        answered(seq, call, result, call_span)
+        return result
 
     async def drain(self) -> None:
         if self.tasks:
             await asyncio.gather(*self.tasks)
 
     # --- either side --------------------------------------------------------------------
-    def _insert(self, seq: Sequence, call: ParsedCall, result: ToolResult, call_span: tuple[int, int]) -> None:
+    def _insert(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
+        """Append the protocol's rendering of the calls' outputs (mask 0) and record the calls."""
         cfg = self.engine.cfg
-        text = cut_middle(result.output.strip() or (NO_OUTPUT if result.ok else "error"), cfg.max_tool_output_chars)
-        ids = self.engine.encode_output(text)
+        shown = [cut_middle(r.output.strip() or (NO_OUTPUT if r.ok else "error"), cfg.max_tool_output_chars)
+                 for r in results]
+        try:
+            ids = self.engine.renderer.reply(seq.dialogue, seq.response_ids[call_span[0]:call_span[1]],
+                                             list(zip(calls, shown, strict=True)))
+        except TemplateError as err:  # never train on a context the template would not show: stop the rollout
+            self.error = self.error or err
+            return self._finish(seq, "error")
         room = cfg.max_total_tokens - len(seq.context_ids)
         output_span = seq.append_inserted(ids[:max(room, 0)])
-        seq.tool_calls.append(ToolCall(call.tool, call.input, result, call_span, output_span))
+        seq.tool_calls += [ToolCall(call.tool, call.input, result, call_span, output_span)
+                           for call, result in zip(calls, results, strict=True)]
         if len(ids) >= room:
             return self._finish(seq, "max_tokens")
         self._requeue(seq)
@@ -270,12 +304,13 @@ class _ClockedRun(_Run):
                     self.cond.wait(0.05)
             apply()
 
-    def _start_call(self, seq: Sequence, call: ParsedCall, call_span: tuple[int, int]) -> None:
+    def _start_calls(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
         order = self._ask()
-        def answered(s, c, result, span) -> None:
-            self._arrive(order, lambda: self._insert(s, c, result, span))
 
-        self.loop.call_soon_threadsafe(self._spawn, seq, call, call_span, answered)
+        def answered(s: Sequence, c: Calls, done: Results, span: tuple[int, int]) -> None:
+            self._arrive(order, lambda: self._insert(s, c, done, span))
+
+        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, answered)
 
     def _schedule_refill(self, k: int) -> None:
         order = self._ask()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipeline.protocols import Dialogue
 from pipeline.types import FinishReason, Problem, ToolCall, ToolName, Trajectory
 
 
@@ -35,6 +36,8 @@ class Sequence:
     # Its own sampling generator: a row's draws must not depend on which other rows share
     # its batch, which depends on tool latency (resumed runs would otherwise diverge).
     rng: torch.Generator = field(default_factory=torch.Generator, repr=False)
+    # What its protocol's renderer keeps between turns (the chat messages of a chat-template protocol).
+    dialogue: Dialogue | None = field(default=None, repr=False)
 
     @property
     def context_ids(self) -> list[int]:
@@ -64,7 +67,17 @@ class Sequence:
         self.segment_start = len(self.response_ids)
         return start, len(self.response_ids)
 
-    def to_trajectory(self, text: str) -> Trajectory:
+    def sampled_runs(self) -> list[list[int]]:
+        """The sampled ids between insertions: one run per insertion, plus the last (possibly empty)."""
+        runs: list[list[int]] = [[]]
+        for i, (token, m) in enumerate(zip(self.response_ids, self.loss_mask)):
+            if m:
+                runs[-1].append(token)
+            elif i + 1 == len(self.response_ids) or self.loss_mask[i + 1]:
+                runs.append([])  # the last token of an insertion
+        return runs
+
+    def to_trajectory(self, text: str, segments: tuple[str, ...] = ()) -> Trajectory:
         assert self.finish_reason is not None, "trajectory still running"
         return Trajectory(
             problem_id=self.problem.id,
@@ -77,6 +90,7 @@ class Sequence:
             text=text,
             turns=self.turns,
             entropies=tuple(self.entropies),
+            segments=segments,
         )
 
 

@@ -38,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.config import RunConfig
-from pipeline.protocols import ToolProtocol, protocol_for
+from pipeline.protocols import ToolProtocol, protocol_of
 from pipeline.reward import RewardScorer
 from pipeline.rl.advantage import GroupFilter
 from pipeline.rl.tepo import Tepo
@@ -66,7 +66,7 @@ class GroupReward:
 
 
 def group_reward(cfg: RunConfig, tepo: Tepo) -> GroupReward:
-    return GroupReward(RewardScorer(cfg.reward), protocol_for(cfg.rollout.protocol), cfg.rollout.max_policy_tokens, tepo)
+    return GroupReward(RewardScorer(cfg.reward), protocol_of(cfg.rollout), cfg.rollout.max_policy_tokens, tepo)
 
 
 class Rollouts(Protocol):

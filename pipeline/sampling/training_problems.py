@@ -11,13 +11,13 @@ refused here for the same config.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.jsonl import read_problem_rows
 from pipeline.rollout.prompt_budget import PromptBudget, prompt_overruns
-from pipeline.types import Problem, ToolName
+from pipeline.types import Problem, ToolName, ToolSpec
 
 
 class BadProblems(ValueError):
@@ -38,9 +38,10 @@ def read_training_problems(path: str | Path, limit: int = 0) -> list[tuple[int, 
 
 
 def check_prompt_budget(path: str | Path, rows: Sequence[tuple[int, Problem]], tokenizer, cfg: RolloutConfig,
-                        tools: tuple[ToolName, ...]) -> None:
-    """Raise `BadProblems` listing every problem whose prompt leaves no room for a full response."""
-    budget = PromptBudget(tokenizer, cfg, tools)
+                        tools: tuple[ToolName, ...], specs: Mapping[ToolName, ToolSpec] | None = None) -> None:
+    """Raise `BadProblems` listing every problem whose prompt leaves no room for a full response (the tools
+    declared by `specs` when a chat template declares them; the built-in ones by default)."""
+    budget = PromptBudget(tokenizer, cfg, tools, **({"specs": specs} if specs is not None else {}))
     over = [f"{path}:{rows[i][0]}: question: {budget.reason(n)}"
             for i, n in prompt_overruns([problem for _, problem in rows], budget)]
     if over:

@@ -1,7 +1,7 @@
 """The shape of a tool, as the rollout engine sees it, and what every client counts.
 
-A tool is an async callable from the model's call text (code, or a search query) to a
-`ToolResult`. Implementations must not raise: timeouts, connection errors and bad
+A tool is an async callable from the model's call input (code, a search query, or a user tool's arguments
+as a JSON object) to a `ToolResult`, with the schema a chat template declares it by (`spec`). Implementations must not raise: timeouts, connection errors and bad
 responses become `ToolResult.failure(...)` so one broken call never kills a batch.
 
 A failure is classified once, where it happens, in the client: an *infrastructure* failure
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from pipeline.types import ToolName, ToolResult
+from pipeline.types import BUILTIN_SPECS, ToolName, ToolResult, ToolSpec
 
 
 @runtime_checkable
@@ -30,6 +31,17 @@ class Tool(Protocol):
     async def __call__(self, call_input: str) -> ToolResult: ...
 
     async def aclose(self) -> None: ...
+
+
+def tool_specs(tools: Mapping[ToolName, Tool]) -> dict[ToolName, ToolSpec]:
+    """Each tool's schema: its own `spec`, else the built-in one of its name (code, search)."""
+    specs = {}
+    for name, tool in tools.items():
+        spec = getattr(tool, "spec", None) or BUILTIN_SPECS.get(name)
+        if spec is None:
+            raise ValueError(f"tool {name!r} has no schema: give it a `spec` (pipeline.types.ToolSpec)")
+        specs[name] = spec
+    return specs
 
 
 def infrastructure_status(status_code: int) -> bool:

@@ -83,6 +83,11 @@ UNSUPPORTED_CASES = {  # one params change per refused combination (each rule of
     "reward.tepo.kind+rollout.backend": {"reward.tepo": {"kind": "sparse"}, "rollout.backend": "vllm"},
     "rollout.backend+rollout.top_p+rollout.temperature+train.logprobs_source": {
         "rollout.backend": "vllm", "rollout.top_p": 0.9, "rollout.temperature": 0.7, "train.logprobs_source": "rollout"},
+    "rollout.tools+rollout.protocol": {"rollout.tools": [
+        {"kind": "python", "name": "root", "function": "math:sqrt", "description": "A square root.",
+         "parameters": {"type": "object", "properties": {"x": {"type": "number"}}}, "timeout_s": 1.0,
+         "concurrency": 1}]},
+    "reward.tepo.kind+rollout.protocol": {"reward.tepo": {"kind": "dense"}, "rollout.protocol": "chat-tools"},
 }
 
 

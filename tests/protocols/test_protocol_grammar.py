@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.paths import REPO_ROOT
-from pipeline.protocols import PROTOCOLS, ToolProtocol, protocol_for
+from pipeline.protocols import PROTOCOL_NAMES, PROTOCOLS, ToolProtocol, protocol_for
 from pipeline.reward import check_format
 
 # Text free of every protocol's markup (tags, fences, boxes) and of the engine's output mark.
@@ -61,8 +61,10 @@ def test_a_model_written_output_fails_its_own_check(name: str) -> None:
 
 def test_the_registered_protocols_are_the_configs_choices() -> None:
     allowed = typing.get_args(RolloutConfig.model_fields["protocol"].annotation)
-    assert set(PROTOCOLS) == set(allowed)
+    assert set(PROTOCOL_NAMES) == set(allowed) and set(PROTOCOLS) < set(PROTOCOL_NAMES)
     assert all(isinstance(p, ToolProtocol) and p.name == name for name, p in PROTOCOLS.items())
+    assert all(isinstance(protocol_for(name), ToolProtocol) and protocol_for(name).name == name
+               for name in PROTOCOL_NAMES)
 
 
 def test_an_unknown_protocol_is_refused_by_name() -> None:
@@ -73,7 +75,7 @@ def test_an_unknown_protocol_is_refused_by_name() -> None:
 def test_only_the_config_and_the_protocols_name_a_protocol() -> None:
     """No part of the library asks which protocol is configured: it calls the object it was given."""
     allowed = ("pipeline/config/", "pipeline/protocols/")
-    names = [f'"{name}"' for name in PROTOCOLS] + ["protocol =="]
+    names = [f'"{name}"' for name in PROTOCOL_NAMES] + ["protocol =="]
     naming = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "pipeline").rglob("*.py")
                     if not str(p.relative_to(REPO_ROOT)).startswith(allowed)
                     and any(n in p.read_text() for n in names))

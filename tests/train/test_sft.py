@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
+from mlflow import MlflowClient
 
+from pipeline.config import config_from_dict
+from pipeline.config.rollout import RolloutConfig
+from pipeline.config.tools import ChatToolsConfig
 from pipeline.data.calculator import generate
 from pipeline.config.reward import RewardConfig
-from pipeline.protocols import TapoProtocol
-from pipeline.sft import Trace, scripted_traces, sft_step, to_batch
+from pipeline.jsonl import write_problems
+from pipeline.model import load_policy
+from pipeline.protocols import TapoProtocol, protocol_for
+from pipeline.protocols.chat_tools import template_source
+from pipeline.rollout.engine import RolloutEngine
+from pipeline.sft import THOUGHTS, Trace, scripted_traces, sft_step, to_batch
+from pipeline.sft import run as sft_run
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
-from pipeline.types import Problem
+from pipeline.types import BUILTIN_SPECS, Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
+from tests.protocols.chat_helpers import family_tokenizer, turn_end_id, whole_ids
 
 
 def test_traces_run_in_the_sandbox_and_mask_tool_output(code_sandbox_url: str) -> None:
@@ -94,3 +105,55 @@ def test_traces_sharing_their_system_turn_train_as_a_prefix_tree_to_the_same_ste
     (tree_loss, tree_weights), (padded_loss, padded_weights) = results
     assert abs(tree_loss - padded_loss) < 1e-9
     torch.testing.assert_close(tree_weights, padded_weights, atol=1e-7, rtol=0)
+
+
+def test_chat_tools_traces_are_the_conversation_a_rollout_renders(code_sandbox_url: str) -> None:
+    """A chat-tools trace (SmolLM2's tokenizer, the packaged ChatML tool template) is its whole conversation
+    rendered at once, the teacher's turns (and their closers) the only targets."""
+    tok, eos = family_tokenizer("hermes"), turn_end_id("hermes")
+    protocol = protocol_for("chat-tools", ChatToolsConfig(template="hermes"))
+    problems = generate(4, seed=2)
+    traces = scripted_traces(problems, tok, protocol, {"code": CodeSandboxClient(code_sandbox_url)}, RewardConfig(),
+                             max_output_chars=200)
+    assert [t.problem_id for t in traces] == [p.id for p in problems]
+    source = template_source("hermes", tok)
+    for trace, problem in zip(traces, problems):
+        answer = problem.answers[0]
+        turns = [protocol.render_call("code", problem.meta["code"], THOUGHTS["code"]), protocol.render_answer(answer)]
+        messages = protocol.messages(problem, ("code",))
+        sampled = {len(messages): tok(turns[0], add_special_tokens=False)["input_ids"],
+                   len(messages) + 2: tok(turns[1], add_special_tokens=False)["input_ids"]}
+        messages += [{"role": "assistant", "content": turns[0]}, {"role": "tool", "name": "code", "content": answer},
+                     {"role": "assistant", "content": turns[1]}]
+        ids, mask = whole_ids(tok, source, messages, [BUILTIN_SPECS["code"].declaration()], sampled)
+        assert list(trace.input_ids) == ids[:len(trace.input_ids)] and trace.input_ids[-1] == eos
+        assert list(trace.loss_mask) == mask[:len(trace.input_ids)]
+
+
+def test_the_sft_stage_trains_with_chat_tools_end_to_end(code_sandbox_url: str, tmp_path) -> None:
+    """The `sft` stage with rollout.protocol chat-tools on a small SmolLM2-vocabulary model: real sandbox runs,
+    chat-template traces, the loss goes down over epochs, and the saved model rolls out with the same protocol."""
+    tok = family_tokenizer("hermes")
+    init = tmp_path / "init"
+    tiny_llama(len(tok), seed=0).save_pretrained(init)
+    tok.save_pretrained(init)
+    write_problems(tmp_path / "train.jsonl", generate(8, seed=3))
+    cfg = config_from_dict({
+        "rollout": {"protocol": "chat-tools", "chat_tools": {"template": "hermes"}, "max_total_tokens": 1024},
+        "sft": {"init_model": str(init), "train_file": str(tmp_path / "train.jsonl"), "max_traces": 8, "epochs": 6,
+                "batch_size": 4, "lr": 1e-2, "gradient_checkpointing": False, "output_dir": str(tmp_path / "sft")},
+        "model": {"device": "cpu"}, "run": {"tracking_uri": f"sqlite:///{tmp_path / 'mlruns.db'}"}})
+    metrics = sft_run(cfg, {"code": code_sandbox_url}, metrics_dir=tmp_path / "metrics")
+    assert metrics["sft/traces"] == 8.0 and metrics["sft/steps"] == 12.0
+    client = MlflowClient(cfg.run.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.run.experiment).experiment_id])
+    losses = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "sft/loss"), key=lambda m: m.step)]
+    assert len(losses) == 12 and all(math.isfinite(v) for v in losses)
+    assert sum(losses[-2:]) < 0.75 * sum(losses[:2])  # it learns the chat-template traces
+    model, tokenizer = load_policy(str(tmp_path / "sft"))
+    engine = RolloutEngine(model, tokenizer, {"code": CodeSandboxClient(code_sandbox_url)},
+                           RolloutConfig(protocol="chat-tools", chat_tools=ChatToolsConfig(template="hermes"),
+                                         max_policy_tokens=24, max_total_tokens=512))
+    with engine:
+        group = engine.rollout(generate(1, seed=9), 2).groups[0]
+    assert all(len(t.response_ids) == len(t.loss_mask) for t in group.trajectories)

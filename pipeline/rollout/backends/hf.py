@@ -97,7 +97,7 @@ class HFDecoder:
         self.params = params
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.max_parked_kv_tokens = max_parked_kv_tokens
         self._parked: dict[int, tuple[Sequence, KV]] = {}  # id(seq) -> its cache of context_ids[:-1]
@@ -275,11 +275,12 @@ def prefill_key(seq: Sequence, past: KV | None) -> Hashable:
     return tuple(seq.context_ids), _kv_len(past) if past is not None else 0
 
 
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """The ids that end a sequence: the tokenizer's end-of-sequence token and the model's generation config's."""
     ids = {tokenizer.eos_token_id}
     configured = getattr(model.generation_config, "eos_token_id", None)
     ids.update(configured if isinstance(configured, list) else [configured])
-    return {i for i in ids if i is not None}
+    return frozenset(i for i in ids if i is not None)
 
 
 def sample_tokens(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:

@@ -1,0 +1,164 @@
+"""The token side of `chat-tools` for one tokenizer: prompts with the tools declared, calls checked against their
+schemas, and each turn's tool messages appended exactly as the chat template renders them (`chat_template`).
+
+Set up once per run (`ChatToolsProtocol.bind`), it refuses, before anything samples, a template that ignores the
+`tools` it is given, does not close an assistant turn with an end-of-sequence token of the model, transforms
+message contents, or does not render a conversation incrementally, and a tokenizer that does not decode a turn
+back to its text (the template is given the decoded turn): a scripted probe conversation (reasoning, one call,
+two calls in a turn, whitespace at a turn's ends, an answer) is replayed turn by turn and compared, as ids,
+with the whole conversation rendered at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from transformers import PreTrainedTokenizerBase
+
+from pipeline.protocols.base import MALFORMED, Dialogue, ParsedCall, Renderer, SegmentEnd
+from pipeline.protocols.chat_template import ChatTemplate, TemplateError
+from pipeline.protocols.tokens import encode_template_text
+from pipeline.types import Problem, ToolName, ToolSpec
+
+if TYPE_CHECKING:
+    from pipeline.protocols.chat_tools import ChatToolsProtocol
+
+PROBE_TOOL = ToolSpec("probe_lookup", "Look a word up.", {"type": "object", "properties": {"word": {"type": "string"}},
+                                                          "required": ["word"]})
+
+
+class ChatRenderer(Renderer):
+    """chat-tools over one tokenizer and the run's tools (see the module docstring)."""
+
+    def __init__(self, protocol: ChatToolsProtocol, tokenizer: PreTrainedTokenizerBase,
+                 specs: Mapping[ToolName, ToolSpec], eos_ids: frozenset[int], source: str) -> None:
+        self.protocol, self.tokenizer = protocol, tokenizer
+        self.specs = dict(specs)
+        answer = protocol.answer_spec
+        if answer is not None and answer.name in self.specs:
+            raise ValueError(f"rollout.chat_tools.answer_tool {answer.name!r} is also the name of a tool")
+        self.template = ChatTemplate(tokenizer, source, eos_ids)
+        self._validators = {name: _validator(spec) for name, spec in self.specs.items()}
+        self._check_declares_tools()
+        self._probe()
+
+    def declarations(self, tools: Sequence[ToolName]) -> list[dict[str, Any]]:
+        """The `tools=` of a prompt offering `tools` (and the answer tool, when there is one)."""
+        answer = self.protocol.answer_spec
+        return [self.specs[t].declaration() for t in tools] + ([answer.declaration()] if answer else [])
+
+    def start(self, problem: Problem, tools: tuple[ToolName, ...]) -> Dialogue:
+        messages = self.protocol.messages(problem, tools)
+        declared = self.declarations(tools)
+        prompt = self.template.prompt_ids(messages, declared)
+        system = self.template.prompt_ids(messages[:1], declared, add_generation_prompt=False)
+        shared = len(system) if len(system) < len(prompt) and prompt[:len(system)] == system else 0
+        return Dialogue(prompt, shared, tools, [dict(m) for m in messages])
+
+    def read(self, dialogue: Dialogue, segment_ids: Sequence[int], tools: tuple[ToolName, ...],
+             at_eos: bool) -> SegmentEnd:
+        """At the template's end of turn, the turn's calls (checked against their schemas) or its answer. An
+        end of sequence that is not the template's turn closer ends the trajectory: nothing renders after it."""
+        if not at_eos or segment_ids[-1] != self.template.turn_end_id:
+            return SegmentEnd()
+        end = self.protocol.read_segment(self.turn_text(segment_ids), tools, at_eos=True)
+        return SegmentEnd(tuple(self._checked(call) for call in end.calls), end.answered)
+
+    def _checked(self, call: ParsedCall) -> ParsedCall:
+        """A readable call of an offered tool, its arguments checked; a text tool's call given its text."""
+        if call.error is not None:
+            return call
+        spec, arguments = self.specs[call.tool], json.loads(call.input)
+        error = argument_error(self._validators[call.tool], arguments)
+        if error is not None:
+            return ParsedCall(call.tool, call.input, f"invalid arguments for tool {call.tool!r}: {error}", MALFORMED)
+        return ParsedCall(call.tool, arguments[spec.text_argument]) if spec.text_argument else call
+
+    def reply(self, dialogue: Dialogue, segment_ids: Sequence[int], answered: Sequence[tuple[ParsedCall, str]]
+              ) -> list[int]:
+        turn = self.turn_text(segment_ids)
+        results = [{"role": "tool", "name": call.tool, "content": shown.replace("\x00", "\ufffd")}
+                   for call, shown in answered]
+        ids = self.template.reply_ids(dialogue.messages, turn, results, self.declarations(dialogue.tools))
+        dialogue.messages += [{"role": "assistant", "content": turn}, *results]
+        return ids
+
+    def segment_ids(self, text: str, *, final: bool) -> list[int]:
+        return encode_template_text(self.tokenizer, text) + [self.template.turn_end_id]  # every turn ends alike
+
+    def turn_text(self, segment_ids: Sequence[int]) -> str:
+        """The turn's text as the template receives it: the sampled ids before the turn closer, decoded."""
+        return self.tokenizer.decode(list(segment_ids[:-1]))
+
+    def _check_declares_tools(self) -> None:
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        declared = self.template.render(messages, [PROBE_TOOL.declaration()], add_generation_prompt=True)
+        if PROBE_TOOL.name not in declared:
+            raise TemplateError("the chat template ignores the tools it is given (a tool's name never appears in "
+                                "the prompt); set rollout.chat_tools.template to one with tool support (e.g. hermes)")
+
+    def _probe(self) -> None:
+        """Replay a scripted conversation turn by turn and compare it with the whole of it rendered at once."""
+        probe = _ProbeRenderer(self)
+        dialogue = probe.start(Problem("probe", "What does 'probe' mean?", ("x",), "fact", "probe", "test"),
+                               (PROBE_TOOL.name,))
+        ids, sampled = list(dialogue.prompt_ids), {}
+        parser = self.protocol.parser
+        for turn, results in _probe_turns(parser):
+            turn_ids = encode_template_text(self.tokenizer, turn) + [self.template.turn_end_id]
+            if self.turn_text(turn_ids) != turn:  # the template would be given other text than was sampled
+                raise TemplateError(f"the tokenizer does not decode a turn's ids back to its text ({turn[:40]!r} "
+                                    f"decodes as {self.turn_text(turn_ids)[:40]!r}); chat-tools needs a lossless "
+                                    "(byte-level) tokenizer")
+            sampled[len(dialogue.messages)] = turn_ids[:-1]
+            ids += turn_ids
+            if results:
+                calls = [(ParsedCall(PROBE_TOOL.name, "{}"), text) for text in results]
+                ids += probe.reply(dialogue, turn_ids, calls)
+            else:
+                dialogue.messages.append({"role": "assistant", "content": turn})
+        whole = self.template.conversation_ids(dialogue.messages, probe.declarations(dialogue.tools), sampled)
+        if ids != whole[:len(ids)]:
+            at = next((i for i, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
+            raise TemplateError("the chat template renders a conversation differently turn by turn than at once, "
+                                f"from token {at}: {self.tokenizer.decode(whole[at:at + 12])!r} at once, "
+                                f"{self.tokenizer.decode(ids[at:at + 12])!r} turn by turn")
+
+
+class _ProbeRenderer(ChatRenderer):
+    """The renderer with the probe's tool declared (no checks of its own)."""
+
+    def __init__(self, outer: ChatRenderer) -> None:
+        self.protocol, self.tokenizer, self.template = outer.protocol, outer.tokenizer, outer.template
+        self.specs = {PROBE_TOOL.name: PROBE_TOOL}
+        self._validators = {PROBE_TOOL.name: _validator(PROBE_TOOL)}
+
+
+def _probe_turns(parser) -> list[tuple[str, list[str]]]:
+    call = parser.render([(PROBE_TOOL.name, {"word": "probe"})], "I will look it up.")
+    two = parser.render([(PROBE_TOOL.name, {"word": "a"}), (PROBE_TOOL.name, {"word": "b"})], "")
+    return [
+        ("<think>\nThe word is unusual.\n</think>\n\n" + call, ["probe: a test <|im_end|> of something"]),
+        ("\n" + two + "\n", ["a: first", "  b: second\n"]),
+        ("<think>\nI know it now.\n</think>\n\nIt means a test: \\boxed{a test}.", []),
+    ]
+
+
+def _validator(spec: ToolSpec) -> Draft202012Validator:
+    schema = dict(spec.parameters)
+    if "properties" in schema and "additionalProperties" not in schema:
+        schema["additionalProperties"] = False  # an argument the schema does not name is a mistake, not an extra
+    return Draft202012Validator(schema)
+
+
+def argument_error(validator: Draft202012Validator, arguments: dict[str, Any]) -> str | None:
+    """Why `arguments` do not match the tool's schema (the most relevant error), or None."""
+    error = best_match(validator.iter_errors(arguments))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return error.message + (f" (at {where})" if where else "")

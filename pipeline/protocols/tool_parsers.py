@@ -1,0 +1,160 @@
+"""How each model family writes tool calls in its own turn, read and written: one small parser per family.
+
+A chat template declares the tools (`apply_chat_template(tools=...)`); the model answers a turn either with
+text (its answer) or with calls in its family's format:
+
+- hermes (Qwen2.5/Qwen3, Hermes, SmolLM3, the ChatML tool templates): one `<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>` block per call, after any text;
+- llama3 (Llama 3.1-3.3 JSON tool calling): the whole turn is `{"name": ..., "parameters": {...}}`, after an
+  optional `<|python_tag|>`; several calls are separated by `;`;
+- mistral (Mistral v3 and later): `[TOOL_CALLS]` followed by a JSON list of `{"name": ..., "arguments": {...}}`.
+
+A parser reads structure only: a call it cannot read (bad JSON, no name, arguments that are not an object, an
+unclosed block) comes back with its reason, and the chat-tools protocol answers it with that reason as the
+tool's output. Which tools exist and what arguments they take is the schemas' business (`chat_tools`).
+Adding a family: a subclass here with `family`, `parse` and `render`, and its name in `PARSERS` (the config's
+`rollout.chat_tools.parser` takes it from there).
+
+Departure from the anchors: verl's and vLLM's parsers drop a call they cannot read (the turn becomes an
+answer) or raise; here every call the model meant to write is answered, malformed or not, and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class RawCall:
+    """One call as the model wrote it: a name and its arguments, or why it cannot be read (`error`)."""
+
+    name: str | None
+    arguments: dict[str, Any] | None
+    error: str | None = None
+    source: str = ""  # the call's text as written (shown in a malformed call's record)
+
+
+class ToolCallParser(ABC):
+    """Reads the calls of one assistant turn and writes calls as the family's models do."""
+
+    family: ClassVar[str]
+    arguments_key: ClassVar[str] = "arguments"
+
+    @abstractmethod
+    def parse(self, text: str) -> tuple[RawCall, ...]:
+        """Every call the turn `text` writes, in order (none: the turn is an answer)."""
+
+    @abstractmethod
+    def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
+        """A turn that writes `calls` (name, arguments) after `thought`, as the family's models write it."""
+
+    def read_object(self, value: Any) -> RawCall:
+        """A decoded JSON value as a call: an object with a string `name` and an object of arguments."""
+        if not isinstance(value, dict):
+            return RawCall(None, None, f"a tool call must be a JSON object, got {type(value).__name__}")
+        name, arguments = value.get("name"), value.get(self.arguments_key, {})
+        extra = sorted(set(value) - {"name", self.arguments_key})
+        if not isinstance(name, str) or not name:
+            return RawCall(None, None, "a tool call needs a \"name\" string")
+        if not isinstance(arguments, dict):
+            return RawCall(name, None, f"the \"{self.arguments_key}\" of a tool call must be a JSON object")
+        if extra:
+            return RawCall(name, None, f"unexpected key(s) {extra} in a tool call")
+        return RawCall(name, arguments)
+
+    def call_json(self, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps({"name": name, self.arguments_key: arguments}, ensure_ascii=False)
+
+
+class HermesParser(ToolCallParser):
+    family = "hermes"
+    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[RawCall, ...]:
+        calls = [self._read(m.group(1)) for m in self._block.finditer(text)]
+        tail = self._block.sub("", text)
+        if "<tool_call>" in tail:
+            calls.append(RawCall(None, None, "a <tool_call> block is not closed with </tool_call>",
+                                 tail[tail.find("<tool_call>"):]))
+        elif "</tool_call>" in tail:
+            calls.append(RawCall(None, None, "</tool_call> without a <tool_call>", tail))
+        return tuple(calls)
+
+    def _read(self, body: str) -> RawCall:
+        try:
+            call = self.read_object(json.loads(body))
+        except json.JSONDecodeError as err:
+            call = RawCall(None, None, f"the tool call is not valid JSON: {err}")
+        return dataclasses.replace(call, source=body.strip())
+
+    def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
+        blocks = "\n".join(f"<tool_call>\n{self.call_json(name, args)}\n</tool_call>" for name, args in calls)
+        return f"{thought}\n{blocks}" if thought else blocks
+
+
+class Llama3Parser(ToolCallParser):
+    family = "llama3"
+    arguments_key = "parameters"
+    python_tag = "<|python_tag|>"
+
+    def parse(self, text: str) -> tuple[RawCall, ...]:
+        tagged = text.strip().startswith(self.python_tag)
+        body = text.strip().removeprefix(self.python_tag).strip()
+        if not body.startswith("{"):  # prose is the answer; after the python tag a call was meant
+            return (RawCall(None, None, f"{self.python_tag} must be followed by a JSON call", body),) if tagged else ()
+        calls: list[RawCall] = []
+        decoder, pos = json.JSONDecoder(), 0
+        while pos < len(body):
+            try:
+                value, end = decoder.raw_decode(body, pos)
+            except json.JSONDecodeError as err:
+                return (*calls, RawCall(None, None, f"the tool call is not valid JSON: {err}", body[pos:]))
+            calls.append(dataclasses.replace(self.read_object(value), source=body[pos:end]))
+            pos = _skip(body, end, " \t\r\n;")
+        return tuple(calls)
+
+    def read_object(self, value: Any) -> RawCall:
+        if isinstance(value, dict) and "arguments" in value and "parameters" not in value:
+            value = {("parameters" if k == "arguments" else k): v for k, v in value.items()}  # both are written
+        return super().read_object(value)
+
+    def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
+        return "; ".join(self.call_json(name, args) for name, args in calls)  # the turn is the calls alone
+
+
+class MistralParser(ToolCallParser):
+    family = "mistral"
+    marker = "[TOOL_CALLS]"
+
+    def parse(self, text: str) -> tuple[RawCall, ...]:
+        if self.marker not in text:
+            return ()
+        body = text.split(self.marker, 1)[1].strip()
+        try:
+            value, end = json.JSONDecoder().raw_decode(body)
+        except json.JSONDecodeError as err:
+            return (RawCall(None, None, f"the tool calls are not valid JSON: {err}", body),)
+        if body[end:].strip():
+            return (RawCall(None, None, "text after the [TOOL_CALLS] list", body),)
+        if not isinstance(value, list) or not value:
+            return (RawCall(None, None, "[TOOL_CALLS] must be followed by a non-empty JSON list of calls", body),)
+        return tuple(dataclasses.replace(self.read_object(v), source=json.dumps(v, ensure_ascii=False)) for v in value)
+
+    def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
+        listed = json.dumps([{"name": name, "arguments": args} for name, args in calls], ensure_ascii=False)
+        return f"{thought}{self.marker} {listed}" if thought else f"{self.marker} {listed}"
+
+
+def _skip(text: str, pos: int, chars: str) -> int:
+    while pos < len(text) and text[pos] in chars:
+        pos += 1
+    return pos
+
+
+PARSERS: dict[str, ToolCallParser] = {p.family: p for p in (HermesParser(), Llama3Parser(), MistralParser())}

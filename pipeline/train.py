@@ -37,8 +37,10 @@ Departures from the papers, and why:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
+import os
 import random
 import sys
 import time
@@ -50,8 +52,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
+from pipeline.distributed.launch import die_with_launcher
 from pipeline.jsonl import write_json
 from pipeline.model import AUTOCAST, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
@@ -67,7 +70,7 @@ from pipeline.tools.factory import make_tools
 from pipeline.tools.outages import OutageGuard
 from pipeline.tracking.history import MetricHistory, StepProgress
 from pipeline.tracking.registry import find_version, log_and_register
-from pipeline.tracking.runs import tracked_run
+from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
 from pipeline.tracking.train_samples import log_samples
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.trainer.checkpoint import TrainerState
@@ -131,9 +134,10 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
     offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
     check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
-    replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
+    replicas, rollout_model = placed(cfg, model, optimizer, weights)
     start = (replicas.load_checkpoint(Path(tc.checkpoint_dir), scheduler) if resume else None)
-    engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=seed)
+    # one seed on every rank: trajectories are keyed by their place in the batch (pipeline.distributed.sharding)
+    engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
         replicas.sync(engine)
     start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)
@@ -150,10 +154,10 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module, int]:
-    """Where the update runs, the model rollouts sample from, and this process's rollout seed."""
+           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module]:
+    """Where the update runs, and the model rollouts sample from."""
     if not cfg.distributed.enabled:
-        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model, cfg.run.seed
+        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model
     from pipeline.distributed.checkpointing import copy_weights_into
     from pipeline.distributed.replicas import deepspeed_replicas  # DeepSpeed is imported only when used
 
@@ -162,8 +166,7 @@ def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimi
     replicas = deepspeed_replicas(model, optimizer, cfg)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
         copy_weights_into(replicas, copied)
-    seed = cfg.run.seed + replicas.rank * cfg.distributed.rollout_seed_stride
-    return replicas, copied if copied is not None else replicas.module, seed
+    return replicas, copied if copied is not None else replicas.module
 
 
 def sharded(engine: RolloutEngine) -> Rollouts:
@@ -227,6 +230,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
                                                          "time/train_seconds": time.perf_counter() - sampled}
             history.log(step, last)
             steps.show(step, last)
+            if cfg.distributed.enabled:  # every rank says what it trained on: the load balance, in the stage's log
+                print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
             if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
@@ -241,6 +246,15 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
     return last
+
+
+def rank_share(t: Training, step: int, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]) -> str:
+    """This rank's part of a step: the groups and policy tokens of each mini-batch it trained on."""
+    shares = [t.replicas.share(groups) for groups in mini_batch_groups(kept, t.cfg.train.ppo_mini_batches, anchored)]
+    mine = [g for groups, weight in shares if weight > 0 for g in groups]
+    tokens = sum(tr.policy_token_count for g in mine for tr in g.group.trajectories)
+    return (f"rank {t.replicas.rank} of {t.replicas.world}: step {step + 1}: trained on {len(mine)} of "
+            f"{len(kept) + len(anchored)} groups, {tokens} policy tokens")
 
 
 def finish_run(t: Training, output_dir: Path) -> None:
@@ -260,3 +274,25 @@ def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
     log_and_register(cfg.run, run_id, model_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """One rank of a data-parallel training, as the train stage starts it (`pipeline.distributed.launch`).
+    Everything it needs is on the command line: a launcher on another node passes on little of the environment."""
+    parser = argparse.ArgumentParser(description="One rank of the train stage (started by python -m flows.train).")
+    parser.add_argument("--params", required=True, help="the stage's params file")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--tool-url", action="append", default=[], metavar="TOOL=URL",
+                        help="a tool service the stage started (repeatable)")
+    parser.add_argument("--stage-run", default="", help="the MLflow run the stage opened (rank 0 logs into it)")
+    parser.add_argument("--metrics-dir", default="metrics", type=Path)
+    args = parser.parse_args(argv)
+    die_with_launcher()
+    if args.stage_run:
+        os.environ[STAGE_RUN_ENV] = args.stage_run
+    urls = dict(item.split("=", 1) for item in args.tool_url)
+    run(load_config(args.params), urls, resume=args.resume, metrics_dir=args.metrics_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The train stage's ranks under `distributed.enabled`: started by the stage's flow, one job, one run.
+
+The flow resolves the placement (`distributed`: ranks per node, nodes, launcher), starts the tool services
+once, sized for its ranks, and launches the ranks with `pipeline.distributed.launch` (torchrun, or DeepSpeed's
+launcher for a hostfile). Each rank runs `python -m pipeline.train`, given the params file, the services'
+URLs and the MLflow run the flow opened: rank 0 logs into that run and writes the metrics and the model, the
+others open no run. The ranks' lines stream into the flow's log as they are printed; a rank failing fails the
+stage (the launcher stops the rest), and no rank outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from pipeline.config import RunConfig
+from pipeline.distributed.launch import Placement, failed_ranks, placement, run_ranks
+from pipeline.tracking.runs import STAGE_RUN_ENV
+from pipeline.types import ToolName
+
+RANK_LOG_DIR = Path("logs/train/ranks")
+METRICS_DIR = Path("metrics")
+SERVICE_URL_KEYS: dict[ToolName, str] = {"code": "sandbox.url", "search": "search.url"}
+
+
+class RanksFailed(RuntimeError):
+    """A rank of the train stage failed (the launcher stopped the others)."""
+
+
+def stage_placement(cfg: RunConfig, tools: tuple[ToolName, ...]) -> Placement | None:
+    """Where the stage's ranks run; None when it trains in its own process (`distributed.enabled` false).
+    Refuses what cannot work: a stage that is itself one of a launcher's ranks, and services that this node
+    would start on loopback for ranks on other nodes."""
+    if not cfg.distributed.enabled:
+        return None
+    if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
+        raise SystemExit("the train stage launches its ranks itself (params: distributed.nproc_per_node, nnodes, "
+                         "launcher): run `python -m flows.train` (or `dvc repro`) without torchrun or deepspeed")
+    where = placement(cfg.distributed)
+    unreachable = [SERVICE_URL_KEYS[t] for t in tools if t in SERVICE_URL_KEYS and not _url(cfg, t)]
+    if where.nnodes > 1 and unreachable:
+        raise SystemExit(f"distributed.nnodes = {where.nnodes}: ranks on other nodes cannot reach services started "
+                         f"on this node's loopback; set {', '.join(unreachable)} to a shared deployment")
+    return where
+
+
+def _url(cfg: RunConfig, tool: ToolName) -> str:
+    return cfg.sandbox.url if tool == "code" else cfg.search.url
+
+
+def rank_program(params: str | Path, urls: Mapping[ToolName, str], resume: bool,
+                 metrics_dir: Path = METRICS_DIR) -> list[str]:
+    """What every rank runs (after `python`): the library's training, with what the flow set up."""
+    program = ["-m", "pipeline.train", "--params", str(params), "--metrics-dir", str(metrics_dir)]
+    program += [f"--tool-url={tool}={url}" for tool, url in sorted(urls.items())]
+    if stage_run := os.environ.get(STAGE_RUN_ENV):
+        program += ["--stage-run", stage_run]
+    return program + (["--resume"] if resume else [])
+
+
+def train_on_ranks(where: Placement, params: str | Path, urls: Mapping[ToolName, str], resume: bool,
+                   log: Callable[[str], None], *, metrics_dir: Path = METRICS_DIR,
+                   log_dir: Path = RANK_LOG_DIR) -> dict[str, float]:
+    """Run the training on every rank of `where` and wait; returns the last step's metrics (rank 0's)."""
+    ranks = "on the hostfile's nodes" if where.nproc_per_node is None else \
+        f"{where.nproc_per_node} rank(s) a node on {where.nnodes} node(s)"
+    log(f"train: launching {ranks} with {where.launcher}; rank logs in {log_dir}")
+    result = run_ranks(rank_program(params, urls, resume, metrics_dir), where, log_dir=log_dir, on_line=log)
+    if result.returncode != 0:
+        named = failed_ranks(result.tail)
+        which = f"rank(s) {', '.join(map(str, named))}" if named else "a rank"
+        raise RanksFailed(f"train: {which} failed (launcher exit status {result.returncode}); the other ranks were "
+                          f"stopped. Rank logs: {result.log_dir}. Last lines:\n{result.tail}")
+    return json.loads((metrics_dir / "train.json").read_text())

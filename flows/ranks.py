@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
-from pipeline.distributed.launch import Placement, failed_ranks, placement, run_ranks
+from pipeline.distributed.launch import Placement, placement, root_cause, run_ranks
 from pipeline.tracking.runs import STAGE_RUN_ENV
 from pipeline.types import ToolName
 
@@ -69,8 +69,7 @@ def train_on_ranks(where: Placement, params: str | Path, urls: Mapping[ToolName,
     log(f"train: launching {ranks} with {where.launcher}; rank logs in {log_dir}")
     result = run_ranks(rank_program(params, urls, resume, metrics_dir), where, log_dir=log_dir, on_line=log)
     if result.returncode != 0:
-        named = failed_ranks(result.tail)
-        which = f"rank(s) {', '.join(map(str, named))}" if named else "a rank"
-        raise RanksFailed(f"train: {which} failed (launcher exit status {result.returncode}); the other ranks were "
-                          f"stopped. Rank logs: {result.log_dir}. Last lines:\n{result.tail}")
+        raise RanksFailed(f"train: {root_cause(result.tail) or 'a rank'} failed first (launcher exit status "
+                          f"{result.returncode}); the other ranks were stopped. Rank logs: {result.log_dir}. "
+                          f"Last lines:\n{result.tail}")
     return json.loads((metrics_dir / "train.json").read_text())

@@ -60,6 +60,11 @@ class Placement:
         return self.nproc_per_node or 1
 
 
+def on_this_machine(nproc: int) -> Placement:
+    """`nproc` ranks on this machine, started by torchrun (benchmarks, tests)."""
+    return Placement(nproc, 1, "torchrun", None, "")
+
+
 def visible_gpus() -> int:
     import torch  # only here: the flow resolves `auto` before any rank starts
 
@@ -176,6 +181,11 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def failed_ranks(tail: str) -> list[int]:
-    """The ranks a torchrun failure summary names (`rank : 1 (local_rank: 1)`), in order."""
-    return sorted({int(m) for m in re.findall(r"\brank\s*:\s*(\d+)", tail)})
+def root_cause(tail: str) -> str | None:
+    """The rank torchrun's failure summary names as the first to fail, with its exit code ('rank 1, exit code 3');
+    the other ranks it lists were stopped because of it. None when the summary is not in `tail`."""
+    _, found, cause = tail.partition("Root Cause")
+    rank, code = re.search(r"\brank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    if not found or rank is None:
+        return None
+    return f"rank {rank.group(1)}" + (f", exit code {code.group(1)}" if code else "")

@@ -54,7 +54,7 @@ import torch
 
 from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
-from pipeline.distributed.launch import die_with_launcher
+from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.jsonl import write_json
 from pipeline.model import AUTOCAST, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
@@ -292,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.environ[STAGE_RUN_ENV] = args.stage_run
     urls = dict(item.split("=", 1) for item in args.tool_url)
     run(load_config(args.params), urls, resume=args.resume, metrics_dir=args.metrics_dir)
+    leave_process_group()  # not after a failure: the launcher stops the ranks then
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
+import torch.distributed as dist
+
 from pipeline.config.distributed import DistributedConfig
 from pipeline.services.processes import PR_SET_PDEATHSIG, LOOPBACK, free_port, parent_death_signal
 from pipeline.services.reaper import descendants, end_all
@@ -66,8 +69,6 @@ def on_this_machine(nproc: int) -> Placement:
 
 
 def visible_gpus() -> int:
-    import torch  # only here: the flow resolves `auto` before any rank starts
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -179,6 +180,17 @@ def die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != launcher:  # it died before the signal was armed
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def leave_process_group() -> None:
+    """The last thing a rank does that succeeded: every rank waits for the others (no collective is still in
+    flight anywhere), then takes its process group down itself: its gloo worker and transport threads joined, its
+    connections and rank 0's rendezvous store closed, all before the interpreter exits. Left to the exit, they are
+    torn down in whatever order module teardown and the C++ runtime's static destructors happen to take, while the
+    peers' sockets close under them."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def root_cause(tail: str) -> str | None:

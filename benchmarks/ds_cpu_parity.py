@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
-from pipeline.distributed.launch import on_this_machine, run_ranks  # noqa: E402
+from pipeline.distributed.launch import leave_process_group, on_this_machine, run_ranks  # noqa: E402
 from pipeline.distributed.sharding import assign_groups, rank_rows  # noqa: E402
 from pipeline.rl.loss import make_policy_loss  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
@@ -117,6 +117,7 @@ def worker(stage: int, steps: int, out: Path) -> None:
     if backend.rank == 0:
         torch.save({"loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"], "grad": grad,
                     "times": times}, out)
+    leave_process_group()
 
 
 def print_to_stderr(line: str) -> None:

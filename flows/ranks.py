@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from importlib.util import find_spec
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -38,6 +40,11 @@ def stage_placement(cfg: RunConfig, tools: tuple[ToolName, ...]) -> Placement | 
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         raise SystemExit("the train stage launches its ranks itself (params: distributed.nproc_per_node, nnodes, "
                          "launcher): run `python -m flows.train` (or `dvc repro`) without torchrun or deepspeed")
+    missing = [m for m in ("deepspeed", *(("vllm",) if cfg.rollout.backend == "vllm" else ())) if not find_spec(m)]
+    if missing:  # the ranks run in this environment (the launcher's python is this one)
+        raise SystemExit(f"distributed.enabled{' with rollout.backend vllm' if 'vllm' in missing else ''}: the ranks "
+                         f"run in this Python environment ({sys.executable}), which lacks {', '.join(missing)}; run "
+                         "the stage from an environment that has both DeepSpeed and the backend (docs/scale-out.md)")
     where = placement(cfg.distributed)
     unreachable = [SERVICE_URL_KEYS[t] for t in tools if t in SERVICE_URL_KEYS and not _url(cfg, t)]
     if where.nnodes > 1 and unreachable:

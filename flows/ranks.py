@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
-from pipeline.distributed.launch import Placement, placement, root_cause, run_ranks
+from pipeline.distributed.launch import Placement, placement, rank_log_tail, root_cause, run_ranks
 from pipeline.tracking.runs import STAGE_RUN_ENV
 from pipeline.types import ToolName
 
@@ -76,7 +76,8 @@ def train_on_ranks(where: Placement, params: str | Path, urls: Mapping[ToolName,
     log(f"train: launching {ranks} with {where.launcher}; rank logs in {log_dir}")
     result = run_ranks(rank_program(params, urls, resume, metrics_dir), where, log_dir=log_dir, on_line=log)
     if result.returncode != 0:
-        raise RanksFailed(f"train: {root_cause(result.tail) or 'a rank'} failed first (launcher exit status "
-                          f"{result.returncode}); the other ranks were stopped. Rank logs: {result.log_dir}. "
-                          f"Last lines:\n{result.tail}")
+        failure = root_cause(result.tail)
+        said = rank_log_tail(log_dir, failure.local_rank) if failure else result.tail
+        raise RanksFailed(f"train: {failure or 'a rank'} failed first (launcher exit status {result.returncode}); the "
+                          f"other ranks were stopped. Rank logs: {result.log_dir}. Its last lines:\n{said}")
     return json.loads((metrics_dir / "train.json").read_text())

@@ -193,11 +193,29 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def root_cause(tail: str) -> str | None:
-    """The rank torchrun's failure summary names as the first to fail, with its exit code ('rank 1, exit code 3');
-    the other ranks it lists were stopped because of it. None when the summary is not in `tail`."""
+@dataclass(frozen=True)
+class RankFailure:
+    """The rank torchrun's failure summary names as the first to fail (the others it lists were stopped for it)."""
+
+    rank: int
+    local_rank: int
+    exit_code: int | None
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}" + (f" (exit code {self.exit_code})" if self.exit_code is not None else "")
+
+
+def root_cause(tail: str) -> RankFailure | None:
+    """The first failure in torchrun's summary at the end of `tail`; None when the summary is not there."""
     _, found, cause = tail.partition("Root Cause")
-    rank, code = re.search(r"\brank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    rank = re.search(r"\brank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", cause)
     if not found or rank is None:
         return None
-    return f"rank {rank.group(1)}" + (f", exit code {code.group(1)}" if code else "")
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    return RankFailure(int(rank.group(1)), int(rank.group(2)), int(code.group(1)) if code else None)
+
+
+def rank_log_tail(log_dir: Path, local_rank: int, lines: int = TAIL_LINES) -> str:
+    """The end of what a rank of the latest launch into `log_dir` wrote to stderr (torchrun keeps one file a rank)."""
+    logs = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    return "\n".join(logs[-1].read_text(errors="replace").splitlines()[-lines:]) if logs else ""

@@ -15,7 +15,8 @@ import pytest
 from pipeline.config import ConfigError, config_from_dict
 from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import launch
-from pipeline.distributed.launch import Placement, launcher_command, on_this_machine, placement, root_cause, run_ranks
+from pipeline.distributed.launch import (Placement, launcher_command, on_this_machine, placement, rank_log_tail,
+                                         root_cause, run_ranks)
 
 RANK = textwrap.dedent("""
     import os, sys, time
@@ -26,6 +27,7 @@ RANK = textwrap.dedent("""
     print(f"hello from {rank} of {os.environ['WORLD_SIZE']} at {os.environ['MASTER_ADDR']}", flush=True)
     if mode == "fail" and rank == 1:
         time.sleep(0.5)
+        print("rank 1 gives up", file=sys.stderr, flush=True)
         sys.exit(3)
     if mode in ("fail", "hang"):
         time.sleep(600)
@@ -116,7 +118,9 @@ def test_a_failing_rank_stops_the_others_and_is_named(tmp_path: Path, rank_scrip
     result = run_ranks([str(rank_script), str(tmp_path), "fail"], on_this_machine(2), log_dir=tmp_path / "logs",
                        on_line=lambda _: None, timeout_s=300)
     assert result.returncode != 0
-    assert root_cause(result.tail) == "rank 1, exit code 3", result.tail  # rank 0 was stopped for it
+    failure = root_cause(result.tail)  # rank 0 was stopped for it
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, 3), result.tail
+    assert rank_log_tail(tmp_path / "logs", failure.local_rank).endswith("rank 1 gives up")  # its own last words
     assert time.monotonic() - started < 240  # rank 0 (sleeping 600 s) was stopped, not waited for
     assert len(rank_pids(tmp_path)) == 2 and gone(rank_pids(tmp_path))
 

@@ -111,6 +111,10 @@ def test_the_train_stage_on_two_ranks_is_one_run_and_trains_the_one_process_mode
     client = MlflowClient(f"sqlite:///{ws / 'mlruns.db'}")
     history = client.get_metric_history(run.info.run_id, "reward/mean")
     assert sorted(m.step for m in history) == list(range(steps))  # per-step metrics, logged once (rank 0)
+    saved = [Path(f.path).name for f in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert saved == ["step-000001", "step-000002"]  # DeepSpeed checkpoints are complete ones too (state.json)
+    assert {"state.json", "rng_rank000.pt", "rng_rank001.pt"} <= {
+        Path(f.path).name for f in client.list_artifacts(run.info.run_id, "checkpoints/step-000002")}
     lock = yaml.safe_load((ws / "dvc.lock").read_text())["stages"]
     assert list(lock).count("train") == 1
     assert lock["train"]["params"]["params.yaml"]["distributed"]["zero_stage"] == zero_stage

@@ -1,0 +1,65 @@
+"""The train flow's side of data parallelism (`flows.ranks`): what it refuses before launching, what every rank is
+given, and a failing rank failing the stage with its name and exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows import ranks
+from flows.ranks import RanksFailed, rank_program, stage_placement, train_on_ranks
+from pipeline.config import config_from_dict
+from pipeline.distributed.launch import on_this_machine
+from pipeline.tracking.runs import STAGE_RUN_ENV
+
+
+def test_one_process_launches_nothing() -> None:
+    assert stage_placement(config_from_dict({}), ("code",)) is None
+
+
+def test_a_stage_started_as_a_rank_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit, match="launches its ranks itself"):
+        stage_placement(config_from_dict({"distributed": {"enabled": True}}), ())
+
+
+@pytest.mark.parametrize(("tools", "named"), [(("code",), "sandbox.url"), (("code", "search"), "sandbox.url, search.url"),
+                                             (("search",), "search.url")])
+def test_several_nodes_need_services_every_node_reaches(tmp_path: Path, tools: tuple, named: str) -> None:
+    (tmp_path / "hosts").write_text("a slots=1\nb slots=1\n")
+    cfg = config_from_dict({"distributed": {"enabled": True, "nnodes": 2, "hostfile": str(tmp_path / "hosts"),
+                                            "launcher": "deepspeed"}})
+    with pytest.raises(SystemExit, match=f"set {named} to a shared deployment"):
+        stage_placement(cfg, tools)
+    shared = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(update={"url": "http://tools:1"}),
+                                    "search": cfg.search.model_copy(update={"url": "http://tools:2"})})
+    assert stage_placement(shared, tools).nnodes == 2
+
+
+def test_ranks_whose_environment_lacks_the_backend_are_refused_by_name(monkeypatch) -> None:
+    monkeypatch.setattr(ranks, "find_spec", lambda name: None if name == "vllm" else object())
+    cfg = config_from_dict({"distributed": {"enabled": True}, "rollout": {"backend": "vllm"}})
+    with pytest.raises(SystemExit, match="rollout.backend vllm.*lacks vllm"):
+        stage_placement(cfg, ())
+
+
+def test_every_rank_is_given_the_params_the_services_and_the_stage_run(monkeypatch) -> None:
+    monkeypatch.setenv(STAGE_RUN_ENV, "run123")
+    program = rank_program("p.yaml", {"search": "http://s", "code": "http://c"}, resume=True)
+    assert program == ["-m", "pipeline.train", "--params", "p.yaml", "--metrics-dir", "metrics",
+                       "--tool-url=code=http://c", "--tool-url=search=http://s", "--stage-run", "run123", "--resume"]
+
+
+def test_a_failing_rank_fails_the_stage_naming_it(tmp_path: Path, repo_root: Path) -> None:
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["train"]["train_file"] = str(tmp_path / "missing.jsonl")  # every rank fails reading it
+    params["distributed"] |= {"enabled": True, "nproc_per_node": 2, "collectives": "gloo"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    lines: list[str] = []
+    with pytest.raises(RanksFailed, match=r"rank \d \(exit code 1\) failed first") as failed:
+        train_on_ranks(on_this_machine(2), tmp_path / "params.yaml", {}, False, lines.append,
+                       metrics_dir=tmp_path / "metrics", log_dir=tmp_path / "logs")
+    assert "missing.jsonl" in str(failed.value)  # the failing rank's own error, in the stage's failure
+    assert any(line.startswith("[rank1]:") for line in lines) and any(line.startswith("[rank0]:") for line in lines)

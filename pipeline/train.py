@@ -32,7 +32,9 @@ Departures from the papers, and why:
    TRL delegate the placement to a framework; torchtune writes one recipe per placement. Here the
    two differ only in where gradients go, which of a mini-batch's whole groups a rank trains on, how
    weights reach the rollout engine and how checkpoints are written: the four methods the interface
-   names, so a second copy of the step would repeat everything else.
+   names, so a second copy of the step would repeat everything else. Each sequence's sampler is seeded by its
+   place in the whole batch, not by the rank that samples it (verl seeds each rank apart), so N ranks sample,
+   and train, what one process would (`pipeline.distributed.sharding`).
 """
 
 from __future__ import annotations

@@ -167,6 +167,7 @@ def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimi
     copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.backend == "hf" else None
     replicas = deepspeed_replicas(model, optimizer, cfg)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
+        copied.to(model_device(replicas.module))  # beside the rank's shards: its GPU, not the CPU it was loaded on
         copy_weights_into(replicas, copied)
     return replicas, copied if copied is not None else replicas.module
 

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SYSTEM_PACKAGES=(redis-server libseccomp2 libseccomp-dev)
+# chromium and chromium-driver: the headless browser of the MLflow UI test (tests/e2e/test_mlflow_ui.py)
+SYSTEM_PACKAGES=(redis-server libseccomp2 libseccomp-dev chromium chromium-driver)
 
 if [ "$(id -u)" = "0" ]; then
   missing=()

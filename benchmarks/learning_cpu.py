@@ -60,6 +60,7 @@ import torch
 
 from flows.services import running_services
 from pipeline.trainer.checkpoint import checkpoint_dir
+from pipeline.trainer.run_folder import run_folder
 from pipeline.config import RunConfig, load_config
 from pipeline.data.adapters import nq_open as nq_row
 from pipeline.data.calculator import generate
@@ -313,7 +314,7 @@ def fresh_rl(cfg: RunConfig, urls: dict, out: Path) -> dict[str, float]:
 
 def rl_checkpoint_model(cfg: RunConfig, step: int, model_dir: Path) -> Path:
     """The RL checkpoint of `step` as a model directory (the trainer keeps the last two checkpoints)."""
-    checkpoint = checkpoint_dir(Path(cfg.train.checkpoint_dir), step)
+    checkpoint = checkpoint_dir(run_folder(cfg), step)
     if not checkpoint.is_dir():
         kept = sorted(p.name for p in checkpoint.parent.glob("step-*"))
         raise FileNotFoundError(f"--eval-checkpoint {step}: {checkpoint} does not exist (kept: {kept})")

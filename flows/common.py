@@ -1,11 +1,11 @@
-"""Shared by the stage flows: command-line handling, params validation, the shape of a reported stage,
+"""Shared by the stage flows: running one from the command line, params validation, the shape of a reported stage,
 and the lifetime of a stage's process (`stage_process`): nothing it starts outlives it, it dies with
 the `dvc repro` above it, and SIGINT / SIGTERM end it with 130 / 143 after its clean-up ran.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -13,24 +13,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
 
-from flows.tracking import dvc_invocation, log_report, stage_run
-from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, load_config
+from flows.tracking import LockFileError, dvc_invocation
+from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
 from pipeline.services.reaper import watch_this_process
 from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
 T = TypeVar("T")
-
-
-def stage_args(description: str, *, resume: bool = False) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
-    if resume:
-        parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    return parser.parse_args()
+# What a user can fix (a params file, a path): one line, not a traceback. A flow module adds its own
+# (`USER_ERRORS` in flows/<stage>.py), so this module imports nothing a stage does not run.
+USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, LockFileError, FileNotFoundError)
 
 
 def load_or_exit(params: str | Path) -> RunConfig:
@@ -48,12 +42,22 @@ def tools_needed(problem_file: str | Path) -> tuple[ToolName, ...]:
     return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))
 
 
-def run_stage(flow_fn: Callable[..., object], description: str, *, resume: bool = False) -> None:
-    """`python -m flows.<stage>`: validate the params file before Prefect starts, then run the flow."""
-    args = stage_args(description, resume=resume)
-    load_or_exit(args.params)
-    with stage_process():
-        flow_fn(args.params, **({"resume": args.resume} if resume else {}))
+def run_flow(command: str, flow_fn: Callable[..., object], kwargs: dict[str, Any],
+             user_errors: tuple[type[Exception], ...] = USER_ERRORS,
+             preflight: Callable[..., object] | None = None) -> None:
+    """`python -m flows.<command>` once its arguments parsed (`flows.cli`): the flow inside `stage_process`;
+    a user's mistake ends it with one line on stderr and exit 1 (`TAPO_TRACEBACK=1`: the traceback too).
+    `preflight(**kwargs)` checks the input before the flow starts, where Prefect would log a traceback."""
+    try:
+        if preflight is not None:
+            preflight(**kwargs)
+        with stage_process():
+            flow_fn(**kwargs)
+    except user_errors as err:
+        if os.environ.get("TAPO_TRACEBACK"):
+            raise
+        print(f"{command}: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 class _Signalled:
@@ -88,15 +92,3 @@ def stage_process() -> Iterator[None]:
         raise SystemExit(128 + _Signalled.number) from None
     finally:
         watcher.returncode = 0  # not waited for: it ends on its own once this process is gone, after the rest
-
-
-def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:
-    """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
-    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report."""
-    cfg = load_or_exit(params)
-    part: BaseModel = getattr(cfg, section)
-    with stage_run(cfg, stage) as run_id:
-        report = work(part)
-        log_report(cfg.run, run_id, {section: part.model_dump()}, report)
-    print(f"{stage}: {report}")
-    return report

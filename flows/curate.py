@@ -7,12 +7,18 @@ tools training offers; without a prepared model that filter is skipped and the r
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("curate")
+
 from typing import get_args
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, reported_stage, run_stage
+from flows.common import load_or_exit
+from flows.reported import reported_stage
 from pipeline.config.curate import CurateConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.data.curate import run as curate
@@ -41,6 +47,3 @@ def curate_flow(params: str = "params.yaml") -> dict:
     return reported_stage(params, "curate", "curate",
                           lambda cfg: curate_task(cfg, run.model.base_dir, run.rollout))
 
-
-if __name__ == "__main__":
-    run_stage(curate_flow, "Curate the training and test problems.")

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 import yaml
+from mlflow.entities.model_registry import ModelVersion
 from prefect import flow, serve
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
@@ -32,10 +33,14 @@ from prefect.exceptions import ObjectNotFound
 from prefect.schedules import Cron
 
 from flows.common import load_or_exit
+from flows.summary import publish
 from flows.evaluate import evaluate_flow
 from flows.pipeline import pipeline_flow
-from pipeline.config import read_params
-from pipeline.tracking.registry import MODEL_NAME, RegistryError, latest_version
+from pipeline.config import RunConfig, read_params
+from pipeline.evaluation.benchmarks import load_benchmarks
+from pipeline.evaluation.setting import evaluation_setting
+from pipeline.tracking.registry import (MODEL_NAME, SETTING_ACCURACY_TAG, RegistryError, latest_version,
+                                        setting_key)
 
 NIGHTLY_CRON = "0 2 * * *"
 TIMEZONE = "UTC"
@@ -52,14 +57,25 @@ def params_for_output(params: str, output_dir: Path) -> Path:
     return derived
 
 
+def evaluated_already(cfg: RunConfig, version: ModelVersion) -> str | None:
+    """The accuracy `version` has under the evaluation setting `cfg` defines, if it was evaluated so."""
+    key = setting_key(evaluation_setting(cfg, load_benchmarks(cfg.evaluate)))
+    return version.tags.get(SETTING_ACCURACY_TAG.format(key=key))
+
+
 @flow(name="evaluate-latest", log_prints=True)
 def evaluate_latest_flow(params: str = "params.yaml", output_root: str = LATEST_OUTPUT_ROOT) -> dict:
-    """Evaluate the newest registered version of tapo-policy; the evaluate flow updates `champion`."""
+    """Evaluate the newest registered version of tapo-policy (unless it was, under the same setting); the
+    evaluate flow updates `champion`."""
     cfg = load_or_exit(params)
     version = latest_version(cfg.run)
     if version is None:
         raise RegistryError(f"no registered version of {MODEL_NAME!r} at {cfg.run.tracking_uri}: "
                             "run the pipeline (its train stage registers the model) first")
+    accuracy = evaluated_already(cfg, version)
+    if accuracy is not None:
+        print(f"{MODEL_NAME} v{version.version} was evaluated under this setting (accuracy {accuracy}): nothing to do")
+        return {"version": version.version, "evaluated": False, "accuracy": float(accuracy)}
     derived = params_for_output(params, Path(output_root) / f"v{version.version}")
     print(f"evaluating {MODEL_NAME} v{version.version} (params {derived})")
     return evaluate_flow(str(derived), model=f"models:/{MODEL_NAME}/{version.version}",
@@ -68,9 +84,16 @@ def evaluate_latest_flow(params: str = "params.yaml", output_root: str = LATEST_
 
 @flow(name="nightly", log_prints=True)
 def nightly_flow(params: str = "params.yaml") -> dict:
-    """`dvc repro` (only what changed) under one MLflow parent run, then evaluate the latest model."""
+    """`dvc repro` (only what changed) under one MLflow parent run, then evaluate the latest model. A night with
+    nothing to do (every stage up to date, the latest model evaluated alike) records that and opens no MLflow run."""
     repro = pipeline_flow(params, use_dvc=True)
-    return {"repro": repro, "evaluate_latest": evaluate_latest_flow(params)}
+    latest = evaluate_latest_flow(params)
+    if repro.get("up_to_date") and latest.get("evaluated") is False:
+        cfg = load_or_exit(params)
+        publish("nightly", "nightly: nothing to do", f"Every stage is up to date and {MODEL_NAME} "
+                f"v{latest['version']} was evaluated under this setting (accuracy {latest['accuracy']:.4f}).",
+                cfg.run, None)
+    return {"repro": repro, "evaluate_latest": latest}
 
 
 def deployments(params: str, workdir: Path, cron: str = NIGHTLY_CRON, *, for_pool: bool) -> list[RunnerDeployment]:

@@ -7,12 +7,19 @@ The parent run is named in `TAPO_MLFLOW_PARENT_RUN`, which also reaches the stag
 `dvc repro` starts; every stage flow opens its one nested run under it (flows/tracking.py),
 tagged with the DVC hashes of that stage's inputs. The parent is tagged with the git commit
 and the DVC hash of every stage input recorded in `dvc.lock` (read when the run starts
-in-process; after `dvc repro`, which rewrites it, in dvc mode).
+in-process; after `dvc repro`, which rewrites it, in dvc mode). In dvc mode with nothing to do
+(`dvc status` finds every stage up to date) no parent run is opened: the flow run records that in a
+markdown artifact instead of leaving an empty MLflow run behind.
 """
 
 from __future__ import annotations
 
-import argparse
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("pipeline")
+
+import json
 import os
 import subprocess
 import sys
@@ -27,27 +34,44 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
-from flows.common import load_or_exit, stage_process
+from flows.common import load_or_exit
+from flows.summary import publish
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.prepare_model import prepare_model_flow
 from flows.sft import sft_flow
 from flows.train import train_flow
-from flows.tracking import LockFileError, dvc_input_hashes, lineage_tags, parent_run
+from flows.tracking import dvc_input_hashes, lineage_tags, parent_run
 from pipeline.config import DEFAULT_PARAMS
 
+# Every stage writes where its params say (out="."): the stages of one pipeline read each other's outputs.
 STAGES: tuple[tuple[str, Callable[[str], Any]], ...] = (
     ("prepare-model", prepare_model_flow), ("curate", curate_flow), ("build-index", build_index_flow),
-    ("sft", sft_flow), ("train", train_flow), ("evaluate", evaluate_flow))
+    ("sft", sft_flow), ("train", lambda params: train_flow(params, out=".")),
+    ("evaluate", lambda params: evaluate_flow(params, out=".")))
+
+
+def dvc_command() -> tuple[str, dict[str, str]]:
+    """The dvc executable beside this Python (else on PATH) and the environment to run it in."""
+    local = Path(sys.executable).with_name("dvc")
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return (str(local) if local.is_file() else "dvc"), env
+
+
+def dvc_up_to_date(workdir: str) -> bool:
+    """Whether `dvc repro` would run no stage (`dvc status` reports nothing changed)."""
+    dvc, env = dvc_command()
+    done = subprocess.run([dvc, "status", "--json"], cwd=workdir, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"dvc status failed in {workdir} (exit {done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout or "{}") == {}
 
 
 @task(cache_policy=NO_CACHE, retries=0)
 def dvc_repro(workdir: str, args: tuple[str, ...]) -> None:
     """`dvc <args>` in `workdir`, its output streamed to the flow log. Not retried: stages are not I/O."""
-    local = Path(sys.executable).with_name("dvc")
-    dvc = str(local) if local.is_file() else "dvc"
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    dvc, env = dvc_command()
     logger = get_run_logger()
     tail: deque[str] = deque(maxlen=60)
     with subprocess.Popen([dvc, *args], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -68,11 +92,17 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
                   dvc_args: tuple[str, ...] = ("repro",)) -> dict[str, Any]:
     """All stages in order under one MLflow parent run; returns each stage's result (in-process)."""
     cfg = load_or_exit(Path(workdir) / params if use_dvc else params)
+    if use_dvc and tuple(dvc_args) == ("repro",) and dvc_up_to_date(workdir):
+        publish("pipeline", "pipeline: nothing to do", "`dvc status`: every stage is up to date; no stage ran and "
+                "no MLflow run was opened.", cfg.run, None)
+        print("every stage is up to date: nothing to run")
+        return {"parent_run_id": None, "up_to_date": True}
     lock = Path(workdir) / "dvc.lock"
     tags = {"mode": "dvc" if use_dvc else "flow", "prefect_flow_run_id": str(flow_run.id or "")}
     if not use_dvc:
         tags |= lineage_tags(lock)
-    with parent_run(cfg.run, "pipeline", cfg.model_dump(), tags) as parent_id:
+    # named after the flow run (Prefect's name for it, e.g. "crimson-fox"): the stage runs become <name>/<stage>
+    with parent_run(cfg.run, str(flow_run.name or "pipeline"), cfg.model_dump(), tags) as parent_id:
         print(f"MLflow parent run {parent_id} in experiment {cfg.run.experiment!r}")
         if not use_dvc:
             return run_stages(params)
@@ -80,22 +110,4 @@ def pipeline_flow(params: str = str(DEFAULT_PARAMS), use_dvc: bool = False, work
         client = MlflowClient(cfg.run.tracking_uri)
         for key, value in lineage_tags(lock).items():  # the lock dvc repro just wrote: what was run
             client.set_tag(parent_id, key, value)
-        return {"parent_run_id": parent_id, "dvc_inputs": len(dvc_input_hashes(lock))}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Run the whole pipeline under one MLflow parent run.")
-    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file (default: params.yaml)")
-    parser.add_argument("--dvc", action="store_true", help="run `dvc repro` (only stages whose inputs changed)")
-    args = parser.parse_args()
-    load_or_exit(args.params)  # fail on a bad params file before Prefect starts
-    try:
-        with stage_process():
-            pipeline_flow(args.params, use_dvc=args.dvc)
-    except LockFileError as err:
-        print(f"pipeline: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
-
-
-if __name__ == "__main__":
-    main()
+        return {"parent_run_id": parent_id, "dvc_inputs": len(dvc_input_hashes(lock)), "up_to_date": False}

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("prepare_model")
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import reported_stage, run_stage
+from flows.reported import reported_stage
 from pipeline.config.model import ModelConfig
 from pipeline.model import prepare_base_model
 
@@ -19,6 +24,3 @@ def convert(cfg: ModelConfig) -> str:
 def prepare_model_flow(params: str = "params.yaml") -> str:
     return reported_stage(params, "prepare-model", "model", convert)
 
-
-if __name__ == "__main__":
-    run_stage(prepare_model_flow, "Prepare the base model.")

@@ -3,8 +3,8 @@
 The flow resolves the placement (`distributed`: ranks per node, nodes, launcher), starts the tool services
 once, sized for its ranks, and launches the ranks with `pipeline.distributed.launch` (torchrun, or DeepSpeed's
 launcher for a hostfile). Each rank runs `python -m pipeline.train`, given the params file, the services'
-URLs and the MLflow run the flow opened: rank 0 logs into that run and writes the metrics and the model, the
-others open no run. The ranks' lines stream into the flow's log as they are printed; a rank failing fails the
+URLs, the MLflow run the flow opened, the run's name and where its model and metrics go: rank 0 logs into
+that run and writes the metrics and the model, the others open no run. The ranks' lines stream into the flow's log as they are printed; a rank failing fails the
 stage (the launcher stops the rest), and no rank outlives it.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
-from pipeline.distributed.launch import Placement, placement, rank_log_tail, root_cause, run_ranks
+from pipeline.distributed.launch import RankLayout, rank_layout, rank_log_tail, root_cause, run_ranks
 from pipeline.tracking.runs import STAGE_RUN_ENV
 from pipeline.types import ToolName
 
@@ -31,7 +31,7 @@ class RanksFailed(RuntimeError):
     """A rank of the train stage failed (the launcher stopped the others)."""
 
 
-def stage_placement(cfg: RunConfig, tools: tuple[ToolName, ...]) -> Placement | None:
+def stage_layout(cfg: RunConfig, tools: tuple[ToolName, ...]) -> RankLayout | None:
     """Where the stage's ranks run; None when it trains in its own process (`distributed.enabled` false).
     Refuses what cannot work: a stage that is itself one of a launcher's ranks, and services that this node
     would start on loopback for ranks on other nodes."""
@@ -45,7 +45,7 @@ def stage_placement(cfg: RunConfig, tools: tuple[ToolName, ...]) -> Placement | 
         raise SystemExit(f"distributed.enabled{' with rollout.backend vllm' if 'vllm' in missing else ''}: the ranks "
                          f"run in this Python environment ({sys.executable}), which lacks {', '.join(missing)}; run "
                          "the stage from an environment that has both DeepSpeed and the backend (docs/scale-out.md)")
-    where = placement(cfg.distributed)
+    where = rank_layout(cfg.distributed)
     unreachable = [SERVICE_URL_KEYS[t] for t in tools if t in SERVICE_URL_KEYS and not _url(cfg, t)]
     if where.nnodes > 1 and unreachable:
         raise SystemExit(f"distributed.nnodes = {where.nnodes}: ranks on other nodes cannot reach services started "
@@ -58,23 +58,28 @@ def _url(cfg: RunConfig, tool: ToolName) -> str:
 
 
 def rank_program(params: str | Path, urls: Mapping[ToolName, str], resume: bool,
-                 metrics_dir: Path = METRICS_DIR) -> list[str]:
-    """What every rank runs (after `python`): the library's training, with what the flow set up."""
+                 metrics_dir: Path = METRICS_DIR, run_name: str | None = None,
+                 output_dir: Path | None = None) -> list[str]:
+    """What every rank runs (after `python`): the library's training, with what the flow set up (the run's
+    name picks its checkpoint folder; an ad-hoc run's model and metrics go where the flow placed them)."""
     program = ["-m", "pipeline.train", "--params", str(params), "--metrics-dir", str(metrics_dir)]
+    program += ["--run-name", run_name] if run_name else []
+    program += ["--output-dir", str(output_dir)] if output_dir is not None else []
     program += [f"--tool-url={tool}={url}" for tool, url in sorted(urls.items())]
     if stage_run := os.environ.get(STAGE_RUN_ENV):
         program += ["--stage-run", stage_run]
     return program + (["--resume"] if resume else [])
 
 
-def train_on_ranks(where: Placement, params: str | Path, urls: Mapping[ToolName, str], resume: bool,
-                   log: Callable[[str], None], *, metrics_dir: Path = METRICS_DIR,
-                   log_dir: Path = RANK_LOG_DIR) -> dict[str, float]:
+def train_on_ranks(where: RankLayout, params: str | Path, urls: Mapping[ToolName, str], resume: bool,
+                   log: Callable[[str], None], *, metrics_dir: Path = METRICS_DIR, run_name: str | None = None,
+                   output_dir: Path | None = None, log_dir: Path = RANK_LOG_DIR) -> dict[str, float]:
     """Run the training on every rank of `where` and wait; returns the last step's metrics (rank 0's)."""
     ranks = "on the hostfile's nodes" if where.nproc_per_node is None else \
         f"{where.nproc_per_node} rank(s) a node on {where.nnodes} node(s)"
     log(f"train: launching {ranks} with {where.launcher}; rank logs in {log_dir}")
-    result = run_ranks(rank_program(params, urls, resume, metrics_dir), where, log_dir=log_dir, on_line=log)
+    program = rank_program(params, urls, resume, metrics_dir, run_name, output_dir)
+    result = run_ranks(program, where, log_dir=log_dir, on_line=log)
     if result.returncode != 0:
         failure = root_cause(result.tail)
         said = rank_log_tail(log_dir, failure.local_rank) if failure else result.tail

@@ -10,6 +10,11 @@ needs it stops on its outage (train.max_step_outage_share), naming it.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("services")
+
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,7 +22,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.common import load_or_exit, run_stage
+from flows.common import load_or_exit
 from pipeline.config import RunConfig
 from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
 from pipeline.types import ToolName
@@ -63,6 +68,3 @@ def services_flow(params: str = "params.yaml", tools: tuple[str, ...] = ("code",
         get_run_logger().info("services up: %s", urls)
         threading.Event().wait()
 
-
-if __name__ == "__main__":
-    run_stage(services_flow, "Start the tool services and keep them running.")

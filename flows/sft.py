@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("sft")
+
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage
+from flows.common import load_or_exit
+from flows.summary import markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
@@ -20,11 +26,9 @@ def sft_task(cfg: RunConfig, urls: dict) -> dict:
 @flow(name="sft", log_prints=True)
 def sft_flow(params: str = "params.yaml") -> dict:
     cfg = load_or_exit(params)
-    with stage_run(cfg, "sft"), running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
+    with stage_run(cfg, "sft") as run_id, running_services(cfg, ("code",) if cfg.sft.enabled else (), params) as urls:
         metrics = sft_task(cfg, urls)
     print(f"sft: {metrics}")
+    publish("sft", f"sft: {cfg.sft.output_dir}", markdown_table(metrics), cfg.run, run_id)
     return metrics
 
-
-if __name__ == "__main__":
-    run_stage(sft_flow, "Fine-tune the base model on tool-use traces.")

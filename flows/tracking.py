@@ -17,8 +17,10 @@ other than 0 records nothing.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,14 +29,21 @@ from typing import Any
 import mlflow
 import yaml
 from mlflow import MlflowClient
-from mlflow.entities import Param, RunStatus, RunTag
+from mlflow.entities import Metric, Param, RunStatus, RunTag
 
+from flows.quiet import quiet_libraries
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
+from pipeline.tracking.headline import PREFIX as HEADLINE
 from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
-                               mark_abandoned_runs, owner)
+                                    mark_abandoned_runs, open_experiment, owner)
 
 INVOCATION_TAG = "dvc_invocation"
+UI_URL_ENV = "TAPO_MLFLOW_UI_URL"
+DEFAULT_UI_URL = "http://127.0.0.1:5000"
+# MLflow 3.17's UI picks GenAI or "Model training" pages by a switch (the URL's `workflowType`, else the
+# browser's last choice, GenAI at first), not by the experiment's kind tag: links ask for the runs table.
+UI_MODE = "workflowType=machine_learning"
 RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
     RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED))
 
@@ -80,6 +89,7 @@ def stage_input_hashes(stage: str, root: Path | None = None) -> dict[str, str]:
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
+    logging.getLogger("dvc").setLevel(logging.WARNING)  # DVC's hashing bars in a stage's log: no
     try:
         with Repo(str(root)) as repo:
             (found,) = repo.stage.collect(stage)
@@ -135,15 +145,39 @@ def dvc_parent(cfg: RunConfig, invocation: str) -> str:
     tags = {"stage": "pipeline", "mode": "dvc", "git_commit": git_commit(), INVOCATION_TAG: invocation,
             OWNER_TAG: invocation}  # '<host>:<pid>:<start>' like every owner: open while that dvc process runs
     tags |= {f"dvc.{k.lower()}": v for k in ("DVC_EXP_NAME", "DVC_EXP_BASELINE_REV") if (v := os.environ.get(k))}
-    run_id = client.create_run(experiment_id, run_name="dvc repro", tags=tags).info.run_id
+    run_id = client.create_run(experiment_id, run_name=dvc_run_name(), tags=tags).info.run_id
     client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(cfg.model_dump()).items()])
     return run_id
+
+
+def dvc_run_name() -> str:
+    """A `dvc exp run` parent is named after the experiment; a plain `dvc repro` after when it started."""
+    return os.environ.get("DVC_EXP_NAME") or f"dvc-repro-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def stage_run_name(client: MlflowClient, parent: str | None, stage: str) -> str:
+    """`<parent's name>/<stage>` (the DVC experiment's or the flow run's), else `<DVC experiment>/<stage>`,
+    else the stage: chart legends and compare columns then say which run a stage belongs to."""
+    prefix = client.get_run(parent).info.run_name if parent else os.environ.get("DVC_EXP_NAME")
+    return f"{prefix}/{stage}" if prefix else stage
+
+
+def copy_headline(client: MlflowClient, stage_run_id: str, parent: str | None, stage: str) -> None:
+    """The stage's `headline/*` metrics onto the parent run as `<stage>/<name>`."""
+    if parent is None:
+        return
+    metrics = client.get_run(stage_run_id).data.metrics
+    headline = {f"{stage}/{k.removeprefix(HEADLINE)}": v for k, v in metrics.items() if k.startswith(HEADLINE)}
+    if headline:
+        client.log_batch(parent, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headline.items()])
 
 
 @contextmanager
 def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Iterator[str | None]:
     """The stage's MLflow run (a new one, or `run_id` reopened on resume), nested under the pipeline
-    parent if there is one; yields its id (None on data-parallel ranks other than 0)."""
+    parent if there is one; yields its id (None on data-parallel ranks other than 0). On success the
+    stage's headline metrics are copied onto the parent."""
+    quiet_libraries()
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
         return
@@ -158,7 +192,8 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
     tags = {"stage": stage, "git_commit": git_commit(), OWNER_TAG: owner(), **hashes} | (
         {"mlflow.parentRunId": parent} if parent else {})
     if run_id is None:
-        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage, tags=tags).info.run_id
+        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(client, parent, stage),
+                                   tags=tags).info.run_id
     else:
         client.update_run(run_id, status=RUNNING)
         for key, value in {OWNER_TAG: tags[OWNER_TAG], **hashes}.items():
@@ -168,6 +203,7 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
         if invocation:  # the parent gathers the inputs of every stage this invocation ran
             client.log_batch(parent, tags=[RunTag(k, v) for k, v in hashes.items()])
         yield run_id
+        copy_headline(client, run_id, parent, stage)
 
 
 def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any], report: Any) -> None:
@@ -183,14 +219,21 @@ def log_report(run_cfg: RunSection, run_id: str | None, params: Mapping[str, Any
             client.log_metric(run_id, key, float(value))
 
 
+def run_url(run_cfg: RunSection, run_id: str) -> str:
+    """The run's page in the MLflow UI (`TAPO_MLFLOW_UI_URL`, default the `mlflow ui` address the docs give), in
+    the UI's "Model training" mode (`UI_MODE`)."""
+    base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL).rstrip("/")
+    experiment_id = _client(run_cfg).get_run(run_id).info.experiment_id
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_MODE}"
+
+
 def _client(run_cfg: RunSection) -> MlflowClient:
     mlflow.set_tracking_uri(run_cfg.tracking_uri)
     return MlflowClient(run_cfg.tracking_uri)
 
 
 def _experiment_id(run_cfg: RunSection) -> str:
-    mlflow.set_tracking_uri(run_cfg.tracking_uri)
-    return mlflow.set_experiment(run_cfg.experiment).experiment_id
+    return open_experiment(run_cfg)
 
 
 @contextmanager

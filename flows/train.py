@@ -1,17 +1,33 @@
 """Stage train: RL with tools (DAPO by default) from the base or SFT model.
 
-In this process, or under `distributed.enabled` on the ranks the flow launches (`flows.ranks`: the placement
-comes from params; the services start once, here, and every rank is given their URLs).
+    python -m flows.train --params params.yaml [--resume]        # the DVC stage: models/policy, metrics/
+    python -m flows.train --params other.yaml [--label NAME]     # ad hoc: runs/train/<label>/ (flows.outputs)
 
-The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint
-names). Afterwards the checkpoints this run saved are logged into it too (also those saved before a kill,
-when the resume had nothing left to train): every checkpoint's metadata and the last one whole
-(weights, optimiser, RNG), so training can resume elsewhere.
+It trains in this process, or under `distributed.enabled` on the ranks the flow launches (`flows.ranks`: the
+placement comes from params; the services start once, here, and every rank is given their URLs, the run's
+name and where its model and metrics go).
+
+Each run keeps its checkpoints in its own folder, `<train.checkpoint_dir>/<run>/checkpoints`: the run is
+named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc run after its label,
+otherwise after a digest of its training config (`pipeline.trainer.run_folder`); `--resume` refuses that
+folder's checkpoints when they were written under another config.
+
+The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint names).
+Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
+under) is logged into it too; the last checkpoint whole (weights, optimiser, RNG) only with
+`train.log_full_checkpoints`, since it weighs ~3x the model. The final model is logged and registered by
+the trainer (`pipeline.tracking.registry`).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # the command line is parsed (flows.cli) before the imports below, which take seconds
+    from flows.cli import main
+
+    main("train")
+
 import json
+import os
 import time
 from pathlib import Path
 
@@ -20,31 +36,54 @@ from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import load_or_exit, run_stage, tools_needed
-from flows.ranks import stage_placement, train_on_ranks
+from flows.common import USER_ERRORS as COMMON_ERRORS
+from flows.common import load_or_exit, tools_needed
+from flows.outputs import Placement, placement
+from flows.ranks import stage_layout, train_on_ranks
+from flows.summary import markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
-from pipeline.trainer.checkpoint import is_complete, latest_checkpoint
 from pipeline.config import RunConfig
-from pipeline.distributed.launch import Placement
-from pipeline.tracking.registry import quiet_progress_unless_tty
+from pipeline.distributed.launch import RankLayout
+from pipeline.outputs import OutputNotWritable
+from pipeline.tracking.headline import headline_file
+from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
+from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
+from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint
+from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
+                                         training_identity)
+
+USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems, OutputNotWritable)
 
 
 @task(cache_policy=NO_CACHE)
-def train_task(cfg: RunConfig, urls: dict, resume: bool) -> dict:
-    return train(cfg, urls, resume=resume)
+def train_task(cfg: RunConfig, urls: dict, resume: bool, metrics_dir: Path, run_name: str | None) -> dict:
+    return train(cfg, urls, resume=resume, metrics_dir=metrics_dir, run_name=run_name)
 
 
 @task(cache_policy=NO_CACHE)
-def ranks_task(where: Placement, params: str, urls: dict, resume: bool) -> dict:
-    return train_on_ranks(where, params, urls, resume, get_run_logger().info)
+def ranks_task(where: RankLayout, cfg: RunConfig, params: str, urls: dict, resume: bool, metrics_dir: Path,
+               run_name: str | None) -> dict:
+    return train_on_ranks(where, params, urls, resume, get_run_logger().info, metrics_dir=metrics_dir,
+                          run_name=run_name, output_dir=Path(cfg.train.output_dir))
 
 
-def resumed_run_id(cfg: RunConfig) -> str | None:
+def run_name(place: Placement) -> str | None:
+    """An ad-hoc run's label, else the DVC experiment's name, else None (the config's digest names it)."""
+    return place.label or os.environ.get("DVC_EXP_NAME") or None
+
+
+def placed_config(cfg: RunConfig, place: Placement) -> RunConfig:
+    """`cfg` with the final model where this run writes it (flows.outputs: ad hoc, under runs/train/<label>/)."""
+    output_dir = str(place.place(cfg.train.output_dir))
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": output_dir})})
+
+
+def resumed_run_id(cfg: RunConfig, run_dir: Path) -> str | None:
     """The MLflow run the latest checkpoint was saved by, if it still exists at the tracking URI."""
-    latest = latest_checkpoint(Path(cfg.train.checkpoint_dir))
+    latest = latest_checkpoint(run_dir)
     state = latest / "state.json" if latest else None
     if state is None or not state.is_file():
         return None
@@ -55,11 +94,10 @@ def resumed_run_id(cfg: RunConfig) -> str | None:
         return None
 
 
-def checkpoints_of_run(cfg: RunConfig, run_id: str, started: float) -> list[Path]:
+def checkpoints_of_run(run_dir: Path, run_id: str, started: float) -> list[Path]:
     """The complete checkpoints this run saved: written since `started`, or (a resume that had nothing left
     to train) saved by run `run_id` before it was killed. Not those of an earlier training."""
-    root = Path(cfg.train.checkpoint_dir) / "checkpoints"
-    return sorted(p for p in root.glob("step-??????") if is_complete(p)
+    return sorted(p for p in (run_dir / CHECKPOINTS).glob("step-??????") if is_complete(p)
                   and (p.stat().st_mtime >= started or _saved_by(p) == run_id))
 
 
@@ -70,22 +108,58 @@ def _saved_by(checkpoint: Path) -> str | None:
         return None
 
 
+def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: float) -> list[str]:
+    """Every checkpoint's metadata and the config they were written under; the last one whole on request."""
+    quiet_progress_unless_tty()
+    full = 1 if cfg.train.log_full_checkpoints else 0
+    logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(run_dir, run_id, started), full=full)
+    if (run_dir / RUN_CONFIG).is_file():
+        MlflowClient(cfg.run.tracking_uri).log_artifact(run_id, str(run_dir / RUN_CONFIG), CHECKPOINTS)
+    return logged
+
+
+def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
+    """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
+    checkpoints written under another config."""
+    place = placement("train", params, label=label, out=out, ad_hoc=False)
+    cfg = placed_config(load_or_exit(params), place)
+    read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)
+    if resume:
+        check_resumable(run_folder(cfg, run_name(place)), training_identity(cfg))
+
+
 @flow(name="train", log_prints=True)
-def train_flow(params: str = "params.yaml", resume: bool = False) -> dict:
-    cfg = load_or_exit(params)
-    tools = tools_needed(cfg.train.train_file)
-    where = stage_placement(cfg, tools)  # None: train in this process
+def train_flow(params: str = "params.yaml", resume: bool = False, label: str | None = None,
+               out: str | None = None) -> dict:
+    place = placement("train", params, label=label, out=out, ad_hoc=False)
+    cfg = placed_config(load_or_exit(params), place)
+    name, tools = run_name(place), tools_needed(cfg.train.train_file)
+    where = stage_layout(cfg, tools)  # None: train in this process
+    run_dir, metrics_dir = run_folder(cfg, name), place.place("metrics")
     started = time.time() - 1.0  # file times may be rounded down
-    with stage_run(cfg, "train", run_id=resumed_run_id(cfg) if resume else None) as run_id:
+    with stage_run(cfg, "train", run_id=resumed_run_id(cfg, run_dir) if resume else None) as run_id:
         with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1) as urls:
-            metrics = ranks_task(where, params, urls, resume) if where else train_task(cfg, urls, resume)
+            metrics = ranks_task(where, cfg, params, urls, resume, metrics_dir, name) if where else \
+                train_task(cfg, urls, resume, metrics_dir, name)
         if run_id is not None:
-            quiet_progress_unless_tty()
-            logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(cfg, run_id, started))
-            print(f"checkpoints logged to MLflow run {run_id}: {logged}")
-    print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}")
+            logged = log_run_checkpoints(cfg, run_id, run_dir, started)
+            print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")
+    print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}; "
+          f"model {cfg.train.output_dir}, metrics {metrics_dir}")
+    if run_id is not None:  # the main process (the others record nothing)
+        publish("train", f"train: {run_dir.name}", training_summary(cfg, run_dir, metrics_dir), cfg.run, run_id)
     return metrics
 
 
-if __name__ == "__main__":
-    run_stage(train_flow, "Train the policy with tools.", resume=True)
+def training_summary(cfg: RunConfig, run_dir: Path, metrics_dir: Path) -> str:
+    """The run in a few lines: what trained, where everything went, the headline numbers, the registered version."""
+    tc = cfg.train
+    headline = json.loads(headline_file(metrics_dir, "train").read_text())
+    version = find_version(cfg.run, tc.output_dir)
+    registered = f"`{MODEL_NAME}` v{version.version}" if version is not None else "not registered"
+    return "\n".join([
+        f"{tc.algorithm.kind} ({tc.finetune.kind}) for {tc.steps} steps from `{tc.init_model}` on `{tc.train_file}`.",
+        "", f"* final model: `{tc.output_dir}` ({registered})", f"* checkpoints: `{run_dir / CHECKPOINTS}`",
+        f"* metrics: `{metrics_dir}`", "",
+        f"Mean over the last {headline['averaged_steps']:.0f} of {headline['steps']:.0f} steps:", "",
+        markdown_table({k: v for k, v in headline.items() if k not in ("steps", "averaged_steps")})])

@@ -1,10 +1,11 @@
 """Command line: a training checkpoint, single-process or DeepSpeed, as a plain Hugging Face directory.
 
-    python -m pipeline.export --params params.yaml runs/train/checkpoints/step-000002 models/step2
-    python -m pipeline.export runs/train/checkpoints models/policy      # DeepSpeed: the latest step
+    python -m pipeline.export --params params.yaml runs/train/<run>/checkpoints/step-000002 runs/step2
+    python -m pipeline.export runs/train/<run>/checkpoints runs/latest      # DeepSpeed: the latest step
 
 The directory is what training's final model is (tokenizer included; a LoRA adapter merged), so
-`python -m flows.evaluate --model models/step2` evaluates an intermediate policy. Which kind of
+`python -m flows.evaluate --model runs/step2` evaluates an intermediate policy. A checkpoint that is not
+there is named, with the checkpoints that are (`CheckpointNotFound`). Which kind of
 checkpoint it is is read from its files: a single-process one holds `model.safetensors`, a DeepSpeed
 one per-rank shards (merged offline, in one process) and its parent a `latest` marker.
 """
@@ -12,23 +13,48 @@ one per-rank shards (merged offline, in one process) and its parent a `latest` m
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from safetensors.torch import load_model
 
-from pipeline.config import RunConfig, load_config
+from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.distributed.checkpointing import LATEST, export_from_checkpoint, is_deepspeed_checkpoint
 from pipeline.model import load_policy
 from pipeline.outputs import publish_dir, staging_dir
 from pipeline.trainer.checkpoint import FILES as CHECKPOINT_FILES
 from pipeline.trainer.replicas import save_policy
+from pipeline.trainer.run_folder import CHECKPOINTS
 from pipeline.trainer.weights import policy_weights
+
+STEP_GLOBS = ("step-??????", f"{CHECKPOINTS}/step-??????", f"*/{CHECKPOINTS}/step-??????")
+
+
+class CheckpointNotFound(FileNotFoundError):
+    """The checkpoint to export is not there; the message lists the checkpoints that are."""
+
+
+def existing_checkpoints(cfg: RunConfig | None, missing: Path) -> list[Path]:
+    """Checkpoints near a missing one: in the closest folder of its path that exists, and in every run folder
+    under train.checkpoint_dir (with --params)."""
+    near = next((p for p in missing.parents if p.is_dir()), Path("."))
+    roots = [near] + ([Path(cfg.train.checkpoint_dir)] if cfg is not None else [])
+    return sorted({p for root in roots for pattern in STEP_GLOBS for p in root.glob(pattern) if p.is_dir()})
+
+
+def require_checkpoint(cfg: RunConfig | None, checkpoint: Path) -> None:
+    if checkpoint.exists():
+        return
+    found = existing_checkpoints(cfg, checkpoint)
+    listed = ", ".join(map(str, found)) if found else "none (has the run saved one? train.checkpoint_every)"
+    raise CheckpointNotFound(f"{checkpoint}: no such checkpoint; checkpoints there are: {listed}")
 
 
 def export_checkpoint(cfg: RunConfig | None, checkpoint: Path, out: Path) -> Path:
     """`checkpoint` written as the final model is, whole or absent (renamed into place). A DeepSpeed step
     directory, or a directory of them holding `latest`, needs no config; a single-process one needs the
     run's (train.init_model, train.finetune, model.dtype) to rebuild the model it loads into."""
+    require_checkpoint(cfg, checkpoint)
     if (checkpoint / LATEST).is_file() or is_deepspeed_checkpoint(checkpoint):
         root, tag = (checkpoint, None) if (checkpoint / LATEST).is_file() else (checkpoint.parent, checkpoint.name)
         staging = staging_dir(out)
@@ -59,12 +85,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=None, help="the params the run trained with (train.init_model, "
                                                         "train.finetune, model.dtype); single-process checkpoints")
-    parser.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/checkpoints"
-                                                      " (DeepSpeed: or that directory itself, for the latest step)")
+    parser.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/<run>/"
+                        "checkpoints (DeepSpeed: or that checkpoints directory itself, for the latest step)")
     parser.add_argument("out", type=Path, help="the Hugging Face directory to write")
     args = parser.parse_args()
-    cfg = load_config(Path(args.params)) if args.params else None
-    print(export_checkpoint(cfg, args.checkpoint, args.out))
+    try:
+        cfg = load_config(Path(args.params)) if args.params else None
+        print(export_checkpoint(cfg, args.checkpoint, args.out))
+    except (ConfigError, FileNotFoundError, ValueError) as err:  # a user's mistake: one line, not a traceback
+        print(f"export: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

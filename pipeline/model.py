@@ -115,3 +115,11 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(resolve_device(device)), tokenizer
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Recompute activations in the backward pass. transformers 5.x renamed `gradient_checkpointing_enable`
+    (deprecated, with a warning on every call) to `activation_checkpointing_enable`; the vLLM environment's
+    older transformers has only the former."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()

@@ -28,7 +28,7 @@ import torch
 
 from pipeline.config import RunConfig
 from pipeline.jsonl import read_problems, write_json
-from pipeline.model import load_policy, model_device
+from pipeline.model import enable_activation_checkpointing, load_policy, model_device
 from pipeline.tracking.progress import progress
 from pipeline.protocols import ToolProtocol, protocol_for
 from pipeline.reward import verify
@@ -138,7 +138,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     if not traces:
         raise ValueError(f"{sc.train_file}: no problem yields a verified scripted trace (need meta.code)")
     if sc.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
     order = random.Random(cfg.run.seed)
     steps_per_epoch = math.ceil(len(traces) / sc.batch_size)

@@ -58,7 +58,7 @@ from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.jsonl import write_json
-from pipeline.model import AUTOCAST, load_policy, model_device
+from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
@@ -70,7 +70,9 @@ from pipeline.sampling.problem_stream import ProblemStream, problem_stream
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
 from pipeline.tools.factory import make_tools
 from pipeline.tools.outages import OutageGuard
+from pipeline.tracking.headline import write_train_headline
 from pipeline.tracking.history import MetricHistory, StepProgress
+from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
 from pipeline.tracking.train_samples import log_samples
@@ -79,6 +81,7 @@ from pipeline.trainer.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
 from pipeline.trainer.replicas import OneProcess, Replicas
+from pipeline.trainer.run_folder import check_resumable, run_folder, take, training_identity
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
@@ -109,6 +112,7 @@ class Training:
     settings: UpdateSettings
     outages: OutageGuard  # the run's tool-outage counts
     start: TrainerState  # where this run starts (a resume's checkpoint, or step 0)
+    run_dir: Path  # this run's own folder: its checkpoints and the config they are written under
 
 
 def seed_everything(seed: int) -> None:
@@ -117,11 +121,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> Training:
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_dir: Path | None = None) -> Training:
     seed_everything(cfg.run.seed)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    tc = cfg.train
+    tc, identity, run_dir = cfg.train, training_identity(cfg), run_dir or run_folder(cfg)
+    if resume:  # before any model loads: checkpoints of another config are refused, naming what differs
+        check_resumable(run_dir, identity)
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
@@ -129,7 +135,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
     model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     model = weights.prepare(model)
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -137,7 +143,9 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
     offered = tuple(name for name in ("code", "search") if name in tool_urls)  # what make_tools will offer
     check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, offered)  # before the first step
     replicas, rollout_model = placed(cfg, model, optimizer, weights)
-    start = (replicas.load_checkpoint(Path(tc.checkpoint_dir), scheduler) if resume else None)
+    if replicas.is_main:
+        take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
+    start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
     # one seed on every rank: trajectories are keyed by their place in the batch (pipeline.distributed.sharding)
     engine = RolloutEngine(rollout_model, tokenizer, make_tools(cfg, tool_urls), cfg.rollout, seed=cfg.run.seed)
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
@@ -152,7 +160,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool) -> T
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
         old_logprobs_source(tc.logprobs_source), make_reference(cfg, model_device(replicas.model)), settings,
-        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start)
+        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -204,15 +212,17 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
-        metrics_dir: Path = Path("metrics")) -> dict[str, float]:
-    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics.
+        metrics_dir: Path = Path("metrics"), run_name: str | None = None) -> dict[str, float]:
+    """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics. Checkpoints
+    go to the run's own folder, `<train.checkpoint_dir>/<run_name>` (by default named after the config).
 
     Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
     uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
     history, model registered), so its outputs equal that run's. Every output is renamed into place."""
     output_dir, tc = Path(cfg.train.output_dir), cfg.train
-    ensure_writable([Path(tc.checkpoint_dir), output_dir.parent, metrics_dir])  # before any compute
-    t = set_up(cfg, tool_urls, resume)
+    run_dir = run_folder(cfg, run_name)
+    ensure_writable([run_dir, output_dir.parent, metrics_dir])  # before any compute
+    t = set_up(cfg, tool_urls, resume, run_dir)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
     history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and state.step > 0, enabled=main)
@@ -239,7 +249,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
-                t.replicas.save_checkpoint(Path(tc.checkpoint_dir), state, t.scheduler, t.tokenizer)  # collective
+                t.replicas.save_checkpoint(t.run_dir, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
     t.engine.close()
     if not main:
@@ -247,7 +257,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-    register_once(cfg, active.info.run_id, output_dir)  # new version of tapo-policy
+    write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
+    register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
     return last
 
 
@@ -269,14 +280,14 @@ def finish_run(t: Training, output_dir: Path) -> None:
         publish_dir(staging, output_dir)
 
 
-def register_once(cfg: RunConfig, run_id: str, model_dir: Path) -> None:
+def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path) -> None:
     """A new version of tapo-policy, unless this run already registered these weights (a run killed after
     registering and then resumed registers nothing twice)."""
     known = find_version(cfg.run, str(model_dir))
     if known is not None and known.run_id == run_id:
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
-    log_and_register(cfg.run, run_id, model_dir)
+    log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -289,12 +300,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="a tool service the stage started (repeatable)")
     parser.add_argument("--stage-run", default="", help="the MLflow run the stage opened (rank 0 logs into it)")
     parser.add_argument("--metrics-dir", default="metrics", type=Path)
+    parser.add_argument("--run-name", default=None, help="the run's folder under train.checkpoint_dir "
+                        "(default: named after the config)")
+    parser.add_argument("--output-dir", default=None, help="where the final model goes (default: train.output_dir)")
     args = parser.parse_args(argv)
     die_with_launcher()
     if args.stage_run:
         os.environ[STAGE_RUN_ENV] = args.stage_run
     urls = dict(item.split("=", 1) for item in args.tool_url)
-    run(load_config(args.params), urls, resume=args.resume, metrics_dir=args.metrics_dir)
+    cfg = load_config(args.params)
+    if args.output_dir is not None:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": args.output_dir})})
+    run(cfg, urls, resume=args.resume, metrics_dir=args.metrics_dir, run_name=args.run_name)
     leave_process_group()  # not after a failure: the launcher stops the ranks then
 
 

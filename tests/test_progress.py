@@ -56,3 +56,18 @@ def test_the_pace_is_that_since_the_last_line() -> None:
 
 def test_no_terminal_means_lines() -> None:
     assert isinstance(progress(5, "sft", "step"), LineProgress)  # pytest captures stderr: not a terminal
+
+
+def test_the_terminal_train_bar_shows_reward_accuracy_and_tool_calls() -> None:
+    from tqdm import tqdm
+
+    from pipeline.tracking.history import StepProgress
+
+    steps = StepProgress(0, 3, enabled=True)
+    out = io.StringIO()
+    steps.bar = tqdm(range(3), desc="train", unit="step", file=out, disable=False)  # as on a terminal
+    for step in steps:
+        steps.show(step, {"reward/mean": 0.25, "reward/accuracy": 0.5, "rollout/calls_per_traj/code": 0.75,
+                          "rollout/calls_per_traj/search": 0.0, "train/lr": 1e-6})
+    steps.bar.close()
+    assert "reward 0.250 | accuracy 0.500 | code 0.75 search 0.00 calls/traj" in out.getvalue()

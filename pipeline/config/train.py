@@ -133,7 +133,14 @@ class TrainConfig(StageConfig):
         "(the old log-probs then come from the update's own forward: ratio exactly 1 before the first step, "
         "benchmarks/autocast_logprob_gap.py; pipeline.trainer.update.forward_precision)."))
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
-    checkpoint_dir: str = Field("runs/train", min_length=1, description="Resumable checkpoints (not a DVC output: large and transient).")
+    checkpoint_dir: str = Field("runs/train", min_length=1, description=(
+        "Where training runs keep their folders: a run's resumable checkpoints go in <checkpoint_dir>/<run>/checkpoints, "
+        "<run> being the DVC experiment's name or a digest of the training config (pipeline.trainer.run_folder; not a "
+        "DVC output: large and transient)."))
+    log_full_checkpoints: bool = Field(False, description=(
+        "Log the run's last checkpoint whole (weights, optimiser state, RNG: ~3x the model in float32) to MLflow, so "
+        "training can resume from the tracking server; by default only every checkpoint's metadata and the final "
+        "model in model.dtype are logged."))
     output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
     logprobs_source: Literal["rollout", "recompute"] = Field(
         "rollout", description=(

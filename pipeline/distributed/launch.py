@@ -48,8 +48,8 @@ TAIL_LINES = 40
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Where the ranks run; resolved once from `distributed` (`placement`)."""
+class RankLayout:
+    """Where the ranks run; resolved once from `distributed` (`rank_layout`)."""
 
     nproc_per_node: int | None  # None: every slot of each hostfile node
     nnodes: int
@@ -63,16 +63,16 @@ class Placement:
         return self.nproc_per_node or 1
 
 
-def on_this_machine(nproc: int) -> Placement:
+def on_this_machine(nproc: int) -> RankLayout:
     """`nproc` ranks on this machine, started by torchrun (benchmarks, tests)."""
-    return Placement(nproc, 1, "torchrun", None, "")
+    return RankLayout(nproc, 1, "torchrun", None, "")
 
 
 def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def placement(cfg: DistributedConfig) -> Placement:
+def rank_layout(cfg: DistributedConfig) -> RankLayout:
     """`nproc_per_node: auto` resolved on this machine: its visible GPUs, or 1 rank on a machine without one
     (with a hostfile, auto leaves the count to each node's slots)."""
     hostfile = Path(cfg.hostfile).resolve() if cfg.hostfile else None
@@ -81,10 +81,10 @@ def placement(cfg: DistributedConfig) -> Placement:
     nproc = cfg.nproc_per_node
     if nproc == "auto":
         nproc = None if hostfile is not None else max(visible_gpus(), 1)
-    return Placement(nproc, cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr)
+    return RankLayout(nproc, cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr)
 
 
-def launcher_command(p: Placement, program: Sequence[str], *, port: int, log_dir: Path,
+def launcher_command(p: RankLayout, program: Sequence[str], *, port: int, log_dir: Path,
                      python: str = sys.executable) -> list[str]:
     """The command that starts `program` (what follows `python` for one rank: `-m module args` or
     `script args`) on every rank of `p`."""
@@ -117,7 +117,7 @@ def rank_env(base: Mapping[str, str]) -> dict[str, str]:
     return dict(base) | {"PYTHONUNBUFFERED": "1", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX}
 
 
-def run_ranks(program: Sequence[str], p: Placement, *, log_dir: Path, env: Mapping[str, str] | None = None,
+def run_ranks(program: Sequence[str], p: RankLayout, *, log_dir: Path, env: Mapping[str, str] | None = None,
               on_line: Callable[[str], None] = print, timeout_s: float | None = None,
               python: str = sys.executable) -> RanksResult:
     """Run `program` on every rank of `p` and wait (see the module). A `timeout_s` that runs out stops the ranks

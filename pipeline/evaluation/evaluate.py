@@ -38,6 +38,8 @@ from pipeline.evaluation.judge import judge_records
 from pipeline.tracking.model_source import fingerprint, resolve_model
 from pipeline.evaluation.report import write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
+from pipeline.evaluation.setting import evaluation_setting
+from pipeline.tracking.headline import HEADLINE_DIR, PREFIX, eval_headline, headline_file
 from pipeline.evaluation.store import SAMPLES_FILE, SampleStore, run_key
 from pipeline.evaluation.summary import summarise
 from pipeline.jsonl import write_json
@@ -53,6 +55,8 @@ from pipeline.tools.factory import make_tools
 from pipeline.types import Group, Problem, ToolName
 
 METRICS_FILE = "eval.json"
+SAMPLES_TABLE = "evaluation/samples.json"  # the samples as an MLflow table
+TABLE_RESPONSE_CHARS = 2000
 
 
 class EvaluationError(ValueError):
@@ -197,18 +201,38 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)
+    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks})
+    write_json(headline_file(out_dir, "eval"), headline)
     result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
     write_json(out_dir / RUN_FILE, result.header())
     artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
-    log_to_mlflow(metrics, [out_dir / METRICS_FILE, out_dir / SAMPLES_FILE, out_dir / RUN_FILE, *artifacts])
+    log_to_mlflow(metrics | {PREFIX + k: v for k, v in headline.items()},
+                  [out_dir / METRICS_FILE, headline_file(out_dir, "eval"), out_dir / SAMPLES_FILE, out_dir / RUN_FILE,
+                   *artifacts], records, evaluation_setting(cfg, benchmarks))
     return metrics
 
 
-def log_to_mlflow(metrics: Mapping[str, float], files: list[Path]) -> None:
-    """Log into the active MLflow run, if the caller opened one (the flow does; tests need not)."""
+def samples_table(records: list[dict[str, Any]]) -> dict[str, list]:
+    """One row per sample, the columns a reader scans (MLflow shows it as a table, not as JSON lines)."""
+    return {"benchmark": [r["benchmark"] for r in records], "id": [r["id"] for r in records],
+            "sample": [r["sample"] for r in records], "question": [r["question"] for r in records],
+            "gold": [" | ".join(map(str, r["gold"])) for r in records], "predicted": [r["predicted"] for r in records],
+            "score": [r["score"] for r in records], "reward": [r["reward"] for r in records],
+            "format_ok": [r["format_ok"] for r in records], "tool_calls": [len(r["tool_calls"]) for r in records],
+            "response": [r["response"][:TABLE_RESPONSE_CHARS] for r in records]}
+
+
+def log_to_mlflow(metrics: Mapping[str, float], files: list[Path], records: list[dict[str, Any]],
+                  setting: Mapping[str, str]) -> None:
+    """Log into the active MLflow run, if the caller opened one (the flow does; tests need not): the metrics,
+    the setting they are comparable within (tags `eval.setting.*`), the files and the samples as a table."""
     if mlflow.active_run() is None:
         return
-    mlflow.log_metrics({f"eval/{k}".replace("@", "_at_"): float(v) for k, v in metrics.items()})
+    mlflow.log_metrics({(k if k.startswith(PREFIX) else f"eval/{k}").replace("@", "_at_"): float(v)
+                        for k, v in metrics.items()})
+    mlflow.set_tags({f"eval.setting.{k}": v for k, v in setting.items()})
     for path in files:
-        mlflow.log_artifact(str(path), artifact_path="evaluation" if path.suffix != ".png" else "evaluation/plots")
+        folder = "plots" if path.suffix == ".png" else path.parent.name if path.parent.name == HEADLINE_DIR else ""
+        mlflow.log_artifact(str(path), artifact_path=f"evaluation/{folder}".rstrip("/"))
+    mlflow.log_table(samples_table(records), artifact_file=SAMPLES_TABLE)

@@ -1,10 +1,13 @@
-"""PNG plots of evaluated runs (matplotlib, Agg backend: no display needed).
+"""PNG plots of evaluated runs (matplotlib, Agg backend: no display needed). Images, so `dvc plots show`
+renders them offline (its Vega plots load scripts from a CDN); only plots with something to show are written.
 
+- `accuracy.png`: accuracy per benchmark (and over all), one bar per run: the comparison a reader wants
+  first (the Vega plot of `eval_accuracy.csv` shows the same across DVC experiments).
 - `tool_calls.png` (TAPO Figure 3): mean tool calls per rollout for each benchmark, one panel
   per tool, one bar per run.
-- `accuracy_vs_search.png` (TAPO Figure 4): left, each run's mean search calls against its
-  accuracy on the fact benchmarks; right, accuracy of rollouts grouped by how many searches
-  they made (marker size = how many rollouts).
+- `accuracy_vs_search.png` (TAPO Figure 4), when a fact benchmark was evaluated: left, each run's mean
+  search calls against its accuracy on the fact benchmarks; right, accuracy of rollouts grouped by how
+  many searches they made (marker size = how many rollouts).
 - `response_length.png`: distribution of policy tokens per rollout, per run.
 """
 
@@ -101,7 +104,28 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def plot_accuracy(path: Path, runs: list[RunResult]) -> Path:
+    names = [*_benchmarks(runs), "all"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * len(runs)), 4.2))
+    width = 0.8 / len(runs)
+    x = np.arange(len(names))
+    for i, run in enumerate(runs):
+        values = [100 * (run.value(b, "accuracy") or 0.0) for b in names]
+        bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, values, width, label=run.label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set(ylabel="accuracy (%)", ylim=(0, 105), title="accuracy per benchmark")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def write_plots(out_dir: Path, runs: list[RunResult]) -> list[Path]:
-    return [plot_tool_calls(out_dir / "tool_calls.png", runs),
-            plot_accuracy_vs_search(out_dir / "accuracy_vs_search.png", runs),
-            plot_response_lengths(out_dir / "response_length.png", runs)]
+    """The plots with something to show (a stale one from an earlier evaluation in `out_dir` is removed)."""
+    written = [plot_accuracy(out_dir / "accuracy.png", runs), plot_tool_calls(out_dir / "tool_calls.png", runs)]
+    fact = out_dir / "accuracy_vs_search.png"
+    if any(_fact_records(run) for run in runs):
+        written.append(plot_accuracy_vs_search(fact, runs))
+    else:
+        fact.unlink(missing_ok=True)
+    return [*written, plot_response_lengths(out_dir / "response_length.png", runs)]

@@ -18,6 +18,7 @@ from pipeline.evaluation.plots import write_plots
 from pipeline.evaluation.results import RunResult
 
 TABLE_FILE = "eval_table.md"
+ACCURACY_FILE = "eval_accuracy.csv"
 PLOTS_DIR = "eval_plots"
 CATEGORY_ORDER = ("fact", "math", "comprehensive")
 CATEGORY_TITLES = {"fact": "Fact-reasoning", "math": "Math", "comprehensive": "Comprehensive"}
@@ -79,12 +80,21 @@ def markdown_report(runs: list[RunResult]) -> str:
     ])
 
 
+def accuracy_csv(run: RunResult) -> str:
+    """`benchmark,accuracy` rows (each benchmark, then all): what DVC's Vega plot compares across experiments."""
+    rows = [f"{name},{run.value(name, 'accuracy'):.6f}" for name in [*run.benchmarks, "all"]]
+    return "\n".join(["benchmark,accuracy", *rows]) + "\n"
+
+
 def write_reports(out_dir: Path, current: RunResult, earlier: list[RunResult], *, plots: bool) -> list[Path]:
-    """Write eval_table.md (and the PNG plots) for the earlier runs and the current one; return the files."""
+    """Write eval_table.md, eval_accuracy.csv (and the PNG plots) for the earlier runs and the current one;
+    return the files."""
     runs = [*earlier, current]
     table = out_dir / TABLE_FILE
     table.write_text(markdown_report(runs), encoding="utf-8")
-    written = [table]
+    curve = out_dir / ACCURACY_FILE
+    curve.write_text(accuracy_csv(current), encoding="utf-8")
+    written = [table, curve]
     if plots:
         written += write_plots(out_dir / PLOTS_DIR, runs)
     return written

@@ -77,25 +77,27 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def step_summary(metrics: dict[str, float]) -> list[str]:
+    """`["reward 0.250", "accuracy 0.310", "code 0.50 search 0.40 calls/traj"]`: a step at a glance."""
+    calls = " ".join(f"{k.rsplit('/', 1)[1]} {v:.2f}" for k, v in sorted(metrics.items())
+                     if k.startswith("rollout/calls_per_traj/"))
+    return [f"reward {metrics.get('reward/mean', float('nan')):.3f}",
+            f"accuracy {metrics.get('reward/accuracy', float('nan')):.3f}", *([f"{calls} calls/traj"] if calls else [])]
+
+
 def progress_line(step: int, total: int, metrics: dict[str, float], seconds_so_far: float, steps_done: int) -> str:
     """`train step 3/40 | reward 0.250 | accuracy 0.310 | code 0.50 search 0.40 calls/traj | 85.1 s/step | ETA 52 min`:
     what a person tailing a log of a long run wants. `step` is 0-based; `steps_done` counts this invocation's steps
     (a resumed run's pace is its own)."""
     per_step = seconds_so_far / max(steps_done, 1)
-    calls = " ".join(f"{k.rsplit('/', 1)[1]} {v:.2f}" for k, v in sorted(metrics.items())
-                     if k.startswith("rollout/calls_per_traj/"))
-    parts = [f"train step {step + 1}/{total}",
-             f"reward {metrics.get('reward/mean', float('nan')):.3f}",
-             f"accuracy {metrics.get('reward/accuracy', float('nan')):.3f}",
-             *([f"{calls} calls/traj"] if calls else []),
-             *pace_and_eta(per_step, total - step - 1, "step")]
+    parts = [f"train step {step + 1}/{total}", *step_summary(metrics), *pace_and_eta(per_step, total - step - 1, "step")]
     return " | ".join(parts)
 
 
 class StepProgress:
-    """The steps a run makes, shown where a person can see them: a tqdm bar with ETA on a terminal; elsewhere
-    (a log file, a flow's worker), where a bar cannot redraw, `progress_line` once a step. Only the main
-    process of a data-parallel job shows either."""
+    """The steps a run makes, shown where a person can see them: a tqdm bar with ETA on a terminal, the last
+    step's reward, accuracy and tool calls beside it; elsewhere (a log file, a flow's worker), where a bar cannot
+    redraw, `progress_line` once a step. Only the main process of a data-parallel job shows either."""
 
     def __init__(self, first: int, total: int, *, enabled: bool) -> None:
         self.first, self.total, self.enabled = first, total, enabled
@@ -106,6 +108,10 @@ class StepProgress:
         return iter(self.bar)
 
     def show(self, step: int, metrics: dict[str, float]) -> None:
-        if self.enabled and self.bar.disable:
+        if not self.enabled:
+            return
+        if self.bar.disable:
             print(progress_line(step, self.total, metrics, time.perf_counter() - self.started, step + 1 - self.first),
                   file=sys.stderr, flush=True)
+        else:
+            self.bar.set_postfix_str(" | ".join(step_summary(metrics)))

@@ -1,42 +1,60 @@
 """The MLflow model registry: register the trained policy, keep a `champion` alias, resolve it.
 
-* `log_and_register` logs the final model directory as the artifacts of the train run and
-  registers them as a new version of `tapo-policy`, tagged with a digest of the directory's
-  content (so an evaluation of `models/policy` can later find its version).
-* `update_champion` records an evaluation's accuracy on the version it evaluated and moves the
-  `champion` alias to it only when it beats the current holder's recorded accuracy (strictly;
-  a tie keeps the holder, so a re-run of the same model never flips the alias back and forth).
+* `log_and_register` logs the final model directory as an MLflow *logged model* of the train run (its
+  files plus an `MLmodel` file with the text-in, text-out signature; no flavour, see below) and registers
+  it as a new version of `tapo-policy`, tagged with a digest of the directory's content (so an
+  evaluation of `models/policy` can later find its version), the DVC hashes of the run's inputs
+  (`dvc.dep.<path>`), what the caller records (the training's algorithm, steps, data hashes) and a
+  description of what was trained.
+* `update_champion` records an evaluation's accuracy on the version it evaluated, keyed by the
+  evaluation's setting (split, problem-set hash, samples, temperature, protocol, mode: `setting_key`),
+  and moves the `champion` alias to it only when it beats the holder's accuracy *under the same
+  setting* (strictly; a tie keeps the holder). A holder never evaluated under that setting is not
+  compared: the alias stays and the reason says how to evaluate the holder so.
 * `champion_dir` resolves `models:/tapo-policy@champion` to a local Hugging Face directory.
 
-Departure from MLflow's usual path: no MLflow flavour (`mlflow.transformers`, pyfunc) is
-logged. The policy is a plain Hugging Face directory that transformers and vLLM read as it is,
-so the version's source is the run's artifact folder, registered with `create_model_version`
-(`mlflow.register_model` would insist on a "logged model" of a flavour).
+Departure from MLflow's usual path: no MLflow flavour is logged. The policy is a plain Hugging Face
+directory that transformers and vLLM read as it is (and `mlflow.transformers` cannot log a local
+checkpoint with the pinned transformers), so the logged model carries the files and the signature only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sys
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.entities import LoggedModel, Run
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
+from mlflow.types.schema import ColSpec, Schema
 
 from pipeline.config.run import RunSection
 from pipeline.tracking.model_source import download_mlflow_model
+from pipeline.tracking.runs import DVC_TAG_PREFIX
 
 MODEL_NAME = "tapo-policy"
 CHAMPION = "champion"
-ARTIFACT_PATH = "policy"
+ARTIFACT_PATH = "policy"  # the logged model's name
 DIGEST_TAG = "content_sha256"
-ACCURACY_TAG = "eval_accuracy"
+ACCURACY_TAG = "eval_accuracy"  # the latest evaluation's, whatever its setting
 EVAL_RUN_TAG = "eval_run_id"
+TRAIN_RUN_TAG = "train_run"  # the training run's name (the DVC experiment's or the flow run's)
+SETTING_TAG = "eval.{key}.setting"  # per evaluation setting: what it was, the accuracy and the run
+SETTING_ACCURACY_TAG = "eval.{key}.accuracy"
+SETTING_RUN_TAG = "eval.{key}.run_id"
+MLMODEL = "MLmodel"
+MLFLOW_FILES = (MLMODEL, "registered_model_meta")  # beside the model's files: the signature; a download's note
+SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string", "response")]))
 _VERSION_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+|latest)|@(?P<alias>[\w-]+))$")
 
 
@@ -51,9 +69,19 @@ class ChampionDecision:
     version: str | None
     accuracy: float
     previous_version: str | None
-    previous_accuracy: float | None
+    previous_accuracy: float | None  # the holder's accuracy under the same setting (None: none recorded)
     promoted: bool
     reason: str
+    comparable: bool = True  # False: the holder has no evaluation under this setting
+
+
+def setting_key(setting: Mapping[str, str]) -> str:
+    """The first 12 hex digits of the setting's sha256: evaluations with the same key are compared."""
+    return hashlib.sha256(json.dumps(dict(setting), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def describe_setting(setting: Mapping[str, str]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(setting.items()))
 
 
 def quiet_progress_unless_tty() -> None:
@@ -63,12 +91,13 @@ def quiet_progress_unless_tty() -> None:
 
 
 def model_digest(model_dir: Path) -> str:
-    """sha256 over the relative names and bytes of every file (stable across copies and downloads)."""
+    """sha256 over the relative names and bytes of every file (stable across copies and downloads; the files
+    MLflow keeps beside a logged model's, `MLFLOW_FILES`, are not the model's content)."""
     root = Path(model_dir)
     if not root.is_dir():
         raise RegistryError(f"model directory {root} does not exist")
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and str(p.relative_to(root)) not in MLFLOW_FILES):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
@@ -89,8 +118,10 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
         client.create_registered_model(name, description="TAPO policy: a Hugging Face model directory.")
 
 
-def log_and_register(run_cfg: RunSection, run_id: str, model_dir: Path, name: str = MODEL_NAME) -> ModelVersion:
-    """Log `model_dir` into run `run_id` under `policy/` and register it as a new version of `name`."""
+def log_and_register(run_cfg: RunSection, run_id: str, model_dir: Path, name: str = MODEL_NAME, *,
+                     description: str = "", tags: Mapping[str, str] | None = None) -> ModelVersion:
+    """Log `model_dir` as a logged model of run `run_id` and register it as a new version of `name`, tagged
+    with its digest, the run's name and DVC input hashes, and `tags`; described by `description`."""
     client = _client(run_cfg)
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
@@ -99,12 +130,29 @@ def log_and_register(run_cfg: RunSection, run_id: str, model_dir: Path, name: st
         run = client.get_run(run_id)
     except MlflowException as err:
         raise RegistryError(f"MLflow run {run_id!r} not found at {run_cfg.tracking_uri}: {err}") from None
-    digest = model_digest(model_dir)
-    client.log_artifacts(run_id, str(model_dir), ARTIFACT_PATH)
+    version_tags = {DIGEST_TAG: model_digest(model_dir), TRAIN_RUN_TAG: run.info.run_name or run_id,
+                    **{k: v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}, **(tags or {})}
+    logged = log_model_dir(client, run, model_dir, version_tags)
     _ensure_registered_model(client, name)
-    return client.create_model_version(name, f"{run.info.artifact_uri}/{ARTIFACT_PATH}", run_id=run_id,
-                                       tags={DIGEST_TAG: digest},
-                                       description=f"trained directory {model_dir}")
+    return client.create_model_version(name, f"models:/{logged.model_id}", run_id=run_id, tags=version_tags,
+                                       description=description or f"trained by run {version_tags[TRAIN_RUN_TAG]}",
+                                       model_id=logged.model_id)
+
+
+def log_model_dir(client: MlflowClient, run: Run, model_dir: Path, tags: Mapping[str, str]) -> LoggedModel:
+    """A READY logged model of `run`: the directory's files and an `MLmodel` with the signature."""
+    logged = client.create_logged_model(run.info.experiment_id, name=ARTIFACT_PATH, source_run_id=run.info.run_id,
+                                        tags=dict(tags), model_type="hf-causal-lm")
+    try:
+        client.log_model_artifacts(logged.model_id, str(model_dir))
+        with tempfile.TemporaryDirectory() as meta:
+            Model(artifact_path=logged.artifact_location, run_id=run.info.run_id, model_id=logged.model_id,
+                  signature=SIGNATURE).save(str(Path(meta) / MLMODEL))
+            client.log_model_artifacts(logged.model_id, meta)
+    except BaseException:
+        client.finalize_logged_model(logged.model_id, "FAILED")
+        raise
+    return client.finalize_logged_model(logged.model_id, "READY")
 
 
 def find_version(run_cfg: RunSection, model: str, name: str = MODEL_NAME) -> ModelVersion | None:
@@ -143,37 +191,55 @@ def latest_version(run_cfg: RunSection, name: str = MODEL_NAME) -> ModelVersion 
     return max(versions, key=lambda v: int(v.version), default=None)
 
 
-def _recorded_accuracy(version: ModelVersion | None) -> float | None:
-    if version is None or ACCURACY_TAG not in version.tags:
-        return None
-    return float(version.tags[ACCURACY_TAG])
+def _accuracy_under(version: ModelVersion | None, key: str) -> float | None:
+    value = version.tags.get(SETTING_ACCURACY_TAG.format(key=key)) if version is not None else None
+    return None if value is None else float(value)
 
 
-def update_champion(run_cfg: RunSection, model: str, accuracy: float, *, eval_run_id: str | None = None,
-                    name: str = MODEL_NAME) -> ChampionDecision:
-    """Record `accuracy` on the version `model` denotes; move `champion` to it only if it beats the holder."""
+def _settings_of(version: ModelVersion) -> list[str]:
+    return [v for k, v in sorted(version.tags.items()) if re.fullmatch(SETTING_TAG.format(key="[0-9a-f]+"), k)]
+
+
+def record_evaluation(client: MlflowClient, version: ModelVersion, accuracy: float, setting: Mapping[str, str],
+                      eval_run_id: str | None) -> None:
+    key = setting_key(setting)
+    tags = {ACCURACY_TAG: repr(float(accuracy)), SETTING_ACCURACY_TAG.format(key=key): repr(float(accuracy)),
+            SETTING_TAG.format(key=key): describe_setting(setting)}
+    if eval_run_id:
+        tags |= {EVAL_RUN_TAG: eval_run_id, SETTING_RUN_TAG.format(key=key): eval_run_id}
+    for tag, value in tags.items():
+        client.set_model_version_tag(version.name, version.version, tag, value)
+
+
+def update_champion(run_cfg: RunSection, model: str, accuracy: float, *, setting: Mapping[str, str],
+                    eval_run_id: str | None = None, name: str = MODEL_NAME) -> ChampionDecision:
+    """Record `accuracy` under `setting` on the version `model` denotes; move `champion` to it only if it
+    beats the holder's accuracy under the same setting."""
     client = _client(run_cfg)
     version = find_version(run_cfg, model, name)
     if version is None:
         return ChampionDecision(None, accuracy, None, None, False, f"{model} is not a registered version of {name}")
-    client.set_model_version_tag(name, version.version, ACCURACY_TAG, repr(float(accuracy)))
-    if eval_run_id:
-        client.set_model_version_tag(name, version.version, EVAL_RUN_TAG, eval_run_id)
+    record_evaluation(client, version, accuracy, setting, eval_run_id)
     try:
         holder = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:
         holder = None
-    held = _recorded_accuracy(holder)
+    key, this = setting_key(setting), str(version.version)
     prev = str(holder.version) if holder else None
-    this = str(version.version)
+    held = _accuracy_under(holder, key)
     if prev == this:
         return ChampionDecision(this, accuracy, prev, held, False, "already the champion")
+    if holder is not None and held is None:
+        return ChampionDecision(this, accuracy, prev, None, False, (
+            f"not comparable: champion v{prev} has no evaluation under this setting ({describe_setting(setting)}); "
+            f"its evaluations: {'; '.join(_settings_of(holder)) or 'none'}. Evaluate it under this setting "
+            f"(python -m flows.evaluate --model models:/{name}@{CHAMPION} with the same params) to compare"),
+            comparable=False)
     if held is not None and accuracy <= held:
         return ChampionDecision(this, accuracy, prev, held, False,
-                                f"accuracy {accuracy:.4f} does not beat champion v{prev} ({held:.4f})")
+                                f"accuracy {accuracy:.4f} does not beat champion v{prev} ({held:.4f}, same setting)")
     client.set_registered_model_alias(name, CHAMPION, this)
-    why = "no champion yet" if holder is None else (
-        f"champion v{prev} has no recorded accuracy" if held is None else f"beats v{prev} ({held:.4f})")
+    why = "no champion yet" if holder is None else f"beats v{prev} ({held:.4f}, same setting)"
     return ChampionDecision(this, accuracy, prev, held, True, why)
 
 

@@ -35,6 +35,20 @@ MAX_PARAM_LEN = 500
 DVC_TAG_PREFIX = "dvc.dep."  # one tag per DVC input of a run: dvc.dep.<path> = its md5
 OWNER_TAG = "tapo.owner"  # '<host>:<pid>:<start time>' of the process that keeps the run open
 KILLED = RunStatus.to_string(RunStatus.KILLED)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+# MLflow 3 opens an experiment of this kind on its runs table; untagged, it guesses GenAI and opens on traces.
+CLASSIC_ML = "custom_model_development"
+
+
+def open_experiment(run_cfg: RunSection) -> str:
+    """The id of experiment `run.experiment` (created if needed), tagged as a classic ML experiment unless a
+    kind was set by hand."""
+    mlflow.set_tracking_uri(run_cfg.tracking_uri)
+    experiment = mlflow.set_experiment(run_cfg.experiment)
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        mlflow.MlflowClient(run_cfg.tracking_uri).set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                                                                      CLASSIC_ML)
+    return experiment.experiment_id
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -110,8 +124,7 @@ def git_commit() -> str:
 def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, run_id: str | None = None,
                 tags: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
     """Start (or resume, given `run_id`) an MLflow run for one stage; adopt the flow's stage run if any."""
-    mlflow.set_tracking_uri(run_cfg.tracking_uri)
-    experiment = mlflow.set_experiment(run_cfg.experiment)
+    experiment_id = open_experiment(run_cfg)
     resumed = run_id is not None
     adopted = None if resumed else os.environ.get(STAGE_RUN_ENV)
     parent = os.environ.get(PARENT_ENV)
@@ -120,7 +133,7 @@ def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, r
         all_tags["mlflow.parentRunId"] = parent
     if not adopted:  # an adopted run's owner is the flow that opened it
         all_tags[OWNER_TAG] = owner()
-        mark_abandoned_runs(mlflow.MlflowClient(run_cfg.tracking_uri), experiment.experiment_id)
+        mark_abandoned_runs(mlflow.MlflowClient(run_cfg.tracking_uri), experiment_id)
     run_id = run_id or adopted
     with mlflow.start_run(run_id=run_id, run_name=None if run_id else stage, tags=all_tags) as active:
         if not resumed:

@@ -12,6 +12,7 @@ and `manifest.json` (corpus source, passage count, build parameters).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import numpy as np
 
 from pipeline.jsonl import iter_json_lines, write_json_lines
 from sandbox.search.results import Passage
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG at import
 
 PASSAGES_FILE = "passages.jsonl"
 MANIFEST_FILE = "manifest.json"

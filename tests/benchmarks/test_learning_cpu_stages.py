@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.learning_cpu import COLD_START_FIELDS, QUICK, StageLog, paired_flips, rl_checkpoint_model, rl_config
+from pipeline.trainer.run_folder import run_folder
 
 
 def run_all(log: StageLog, calls: list[str]) -> None:
@@ -58,7 +59,7 @@ def test_paired_flips_count_both_directions_with_an_exact_sign_test(tmp_path: Pa
 def test_a_checkpoint_the_trainer_no_longer_keeps_is_named_with_those_it_kept(tmp_path: Path) -> None:
     cfg = rl_config(QUICK, tmp_path)
     for step in (30, 36):
-        (tmp_path / "rl" / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
+        (run_folder(cfg) / "checkpoints" / f"step-{step:06d}").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"--eval-checkpoint 20: .*step-000020 does not exist "
                                                 r"\(kept: \['step-000030', 'step-000036'\]\)"):
         rl_checkpoint_model(cfg, 20, tmp_path / "dapo_step20")

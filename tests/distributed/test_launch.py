@@ -15,7 +15,7 @@ import pytest
 from pipeline.config import ConfigError, config_from_dict
 from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import launch
-from pipeline.distributed.launch import (Placement, launcher_command, on_this_machine, placement, rank_log_tail,
+from pipeline.distributed.launch import (RankLayout, launcher_command, on_this_machine, rank_layout, rank_log_tail,
                                          root_cause, run_ranks)
 
 RANK = textwrap.dedent("""
@@ -56,19 +56,19 @@ def gone(pids: list[int]) -> bool:
 
 def test_auto_is_the_visible_gpus_and_one_rank_without_any(monkeypatch) -> None:
     monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
-    assert placement(DistributedConfig(enabled=True)).nproc_per_node == 1
+    assert rank_layout(DistributedConfig(enabled=True)).nproc_per_node == 1
     monkeypatch.setattr(launch, "visible_gpus", lambda: 8)
-    assert placement(DistributedConfig(enabled=True)) == Placement(8, 1, "torchrun", None, "")
-    assert placement(DistributedConfig(enabled=True, nproc_per_node=2)).nproc_per_node == 2  # set: as set
+    assert rank_layout(DistributedConfig(enabled=True)) == RankLayout(8, 1, "torchrun", None, "")
+    assert rank_layout(DistributedConfig(enabled=True, nproc_per_node=2)).nproc_per_node == 2  # set: as set
 
 
 def test_a_hostfile_leaves_the_rank_count_to_its_slots(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-1 slots=8\nnode-2 slots=8\n")
     cfg = DistributedConfig(enabled=True, nnodes=2, hostfile=str(hostfile), launcher="deepspeed")
-    assert placement(cfg) == Placement(None, 2, "deepspeed", hostfile, "")
+    assert rank_layout(cfg) == RankLayout(None, 2, "deepspeed", hostfile, "")
     with pytest.raises(FileNotFoundError, match="distributed.hostfile"):
-        placement(cfg.model_copy(update={"hostfile": str(tmp_path / "missing")}))
+        rank_layout(cfg.model_copy(update={"hostfile": str(tmp_path / "missing")}))
 
 
 @pytest.mark.parametrize(("section", "keys"), [
@@ -85,15 +85,15 @@ def test_placements_that_cannot_run_are_refused_by_name(section: dict, keys: str
 
 @pytest.mark.parametrize("module", [True, False])
 @pytest.mark.parametrize(("where", "expected"), [
-    (Placement(2, 1, "torchrun", None, ""),
+    (RankLayout(2, 1, "torchrun", None, ""),
      ["torch.distributed.run", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
       "--master-port", "2950", "--max-restarts", "0"]),
-    (Placement(None, 2, "deepspeed", Path("/h"), ""),
+    (RankLayout(None, 2, "deepspeed", Path("/h"), ""),
      ["deepspeed.launcher.runner", "--master_port", "2950", "--no_local_rank", "--hostfile", "/h", "--num_nodes", "2"]),
-    (Placement(8, 2, "deepspeed", Path("/h"), "node-1"),
+    (RankLayout(8, 2, "deepspeed", Path("/h"), "node-1"),
      ["--hostfile", "/h", "--num_nodes", "2", "--num_gpus", "8", "--master_addr", "node-1"]),
 ])
-def test_launcher_commands(where: Placement, expected: list[str], module: bool, tmp_path: Path) -> None:
+def test_launcher_commands(where: RankLayout, expected: list[str], module: bool, tmp_path: Path) -> None:
     program = ["-m", "pipeline.train", "--params", "p.yaml"] if module else ["run.py", "--x"]
     command = launcher_command(where, program, port=2950, log_dir=tmp_path, python="py")
     assert command[0] == "py" and " ".join(expected) in " ".join(command)

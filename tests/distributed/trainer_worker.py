@@ -50,7 +50,7 @@ def main(params: Path, out: Path) -> None:
     cfg = load_config(params)
     tr = set_up(cfg, {}, resume=False)
     first = one_step(tr)
-    tr.replicas.save_checkpoint(Path(cfg.train.checkpoint_dir), TrainerState(1, tr.stream.cursor, tr.engine.calls),
+    tr.replicas.save_checkpoint(tr.run_dir, TrainerState(1, tr.stream.cursor, tr.engine.calls),
                                 tr.scheduler, tr.tokenizer)
     before_second = gathered(tr)
     second = one_step(tr)

@@ -53,7 +53,8 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, prefect
     git = ["git", "-c", "user.name=tapo-test", "-c", "user.email=tapo-test@example.invalid"]
     subprocess.run([*git, "init", "-q"], cwd=ws, check=True)
     _dvc(ws, "init", "-q")
-    (ws / ".gitignore").write_text("tiny-model/\nmlruns.db\nmlartifacts/\nmlruns/\nlogs/\n__pycache__/\n")
+    # the repository's ignore rules (what the stages write beside their results), and the scratch model
+    (ws / ".gitignore").write_text((repo_root / ".gitignore").read_text() + "\ntiny-model/\n")
     subprocess.run([*git, "add", "-A"], cwd=ws, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "tiny workspace"], cwd=ws, check=True)
     return ws
@@ -75,17 +76,25 @@ def _stage_runs(client: MlflowClient, parent) -> dict:
 
 def test_repro_runs_every_stage(workspace: Path) -> None:
     _dvc(workspace, "repro")
-    train = json.loads((workspace / "metrics/train.json").read_text())
+    train = json.loads((workspace / "metrics/train.json").read_text())  # diagnostics: the last step's every metric
     evaluation = json.loads((workspace / "metrics/eval.json").read_text())
     assert "reward/mean" in train and "train/grad_norm" in train
     assert evaluation["n_problems"] == 4 and 0.0 <= evaluation["all/accuracy"] <= 1.0
+    headline = {s: json.loads((workspace / f"metrics/headline/{s}.json").read_text()) for s in ("train", "eval")}
+    assert headline["train"]["steps"] == 2 and {"reward", "accuracy", "format_error_rate"} <= headline["train"].keys()
+    assert headline["eval"]["n_problems"] == 4 and headline["eval"]["accuracy"] == evaluation["all/accuracy"]
+    assert len(headline["eval"]) <= 8, headline  # a few columns for `dvc exp show`, not every diagnostic
     assert (workspace / "models/policy/config.json").is_file()
     curve = (workspace / "metrics/train_curve.csv").read_text().splitlines()
     assert len(curve) == 1 + TINY["train"]["steps"]
+    assert (workspace / "metrics/train_curve.png").is_file() and (workspace / "metrics/eval_plots/accuracy.png").is_file()
     client, (parent,) = _pipeline_runs(workspace)
     assert parent.info.status == "FINISHED" and INVOCATION_TAG in parent.data.tags
+    assert parent.info.run_name.startswith("dvc-repro-")
+    assert {"train/reward", "train/accuracy", "evaluate/accuracy"} <= parent.data.metrics.keys()
     stages = _stage_runs(client, parent)
     assert stages.keys() == {"prepare-model", "curate", "build-index", "sft", "train", "evaluate"}
+    assert all(run.info.run_name == f"{parent.info.run_name}/{name}" for name, run in stages.items())
     lock = yaml.safe_load((workspace / "dvc.lock").read_text())["stages"]
     for name, run in stages.items():
         tagged = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}
@@ -94,11 +103,27 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     assert stages["evaluate"].data.metrics["eval/n_problems"] == 4
     train = stages["train"].info.run_id
     saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
-    assert saved == ["step-000001", "step-000002"]  # checkpoint_every 1, the trainer keeps the last 2
-    assert [Path(f.path).name for f in client.list_artifacts(train, "checkpoints/step-000001")] == ["state.json"]
-    assert {"model.safetensors", "trainer.pt", "state.json"} <= {
-        Path(f.path).name for f in client.list_artifacts(train, "checkpoints/step-000002")}
-    assert client.list_artifacts(train, "policy"), "final model not logged"
+    assert saved == ["run_config.json", "step-000001", "step-000002"]  # checkpoint_every 1, the last 2 kept
+    for step in saved[1:]:  # metadata only by default (train.log_full_checkpoints: the last one whole)
+        assert [Path(f.path).name for f in client.list_artifacts(train, f"checkpoints/{step}")] == ["state.json"]
+    (version,) = client.search_model_versions("name = 'tapo-policy'")
+    logged = client.get_logged_model(version.source.removeprefix("models:/"))
+    assert logged.source_run_id == train and version.tags["train.steps"] == "2", "final model not logged"
+
+
+def test_what_the_stages_write_is_a_result_or_ignored(workspace: Path) -> None:
+    """After `dvc repro` and `dvc plots show`, git sees only results to commit: dvc.lock and the metrics files
+    DVC does not cache; checkpoints, logs, MLflow's store, plots' HTML are ignored."""
+    _dvc(workspace, "plots", "show")
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=workspace,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    untracked = sorted(line[3:] for line in status if line.startswith("??"))
+    stray = [p for p in untracked if p != "dvc.lock" and not p.startswith("metrics/")
+             and not p.endswith("/.gitignore")]  # DVC's own entries for the outputs it caches
+    assert not stray, f"written by the pipeline but neither a result nor ignored: {stray}"
+    assert "metrics/headline/eval.json" in untracked and "metrics/eval_samples.jsonl" not in untracked
+    diff = _dvc(workspace, "metrics", "diff").stdout
+    assert "headline/eval.json" in diff and "accuracy" in diff
 
 
 def test_second_repro_runs_nothing(workspace: Path) -> None:
@@ -127,4 +152,5 @@ def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> Non
     assert len(listed) == 1, f"expected one experiment, got {listed}"
     client, parents = _pipeline_runs(workspace)
     assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
+    assert parents[-1].info.run_name == listed[0]  # the parent is named after the DVC experiment
     assert _stage_runs(client, parents[-1]).keys() == {"evaluate"}

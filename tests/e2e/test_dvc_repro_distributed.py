@@ -32,7 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 TOLERANCE = 1e-5  # benchmarks/ds_cpu_parity.py's goal in fp32
 ONE_PROCESS = merge(yaml.safe_load(yaml.safe_dump(TINY)), {
     "run": {"torch_threads": 1},
-    "train": {"prompts_per_step": 4, "micro_batch_size": 2},  # 2 problems a rank, 2 micro-batches each
+    # 2 problems a rank, 2 micro-batches each; the last checkpoint logged whole (every rank's RNG state in it)
+    "train": {"prompts_per_step": 4, "micro_batch_size": 2, "log_full_checkpoints": True},
     "distributed": {"collectives": "gloo"},
 })
 RANKS = {"enabled": True, "nproc_per_node": 2}
@@ -112,7 +113,7 @@ def test_the_train_stage_on_two_ranks_is_one_run_and_trains_the_one_process_mode
     history = client.get_metric_history(run.info.run_id, "reward/mean")
     assert sorted(m.step for m in history) == list(range(steps))  # per-step metrics, logged once (rank 0)
     saved = [Path(f.path).name for f in client.list_artifacts(run.info.run_id, "checkpoints")]
-    assert saved == ["step-000001", "step-000002"]  # DeepSpeed checkpoints are complete ones too (state.json)
+    assert saved == ["run_config.json", "step-000001", "step-000002"]  # DeepSpeed's are complete ones too (state.json)
     assert {"state.json", "rng_rank000.pt", "rng_rank001.pt"} <= {
         Path(f.path).name for f in client.list_artifacts(run.info.run_id, "checkpoints/step-000002")}
     lock = yaml.safe_load((ws / "dvc.lock").read_text())["stages"]

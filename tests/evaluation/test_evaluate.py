@@ -144,9 +144,16 @@ def test_table_and_plots_compare_runs(tok, tmp_path) -> None:
     assert rows[1] == "| Base | 0.0 | 0.0 |"
     assert rows[2] == "| Policy | 50.0 | 50.0 |"
     assert "| Policy | 0.00 / 0.75 |" in table
-    for name in ("tool_calls", "accuracy_vs_search", "response_length"):
+    for name in ("accuracy", "tool_calls", "response_length"):
         width, height = _png_size(policy / "eval_plots" / f"{name}.png")
         assert width >= 600 and height >= 400
+    assert not (policy / "eval_plots" / "accuracy_vs_search.png").exists()  # no fact benchmark: nothing to show
+    assert (policy / "eval_accuracy.csv").read_text() == "benchmark,accuracy\ncalculator,0.500000\nall,0.500000\n"
+    full = json.loads((policy / "eval.json").read_text())
+    headline = json.loads((policy / "headline" / "eval.json").read_text())
+    assert headline == {k: full[f"all/{k}"] for k in ("accuracy", "format_error_rate", "tool_failure_rate",
+                                                       "calls_per_rollout/code", "calls_per_rollout/search")} | {
+        "n_problems": full["n_problems"]}  # one benchmark, one category: no per-benchmark columns
 
 
 def test_missing_compare_dir_fails_before_any_rollout(tmp_path, tiny_model_dir) -> None:
@@ -221,4 +228,8 @@ def test_metrics_and_reports_are_logged_to_the_active_mlflow_run(tok, tmp_path) 
     logged = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation")}
     assert {"evaluation/eval.json", "evaluation/eval_samples.jsonl", "evaluation/eval_table.md"} <= logged
     plots = {f.path for f in client.list_artifacts(active.info.run_id, "evaluation/plots")}
-    assert plots == {f"evaluation/plots/{n}.png" for n in ("tool_calls", "accuracy_vs_search", "response_length")}
+    assert plots == {f"evaluation/plots/{n}.png" for n in ("accuracy", "tool_calls", "response_length")}
+    assert run_data.metrics["headline/accuracy"] == 0.5 and run_data.tags["eval.setting.samples"] == "1"
+    table = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=active.info.run_id, artifact_path="evaluation/samples.json", dst_path=str(tmp_path / "dl"))).read_text())
+    assert table["columns"][:3] == ["benchmark", "id", "sample"] and len(table["data"]) == 4

@@ -28,6 +28,7 @@ from pipeline.tracking.history import MetricHistory
 from pipeline.outputs import OutputNotWritable
 from pipeline.paths import REPO_ROOT
 from pipeline.train import run
+from pipeline.trainer.run_folder import run_folder
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 
 STEPS, CHECKPOINT_EVERY = 2, 1
@@ -141,8 +142,9 @@ def test_a_resume_that_finds_only_torn_checkpoints_names_them(straight: tuple[Pa
     root = new_run(tmp_path / "torn", model_dir)
     killed = train_child(root, "fresh", "during-checkpoint-1")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    torn = root / "ckpt" / "checkpoints" / "step-000001.tmp"
-    assert torn.is_dir() and not (root / "ckpt" / "checkpoints" / "step-000001").exists()
+    folder = run_folder(load_config(root / "params.yaml")) / "checkpoints"
+    torn = folder / "step-000001.tmp"
+    assert torn.is_dir() and not (folder / "step-000001").exists()
     resumed = train_child(root, "resume")
     assert resumed.returncode != 0
     assert "no complete checkpoint" in resumed.stderr and str(torn) in resumed.stderr
@@ -151,8 +153,8 @@ def test_a_resume_that_finds_only_torn_checkpoints_names_them(straight: tuple[Pa
 
 
 def test_a_resume_finishing_the_run_logs_the_checkpoints_its_run_saved(tmp_path: Path) -> None:
-    cfg = toy_config(tmp_path, tmp_path / "model")
-    folder = Path(cfg.train.checkpoint_dir) / "checkpoints"
+    run_dir = run_folder(toy_config(tmp_path, tmp_path / "model"))
+    folder = run_dir / "checkpoints"
     for step, run_id in ((2, "earlier-run"), (4, "this-run"), (6, "this-run")):
         ckpt = folder / f"step-{step:06d}"
         ckpt.mkdir(parents=True)
@@ -161,7 +163,7 @@ def test_a_resume_finishing_the_run_logs_the_checkpoints_its_run_saved(tmp_path:
         (ckpt / "state.json").write_text(json.dumps({"step": step, "mlflow_run_id": run_id}))
         os.utime(ckpt, (0, 0))  # saved long before this (resumed) invocation started
     (folder / "step-000008.tmp").mkdir()  # torn: never logged
-    assert [p.name for p in checkpoints_of_run(cfg, "this-run", started=1e9)] == ["step-000004", "step-000006"]
+    assert [p.name for p in checkpoints_of_run(run_dir, "this-run", started=1e9)] == ["step-000004", "step-000006"]
 
 
 @pytest.mark.parametrize("which", ["checkpoint_dir", "output_dir", "metrics"])

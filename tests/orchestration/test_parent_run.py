@@ -146,3 +146,32 @@ def test_checkpoints_logged_metadata_each_whole_the_last(cfg: RunConfig, tmp_pat
               ("checkpoints/step-000001", "checkpoints/step-000002")}
     assert listed == {"checkpoints/step-000001": ["state.json"],
                       "checkpoints/step-000002": ["model.safetensors", "state.json"]}
+
+
+def test_the_ui_opens_on_runs_named_after_their_pipeline_with_headline_metrics(
+        cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The experiment is a classic ML one (MLflow opens it on the runs table); a `dvc exp run` parent is named
+    after the experiment, its stages `<exp>/<stage>`; each stage's headline metrics reach the parent."""
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4244:901")
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-sweep-3e6")
+    with stage_run(cfg, "train") as run_id, tracked_run(cfg.run, "train", {}):
+        mlflow.log_metrics({"headline/accuracy": 0.4, "headline/reward": 0.25, "reward/std": 0.1})
+    with pytest.raises(RuntimeError), stage_run(cfg, "evaluate"), tracked_run(cfg.run, "evaluate", {}):
+        mlflow.log_metric("headline/accuracy", 0.9)
+        raise RuntimeError("evaluation broke")  # a failed stage's numbers are not the pipeline's
+    client = MlflowClient(cfg.run.tracking_uri)
+    experiment = client.get_experiment_by_name(cfg.run.experiment)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    (parent,) = _runs(cfg, "tags.stage = 'pipeline'")
+    assert parent.info.run_name == "lr-sweep-3e6"
+    assert parent.data.metrics == {"train/accuracy": 0.4, "train/reward": 0.25}
+    names = {r.data.tags["stage"]: r.info.run_name for r in _children(cfg, parent.info.run_id).values()}
+    assert names == {"train": "lr-sweep-3e6/train", "evaluate": "lr-sweep-3e6/evaluate"}
+    assert client.get_run(run_id).info.run_name == "lr-sweep-3e6/train"
+
+
+def test_a_pipeline_parent_names_its_stage_runs(cfg: RunConfig) -> None:
+    with parent_run(cfg.run, "crimson-fox", {}, {}) as parent_id:
+        _two_stages(cfg)
+    names = {r.data.tags["stage"]: r.info.run_name for r in _children(cfg, parent_id).values()}
+    assert names == {"curate": "crimson-fox/curate", "train": "crimson-fox/train"}

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from pipeline.export import export_checkpoint
 from pipeline.export import main as export_cli
 from pipeline.train import run
+from pipeline.trainer.run_folder import run_folder
 from tests.train.test_lora import LORA
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 
@@ -27,7 +28,7 @@ def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_di
     monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
     cfg = toy_config(tmp_path, model_dir, steps=2, checkpoint_every=1, **({"finetune": finetune} if finetune else {}))
     run(cfg, {}, metrics_dir=tmp_path / "metrics")
-    checkpoints = tmp_path / "ckpt" / "checkpoints"
+    checkpoints = run_folder(cfg) / "checkpoints"
     final = load_file(tmp_path / "policy" / "model.safetensors")
     # step 1 through the command line, step 2 through the function
     monkeypatch.setattr(sys, "argv", ["export", "--params", str(write_params(cfg, tmp_path / "params.yaml")),
@@ -42,5 +43,6 @@ def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_di
 
 
 def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path, model_dir: Path) -> None:
+    (tmp_path / "step-000009").mkdir()  # there, but not a checkpoint (one that is not there: test_run_folder.py)
     with pytest.raises(FileNotFoundError, match="step-000009: no model.safetensors"):
         export_checkpoint(toy_config(tmp_path, model_dir), tmp_path / "step-000009", tmp_path / "out")

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from pipeline.train import run, set_up, update
+from pipeline.trainer.run_folder import run_folder
 from tests.helpers.training import collect_batch
 from tests.train.test_resume import assert_same_metrics
 from tests.train.toy_task import build_direct_model, toy_config
@@ -87,13 +88,13 @@ def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, mod
     assert any(row["train/skipped"] == 0.0 for row in straight[1:])
 
     # As if killed after logging step 2 but before its checkpoint: resume from step 2 redoes step 2.
-    shutil.rmtree(tmp_path / "ckpt" / "checkpoints" / "step-000003")
-    last_checkpoint = load_file(tmp_path / "ckpt" / "checkpoints" / "step-000002" / "model.safetensors")
+    shutil.rmtree(run_folder(cfg) / "checkpoints" / "step-000003")
+    last_checkpoint = load_file(run_folder(cfg) / "checkpoints" / "step-000002" / "model.safetensors")
     run(cfg, {}, resume=True, metrics_dir=metrics)
     rows = [json.loads(line) for line in (metrics / "train_history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 2]
     assert_same_metrics(rows[-1], straight[2], exact=True)
-    run_id = json.loads((tmp_path / "ckpt" / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
+    run_id = json.loads((run_folder(cfg) / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
     redone = mlflow.load_table("samples/step-000002.json", run_ids=[run_id])
     assert len(redone) == cfg.train.log_samples  # the redone step's samples are not logged twice
     resumed_policy = load_file(tmp_path / "policy" / "model.safetensors")
@@ -117,7 +118,7 @@ def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, mod
             assert torch.equal(exported_sd[name], base_sd[name]), f"{name}: not adapted, yet changed"
     # The step-2 checkpoint holds base and adapter; step 3 trained on from it, so compare the
     # merge rule on the final checkpoint the resumed run wrote.
-    final = load_file(tmp_path / "ckpt" / "checkpoints" / "step-000003" / "model.safetensors")
+    final = load_file(run_folder(cfg) / "checkpoints" / "step-000003" / "model.safetensors")
     for name in adapted:
         stem = "base_model.model." + name.removesuffix(".weight")
         torch.testing.assert_close(exported_sd[name], merged(final[f"{stem}.base_layer.weight"],

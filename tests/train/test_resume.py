@@ -30,7 +30,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipeline.config import load_config
 from pipeline.trainer.checkpoint import latest_checkpoint
+from pipeline.trainer.run_folder import run_folder
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.engine import RolloutEngine
@@ -117,7 +119,7 @@ def test_killed_and_resumed_run_logs_the_same_metrics(tmp_path: Path, code_sandb
     root, params = runs["killed"]
     history = root / "metrics" / "train_history.jsonl"
     kill_after_logged(start_training(params, tool_url, "fresh", root / "metrics"), history, KILL_AFTER_LOGGED)
-    checkpoint = latest_checkpoint(root / "ckpt")
+    checkpoint = latest_checkpoint(run_folder(load_config(params)))
     logged_before_kill = logged_steps(history)
     assert checkpoint is not None
     resume_from = int(checkpoint.name.removeprefix("step-"))

@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.tracking.history import progress_line
 from pipeline.train import run
+from pipeline.trainer.run_folder import run_folder
 from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 
@@ -40,7 +41,8 @@ def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path
     assert [line.split(" | ")[:2] for line in progress] == [  # not a terminal: one line a step, from its metrics
         [f"train step {row['step'] + 1}/3", f"reward {row['reward/mean']:.3f}"] for row in history]
 
-    run_id = json.loads((tmp_path / "ckpt" / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
+    state = run_folder(cfg) / "checkpoints" / "step-000003" / "state.json"
+    run_id = json.loads(state.read_text())["mlflow_run_id"]
     mlflow.set_tracking_uri(cfg.run.tracking_uri)
     logged = mlflow.MlflowClient().get_run(run_id)
     assert not [tag for tag in logged.data.tags if tag.startswith("dvc.dep.")]  # DVC's hashes come from the flow only

@@ -1,0 +1,31 @@
+"""A stage whose library opens no MLflow run (prepare-model, curate, build-index): its work inside the stage's
+run, which records the config section and the report, and the report published on the flow run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from flows.common import load_or_exit
+from flows.summary import markdown_table, publish
+from flows.tracking import log_report, stage_run
+
+T = TypeVar("T")
+
+
+def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:
+    """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
+    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report."""
+    cfg = load_or_exit(params)
+    part: BaseModel = getattr(cfg, section)
+    with stage_run(cfg, stage) as run_id:
+        report = work(part)
+        log_report(cfg.run, run_id, {section: part.model_dump()}, report)
+    print(f"{stage}: {report}")
+    values = report if isinstance(report, dict) else {"output": report}
+    publish(stage, f"{stage}: done", markdown_table({k: v for k, v in values.items() if not isinstance(v, dict)}),
+            cfg.run, run_id)
+    return report

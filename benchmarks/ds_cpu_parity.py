@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
-from pipeline.distributed.launch import launch  # noqa: E402
+from pipeline.distributed.launch import leave_process_group, on_this_machine, run_ranks  # noqa: E402
 from pipeline.distributed.sharding import assign_groups, rank_rows  # noqa: E402
 from pipeline.rl.loss import make_policy_loss  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
@@ -116,6 +117,11 @@ def worker(stage: int, steps: int, out: Path) -> None:
     if backend.rank == 0:
         torch.save({"loss": metrics["train/loss"], "grad_norm": metrics["train/grad_norm"], "grad": grad,
                     "times": times}, out)
+    leave_process_group()
+
+
+def print_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def compare(base: dict, ours: dict) -> dict:
@@ -147,11 +153,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for stage in args.stages:
             out = Path(tmp) / f"zero{stage}.pt"
-            cmd = [sys.executable, __file__, "--worker", str(stage), "--steps", str(args.steps), "--out", str(out)]
+            program = [__file__, "--worker", str(stage), "--steps", str(args.steps), "--out", str(out)]
             t0 = time.perf_counter()
-            codes = launch(cmd, 2, threads=1, timeout_s=900)
-            if codes != [0, 0] or not out.is_file():
-                raise SystemExit(f"ZeRO-{stage} ranks failed: exit codes {codes}")
+            ranks = run_ranks(program, on_this_machine(2), log_dir=Path(tmp) / f"zero{stage}_logs",
+                              env=os.environ | {"OMP_NUM_THREADS": "1"}, on_line=print_to_stderr, timeout_s=900)
+            if ranks.returncode != 0 or not out.is_file():
+                raise SystemExit(f"ZeRO-{stage} ranks failed (launcher exit {ranks.returncode}):\n{ranks.tail}")
             report[f"zero{stage}"] = compare(base, torch.load(out)) | {"launch_s": time.perf_counter() - t0}
             report[f"zero{stage}"]["ratio"] = report["single_step_s"] / report[f"zero{stage}"]["step_s"]
     stages = [report[f"zero{s}"] for s in args.stages]

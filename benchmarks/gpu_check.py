@@ -1,18 +1,22 @@
-"""GPU check: a few DAPO steps of a random-initialised ~0.5B Qwen2 model with DeepSpeed ZeRO-2.
+"""GPU check: a few DAPO steps of a random-initialised ~0.5B Qwen2 model on every visible GPU, through the train
+stage's multi-GPU path.
 
-Runs as-is on one NVIDIA GPU with no downloads (no tokenizer: prompts are random token
-ids, and every sample is generated to its full length so the token counts are fixed):
-HF generation of groups of samples -> old log-probs -> random 0/1 rewards -> group
-advantages -> `apply_policy_gradient` through `DeepSpeedReplicas` (the trainer's own update
-path) in bf16 with ZeRO-2. `--tiny` runs the same code on the CPU with a tiny model (CI).
+The ranks are started as the train stage starts them (`pipeline.distributed.launch.run_ranks`: torchrun, one rank
+per visible GPU, rank-prefixed output); each rank wraps the model in `DeepSpeedReplicas` (ZeRO-2, bf16) and runs
+HF generation of its own groups of samples -> old log-probs -> random 0/1 rewards -> group advantages ->
+`apply_policy_gradient` (the trainer's update: the denominator summed over ranks, gradients reduced by DeepSpeed).
+Nothing is downloaded (no tokenizer: prompts are random token ids, and every sample is generated to its full
+length so the token counts are fixed). `--tiny` runs the same code on 2 CPU ranks with a tiny model (CI).
 
-    .venv/bin/python benchmarks/gpu_check.py            # one GPU, < 8 min
-    .venv/bin/python benchmarks/gpu_check.py --tiny     # CPU, seconds
+    .venv/bin/python benchmarks/gpu_check.py              # every visible GPU (1-8), < 8 min
+    .venv/bin/python benchmarks/gpu_check.py --nproc 4    # the first 4
+    .venv/bin/python benchmarks/gpu_check.py --tiny       # 2 gloo ranks on the CPU, seconds
 
-Last line: JSON with generation_tokens_per_s, training_tokens_per_s, mfu (model FLOPs per
-second / the GPU's dense bf16 peak; null when the peak is unknown or on CPU) and peak memory.
-MFU counts 6 * (non-embedding parameters) + 12 * layers * hidden * sequence FLOPs per
-trained token (forward + backward; gradient-checkpointing recompute is not counted).
+Last line: JSON with the ranks, step_s (median optimiser step after the first, slowest rank), generation and
+training tokens/s (all ranks), mfu (model FLOPs per second per GPU / the GPU's dense bf16 peak; null when the
+peak is unknown or on CPU), peak_memory_gib per rank, and weights_agree (every rank holds bit-identical
+parameters after the steps: the data-parallel invariant). MFU counts 6 * (non-embedding parameters) + 12 *
+layers * hidden * sequence FLOPs per trained token (forward + backward; checkpointing's recompute not counted).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +40,7 @@ from pipeline.rl.advantage import group_advantages  # noqa: E402
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.rl.loss import make_policy_loss  # noqa: E402
-from pipeline.services.processes import free_port  # noqa: E402
+from pipeline.distributed.launch import leave_process_group, on_this_machine, run_ranks, visible_gpus  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
 from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, micro_batches, token_logprobs_and_entropy  # noqa: E402
 
@@ -69,13 +75,7 @@ def tiny() -> Qwen2Config:
 
 GPU = Setup(qwen2_0p5b(), prompts=16, group=4, prompt_len=128, new_tokens=256, micro=8, steps=3, dtype="bfloat16")
 CPU_TINY = Setup(tiny(), prompts=2, group=2, prompt_len=8, new_tokens=8, micro=2, steps=2, dtype="float32")
-
-
-def ensure_single_process_env() -> None:
-    """DeepSpeed needs a process group even for one rank; bind it to loopback."""
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+TINY_RANKS = 2
 
 
 def sync(device: torch.device) -> None:
@@ -119,51 +119,90 @@ def flops_per_token(cfg: Qwen2Config, seq: int, n_params: int) -> float:
     return 6.0 * (n_params - embed) + 12.0 * cfg.num_hidden_layers * cfg.hidden_size * seq
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny model on the CPU (for CI)")
-    args = parser.parse_args()
-    s = CPU_TINY if args.tiny else GPU
-    if not args.tiny and not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --tiny on a CPU machine")
-    ensure_single_process_env()
+def rank_main(s: Setup, out: Path) -> None:
+    """One rank (started by `main` through the stage's launcher): the steps, then this rank's figures in `out`."""
     from pipeline.distributed.replicas import DeepSpeedReplicas, deepspeed_engine
 
-    device = torch.device("cuda" if not args.tiny else "cpu")
-    torch.manual_seed(0)
+    cuda = torch.cuda.is_available() and s.dtype != "float32"
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)  # the same initial weights on every rank, as the trainer loads them
     model = Qwen2ForCausalLM(s.model).to(device=device, dtype=getattr(torch, s.dtype))
     n_params = sum(p.numel() for p in model.parameters())
-    if not args.tiny:
+    if cuda:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.1)
-    backend = DeepSpeedReplicas(deepspeed_engine(model, optimizer, DistributedConfig(enabled=True, zero_stage=2),
-                                                 s.micro, 1.0, s.dtype))
+    replicas = DeepSpeedReplicas(deepspeed_engine(model, optimizer, DistributedConfig(enabled=True, zero_stage=2),
+                                                  s.micro, 1.0, s.dtype))
     loss, settings = make_policy_loss(DAPOLoss()), UpdateSettings(s.micro, 1.0, 1.0)
-    g = torch.Generator().manual_seed(0)
-    gen_tokens = gen_s = train_tokens = train_s = 0.0
+    g = torch.Generator().manual_seed(1000 + replicas.rank)  # each rank samples its own prompts
+    steps = []
     for step in range(s.steps):
-        ids, elapsed = generate(backend.module, s, device, g)
-        batch = with_old_logprobs(backend.module, to_batch(ids, s, g), s.micro)
-        sync(device)
         t0 = time.perf_counter()
-        metrics = apply_policy_gradient(backend, batch, loss, settings)
+        ids, gen_s = generate(replicas.module, s, device, g)
+        batch = with_old_logprobs(replicas.module, to_batch(ids, s, g), s.micro)
         sync(device)
-        if step > 0 or s.steps == 1:  # the first step includes one-off start-up work
-            gen_tokens, gen_s = gen_tokens + ids.shape[0] * s.new_tokens, gen_s + elapsed
-            train_tokens, train_s = train_tokens + ids.numel(), train_s + time.perf_counter() - t0
+        t1 = time.perf_counter()
+        metrics = apply_policy_gradient(replicas, batch, loss, settings)
+        sync(device)
+        steps.append({"step_s": time.perf_counter() - t0, "gen_s": gen_s, "train_s": time.perf_counter() - t1,
+                      "gen_tokens": ids.shape[0] * s.new_tokens, "train_tokens": ids.numel()})
         print(f"step {step}: loss {metrics['train/loss']:.4f} grad_norm {metrics['train/grad_norm']:.3f}",
-              file=sys.stderr)
-    train_tps = train_tokens / train_s
-    achieved = flops_per_token(s.model, s.prompt_len + s.new_tokens, n_params) * train_tps
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    peak = next((v for k, v in PEAK_BF16.items() if k in name), None) if device.type == "cuda" else None
-    print(json.dumps({
-        "device": name, "params": n_params, "zero_stage": 2, "dtype": s.dtype,
-        "sequences_per_step": s.prompts * s.group, "tokens_per_sequence": s.prompt_len + s.new_tokens,
-        "generation_tokens_per_s": gen_tokens / gen_s, "training_tokens_per_s": train_tps,
-        "model_tflops_per_s": achieved / 1e12, "mfu": achieved / peak if peak else None,
-        "peak_memory_gib": (torch.cuda.max_memory_allocated() if device.type == "cuda" else peak_rss()) / 2**30,
-    }))
+              file=sys.stderr, flush=True)
+    sums = torch.stack([p.detach().double().sum() for p in replicas.module.parameters()]).cpu()
+    memory = torch.cuda.max_memory_allocated(device) if cuda else peak_rss()
+    torch.save({"steps": steps, "param_sums": sums, "memory": memory, "params": n_params,
+                "device": torch.cuda.get_device_name(device) if cuda else "cpu"}, out / f"rank{replicas.rank}.pt")
+    leave_process_group()
+
+
+def summary(s: Setup, ranks: list[dict]) -> dict:
+    """One JSON object for the run: the slowest rank's step, every rank's tokens, MFU per GPU."""
+    timed = slice(1, None) if s.steps > 1 else slice(None)  # the first step includes one-off start-up work
+    step_s = statistics.median(max(r["steps"][i]["step_s"] for r in ranks) for i in range(s.steps)[timed])
+    train_s = statistics.median(max(r["steps"][i]["train_s"] for r in ranks) for i in range(s.steps)[timed])
+    gen_s = statistics.median(max(r["steps"][i]["gen_s"] for r in ranks) for i in range(s.steps)[timed])
+    train_tokens = sum(r["steps"][0]["train_tokens"] for r in ranks)
+    gen_tokens = sum(r["steps"][0]["gen_tokens"] for r in ranks)
+    per_gpu_flops = flops_per_token(s.model, s.prompt_len + s.new_tokens, ranks[0]["params"]) * train_tokens / \
+        train_s / len(ranks)
+    name = ranks[0]["device"]
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return {
+        "device": name, "ranks": len(ranks), "params": ranks[0]["params"], "zero_stage": 2, "dtype": s.dtype,
+        "sequences_per_step": s.prompts * s.group * len(ranks), "tokens_per_sequence": s.prompt_len + s.new_tokens,
+        "step_s": step_s, "generation_tokens_per_s": gen_tokens / gen_s, "training_tokens_per_s": train_tokens / train_s,
+        "model_tflops_per_s_per_gpu": per_gpu_flops / 1e12, "mfu": per_gpu_flops / peak if peak else None,
+        "peak_memory_gib": [r["memory"] / 2**30 for r in ranks],
+        "weights_agree": all(torch.equal(r["param_sums"], ranks[0]["param_sums"]) for r in ranks),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help=f"tiny model on {TINY_RANKS} CPU ranks (for CI)")
+    parser.add_argument("--nproc", type=int, default=None, help="ranks (default: every visible GPU)")
+    parser.add_argument("--rank-out", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    s = CPU_TINY if args.tiny else GPU
+    if args.rank_out is not None:
+        rank_main(s, args.rank_out)
+        return
+    if not args.tiny and not visible_gpus():
+        raise SystemExit("no CUDA device: run with --tiny on a CPU machine")
+    nproc = args.nproc or (TINY_RANKS if args.tiny else visible_gpus())
+    with tempfile.TemporaryDirectory() as tmp:
+        program = [__file__, "--rank-out", tmp, *(["--tiny"] if args.tiny else [])]
+        ranks = run_ranks(program, on_this_machine(nproc), log_dir=Path(tmp) / "logs", on_line=print_to_stderr)
+        if ranks.returncode != 0:
+            raise SystemExit(f"gpu check: ranks failed (launcher exit {ranks.returncode}):\n{ranks.tail}")
+        figures = summary(s, [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(nproc)])
+    print(json.dumps(figures))
+
+
+def print_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def peak_rss() -> float:

@@ -35,8 +35,9 @@ MAX_RESTARTS = 3
 @contextmanager
 def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: str = "params.yaml",
                      log_dir: Path = LOG_DIR, *, health_interval_s: float = HEALTH_INTERVAL_S,
-                     max_restarts: int = MAX_RESTARTS) -> Iterator[dict[ToolName, str]]:
-    """Yield {tool: base URL} for the requested tools, with everything they need running (and restarted)."""
+                     max_restarts: int = MAX_RESTARTS, ranks: int = 1) -> Iterator[dict[ToolName, str]]:
+    """Yield {tool: base URL} for the requested tools, with everything they need running (and restarted);
+    a sandbox started here is sized for `ranks` training processes calling it."""
     urls: dict[ToolName, str] = {}
     started: list[ServiceProcess] = []
 
@@ -47,7 +48,7 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
     with ExitStack() as stack:
         if "code" in tools:
             urls["code"] = cfg.sandbox.url or start(python_service(
-                "sandbox", "sandbox.code", cfg.sandbox.server_args(), cfg.sandbox.port or free_port(), log_dir))
+                "sandbox", "sandbox.code", cfg.sandbox.server_args(ranks), cfg.sandbox.port or free_port(), log_dir))
         if "search" in tools:
             redis_url = cfg.search.redis_url or start(redis_service(log_dir / "redis"))
             urls["search"] = cfg.search.url or start(python_service(

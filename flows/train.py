@@ -3,6 +3,10 @@
     python -m flows.train --params params.yaml [--resume]        # the DVC stage: models/policy, metrics/
     python -m flows.train --params other.yaml [--label NAME]     # ad hoc: runs/train/<label>/ (flows.outputs)
 
+It trains in this process, or under `distributed.enabled` on the ranks the flow launches (`flows.ranks`: the
+placement comes from params; the services start once, here, and every rank is given their URLs, the run's
+name and where its model and metrics go).
+
 Each run keeps its checkpoints in its own folder, `<train.checkpoint_dir>/<run>/checkpoints`: the run is
 named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc run after its label,
 otherwise after a digest of its training config (`pipeline.trainer.run_folder`); `--resume` refuses that
@@ -29,16 +33,18 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit, tools_needed
-from flows.summary import markdown_table, publish
 from flows.outputs import Placement, placement
+from flows.ranks import stage_layout, train_on_ranks
+from flows.summary import markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
+from pipeline.distributed.launch import RankLayout
 from pipeline.outputs import OutputNotWritable
 from pipeline.tracking.headline import headline_file
 from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
@@ -55,6 +61,13 @@ USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems, Out
 @task(cache_policy=NO_CACHE)
 def train_task(cfg: RunConfig, urls: dict, resume: bool, metrics_dir: Path, run_name: str | None) -> dict:
     return train(cfg, urls, resume=resume, metrics_dir=metrics_dir, run_name=run_name)
+
+
+@task(cache_policy=NO_CACHE)
+def ranks_task(where: RankLayout, cfg: RunConfig, params: str, urls: dict, resume: bool, metrics_dir: Path,
+               run_name: str | None) -> dict:
+    return train_on_ranks(where, params, urls, resume, get_run_logger().info, metrics_dir=metrics_dir,
+                          run_name=run_name, output_dir=Path(cfg.train.output_dir))
 
 
 def run_name(place: Placement) -> str | None:
@@ -120,12 +133,14 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
                out: str | None = None) -> dict:
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
-    name = run_name(place)
+    name, tools = run_name(place), tools_needed(cfg.train.train_file)
+    where = stage_layout(cfg, tools)  # None: train in this process
     run_dir, metrics_dir = run_folder(cfg, name), place.place("metrics")
     started = time.time() - 1.0  # file times may be rounded down
     with stage_run(cfg, "train", run_id=resumed_run_id(cfg, run_dir) if resume else None) as run_id:
-        with running_services(cfg, tools_needed(cfg.train.train_file), params) as urls:
-            metrics = train_task(cfg, urls, resume, metrics_dir, name)
+        with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1) as urls:
+            metrics = ranks_task(where, cfg, params, urls, resume, metrics_dir, name) if where else \
+                train_task(cfg, urls, resume, metrics_dir, name)
         if run_id is not None:
             logged = log_run_checkpoints(cfg, run_id, run_dir, started)
             print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")

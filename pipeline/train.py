@@ -32,13 +32,17 @@ Departures from the papers, and why:
    TRL delegate the placement to a framework; torchtune writes one recipe per placement. Here the
    two differ only in where gradients go, which of a mini-batch's whole groups a rank trains on, how
    weights reach the rollout engine and how checkpoints are written: the four methods the interface
-   names, so a second copy of the step would repeat everything else.
+   names, so a second copy of the step would repeat everything else. Each sequence's sampler is seeded by its
+   place in the whole batch, not by the rank that samples it (verl seeds each rank apart), so N ranks sample,
+   and train, what one process would (`pipeline.distributed.sharding`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
+import os
 import random
 import sys
 import time
@@ -50,8 +54,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
+from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.jsonl import write_json
 from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
@@ -70,7 +75,7 @@ from pipeline.tracking.headline import write_train_headline
 from pipeline.tracking.history import MetricHistory, StepProgress
 from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
-from pipeline.tracking.runs import tracked_run
+from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
 from pipeline.tracking.train_samples import log_samples
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.trainer.checkpoint import TrainerState
@@ -139,12 +144,13 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
     tools = make_tools(cfg, tool_urls)  # the registry: an MCP server is started and its schemas read here
     try:  # before the first step, with the schemas a chat template declares
         check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
-        replicas, rollout_model, seed = placed(cfg, model, optimizer, weights)
+        replicas, rollout_model = placed(cfg, model, optimizer, weights)
         if replicas.is_main:
             take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
         start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
-        # the protocol binds here: a chat template it cannot render token-exactly is refused
-        engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=seed)
+        # the protocol binds here: a chat template it cannot render token-exactly is refused. One seed on every
+        # rank: trajectories are keyed by their place in the batch (pipeline.distributed.sharding)
+        engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
     except BaseException:  # the registry's servers do not outlive a set-up that failed
         close_now(tools)
         raise
@@ -164,10 +170,10 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module, int]:
-    """Where the update runs, the model rollouts sample from, and this process's rollout seed."""
+           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module]:
+    """Where the update runs, and the model rollouts sample from."""
     if not cfg.distributed.enabled:
-        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model, cfg.run.seed
+        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model
     from pipeline.distributed.checkpointing import copy_weights_into
     from pipeline.distributed.replicas import deepspeed_replicas  # DeepSpeed is imported only when used
 
@@ -175,9 +181,9 @@ def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimi
     copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.backend == "hf" else None
     replicas = deepspeed_replicas(model, optimizer, cfg)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
+        copied.to(model_device(replicas.module))  # beside the rank's shards: its GPU, not the CPU it was loaded on
         copy_weights_into(replicas, copied)
-    seed = cfg.run.seed + replicas.rank * cfg.distributed.rollout_seed_stride
-    return replicas, copied if copied is not None else replicas.module, seed
+    return replicas, copied if copied is not None else replicas.module
 
 
 def sharded(engine: RolloutEngine) -> Rollouts:
@@ -244,6 +250,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
                                                          "time/train_seconds": time.perf_counter() - sampled}
             history.log(step, last)
             steps.show(step, last)
+            if cfg.distributed.enabled:  # every rank says what it trained on: the load balance, in the stage's log
+                print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
             if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
@@ -259,6 +267,15 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
     register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
     return last
+
+
+def rank_share(t: Training, step: int, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]) -> str:
+    """This rank's part of a step: the groups and policy tokens of each mini-batch it trained on."""
+    shares = [t.replicas.share(groups) for groups in mini_batch_groups(kept, t.cfg.train.ppo_mini_batches, anchored)]
+    mine = [g for groups, weight in shares if weight > 0 for g in groups]
+    tokens = sum(tr.policy_token_count for g in mine for tr in g.group.trajectories)
+    return (f"rank {t.replicas.rank} of {t.replicas.world}: step {step + 1}: trained on {len(mine)} of "
+            f"{len(kept) + len(anchored)} groups, {tokens} policy tokens")
 
 
 def finish_run(t: Training, output_dir: Path) -> None:
@@ -278,3 +295,32 @@ def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path) -
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
     log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """One rank of a data-parallel training, as the train stage starts it (`pipeline.distributed.launch`).
+    Everything it needs is on the command line: a launcher on another node passes on little of the environment."""
+    parser = argparse.ArgumentParser(description="One rank of the train stage (started by python -m flows.train).")
+    parser.add_argument("--params", required=True, help="the stage's params file")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--tool-url", action="append", default=[], metavar="TOOL=URL",
+                        help="a tool service the stage started (repeatable)")
+    parser.add_argument("--stage-run", default="", help="the MLflow run the stage opened (rank 0 logs into it)")
+    parser.add_argument("--metrics-dir", default="metrics", type=Path)
+    parser.add_argument("--run-name", default=None, help="the run's folder under train.checkpoint_dir "
+                        "(default: named after the config)")
+    parser.add_argument("--output-dir", default=None, help="where the final model goes (default: train.output_dir)")
+    args = parser.parse_args(argv)
+    die_with_launcher()
+    if args.stage_run:
+        os.environ[STAGE_RUN_ENV] = args.stage_run
+    urls = dict(item.split("=", 1) for item in args.tool_url)
+    cfg = load_config(args.params)
+    if args.output_dir is not None:
+        cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": args.output_dir})})
+    run(cfg, urls, resume=args.resume, metrics_dir=args.metrics_dir, run_name=args.run_name)
+    leave_process_group()  # not after a failure: the launcher stops the ranks then
+
+
+if __name__ == "__main__":
+    main()

@@ -10,10 +10,12 @@ from pipeline.config.base import StageConfig
 class SandboxConfig(StageConfig):
     url: str = Field("", description="Use an already running sandbox at this URL; empty = the services flow starts one.")
     port: int = Field(0, ge=0, le=65535, description="Port for a started sandbox (0 = any free port).")
-    workers: int = Field(2, ge=1, le=64, description="Pre-warmed worker processes.")
+    workers: int = Field(2, ge=1, le=64, description="Pre-warmed worker processes (per training rank: the train "
+                                                    "stage starts a sandbox for N ranks with N x workers).")
     timeout_s: float = Field(5.0, gt=0.0, le=60.0, description="Wall-clock limit per snippet.")
     memory_mb: int = Field(512, ge=32, le=8192, description="Memory a snippet may allocate on top of the pre-warmed worker.")
-    queue_size: int = Field(256, ge=1, le=100_000, description="Requests a started sandbox lets wait before answering 429.")
+    queue_size: int = Field(256, ge=1, le=100_000, description="Requests a started sandbox lets wait before answering "
+                                                               "429 (per training rank, like workers).")
     max_timeout_s: float = Field(10.0, gt=0.0, le=300.0, description="Server-side cap on any request's timeout_s.")
     max_memory_mb: int = Field(2048, ge=32, le=65536, description="Server-side cap on any request's memory_mb.")
     concurrency: int = Field(8, ge=1, le=1024, description="Client: requests in flight at once; more wait in the client.")
@@ -22,7 +24,8 @@ class SandboxConfig(StageConfig):
         "Client: keep retrying a refused connection this long (a sandbox the services flow is restarting) before "
         "the call counts as an outage; 0 = no waiting."))
 
-    def server_args(self) -> list[str]:
-        """Command-line arguments for `python -m sandbox.code` (besides --host/--port)."""
-        return ["--workers", str(self.workers), "--queue-size", str(self.queue_size),
+    def server_args(self, ranks: int = 1) -> list[str]:
+        """Command-line arguments for `python -m sandbox.code` (besides --host/--port), for a sandbox that serves
+        `ranks` training ranks, each with its own rollout engine calling it: workers and queue scale with them."""
+        return ["--workers", str(self.workers * ranks), "--queue-size", str(self.queue_size * ranks),
                 "--max-timeout-s", str(self.max_timeout_s), "--max-memory-mb", str(self.max_memory_mb)]

@@ -3,7 +3,9 @@
 Layout (same as single-process runs): `<root>/checkpoints/step-NNNNNN/`, written by
 `engine.save_checkpoint` (model and optimiser shards of every rank), plus one RNG file per
 rank and the model's config and tokenizer (so the directory exports on its own). DeepSpeed
-writes `<root>/checkpoints/latest` last, so resume never picks a half-written step.
+writes `<root>/checkpoints/latest` last, so resume never picks a half-written step; then rank 0 writes the
+trainer state as `state.json` into the step, as a single-process checkpoint holds it (written last there too),
+so the stage finds the run a checkpoint belongs to and logs complete checkpoints alike in both layouts.
 
 Exports: `export_hf` gathers ZeRO-3 shards parameter by parameter (one full tensor at a
 time, not the whole model) inside a running job; `export_from_checkpoint` rebuilds the fp32
@@ -13,6 +15,8 @@ weights from the shards on disk, offline, in one process
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
 from collections.abc import Callable, Iterator
@@ -69,6 +73,9 @@ def save(replicas: DeepSpeedRank, root: Path, state: TrainerState,
     replicas.model.save_checkpoint(str(save_dir), tag=tag, client_state=client)
     replicas.barrier()
     if replicas.rank == 0:
+        staged = path / "state.json.tmp"
+        staged.write_text(json.dumps(asdict(state), indent=2) + "\n")
+        os.replace(staged, path / "state.json")  # last: the step is complete (pipeline.trainer.checkpoint)
         for old in sorted(save_dir.glob("step-??????"))[:-KEEP_LAST]:
             shutil.rmtree(old, ignore_errors=True)
     replicas.barrier()

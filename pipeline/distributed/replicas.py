@@ -50,8 +50,8 @@ def init_process_group(cfg: DistributedConfig) -> None:
     """Join the process group described by the launcher's environment (RANK, WORLD_SIZE, ...)."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
-        raise RuntimeError(f"distributed.enabled is true but {', '.join(missing)} is not set: start the run with "
-                           "`python -m pipeline.distributed.launch`, `deepspeed` or `torchrun`")
+        raise RuntimeError(f"distributed.enabled is true but {', '.join(missing)} is not set: run the train stage "
+                           "(`python -m flows.train` or `dvc repro`), which launches the ranks")
     # DeepSpeed builds a C++ op on first use; keep the build where later runs find it.
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(cfg.torch_extensions_dir).resolve()))
     import deepspeed

@@ -7,7 +7,9 @@ least-loaded rank); every rank computes the same assignment from the same inputs
 `ShardedRollouts` (wrapping this rank's `RolloutEngine`, not extending it) samples only this rank's
 problems, then all-gathers the groups, so every rank sees the whole batch in the original order:
 scoring, dynamic sampling and the stream cursor stay in lock-step across ranks without any change
-to the training step. A
+to the training step. Each rank's engine has the run's seed and counts every rollout, and it is given its
+problems' places in the batch (`keys`), so a problem's trajectories are the ones one process would sample.
+A
 refilled rollout (`refilled_rollout`) is given a window of problems: each rank starts its share
 of the window's head and refills from its share of the rest, with no collective until the end.
 """
@@ -91,7 +93,8 @@ class ShardedRollouts:
         if refill is not None:
             raise ValueError("a sharded rollout refills through refilled_rollout (each rank from its own reserve)")
         mine = problem_shard(len(problems), dist.get_rank(), dist.get_world_size())
-        local = self.engine.rollout([problems[i] for i in mine], n, temperature=temperature) if mine else EMPTY
+        local = self.engine.rollout([problems[i] for i in mine], n, temperature=temperature, keys=mine) \
+            if mine else self._nothing_to_sample()
         return gathered_in_order(mine, local, len(problems))
 
     def refilled_rollout(self, window: list[Problem], target: int, n: int,
@@ -100,9 +103,17 @@ class ShardedRollouts:
         from its round-robin share of `window[target:]`; every rank's groups, in window order."""
         mine, reserve = window_shares(target, len(window), dist.get_rank(), dist.get_world_size())
         refill = rank_refill(len(mine), [window[i] for i in reserve])
-        local = self.engine.rollout([window[i] for i in mine], n, refill=refill) if mine else EMPTY
-        drawn = (mine + reserve)[: len(local.groups)]  # a refill draws its reserve in order
+        # a refill draws its reserve in order: the k-th problem drawn is window[(mine + reserve)[k]]
+        local = self.engine.rollout([window[i] for i in mine], n, refill=refill, keys=mine + reserve) \
+            if mine else self._nothing_to_sample()
+        drawn = (mine + reserve)[: len(local.groups)]
         return gathered_in_order(drawn, local, len(window))
+
+    def _nothing_to_sample(self) -> RolloutResult:
+        """Fewer problems than ranks: nothing sampled here, but the rollout counts, as on the ranks that sample
+        (the count seeds the next rollout, which must seed alike everywhere)."""
+        self.engine.calls += 1
+        return EMPTY
 
 
 EMPTY = RolloutResult([], RolloutStats(trajectories=0, wall_s=0.0, generator_busy_s=0.0, generator_idle_s=0.0,

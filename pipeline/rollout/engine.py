@@ -24,12 +24,19 @@ A rollout can grow while it runs (`refill`): when a problem's group finishes, a 
 name further problems, whose sequences join the running batch (on the hf clock, like a tool's
 result, `readmit_after_steps` after the group closed). Dynamic sampling uses
 it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.sampling.dynamic_sampling`).
+
+Each sequence samples from a generator of its own, seeded by the rollout (the engine's seed and its count of
+rollouts) and the sequence's *key*: its problem's place in the batch and its index in the group. A caller that
+samples part of a batch (one rank of `pipeline.distributed.sharding`) passes the problems' places in the whole
+batch as `keys`, so a trajectory is the same whichever rank samples it, and a data-parallel run samples what one
+process would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence as Ordered
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -87,9 +94,9 @@ class RolloutEngine:
         self._schedule = schedule_for(cfg)  # resolved once
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
-                refill: Refill | None = None) -> RolloutResult:
+                refill: Refill | None = None, keys: Ordered[int] | None = None) -> RolloutResult:
         """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
-        return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill))
+        return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill, keys=keys))
 
     def close(self) -> None:
         """Close the tool clients and the engine's event loop."""
@@ -105,9 +112,11 @@ class RolloutEngine:
         self.close()
 
     async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
-                       refill: Refill | None = None) -> RolloutResult:
+                       refill: Refill | None = None, keys: Ordered[int] | None = None) -> RolloutResult:
         """`n` trajectories per problem; with `refill`, each finished group is handed to it (on the
-        event loop, in the order groups finish) and the problems it returns are sampled too."""
+        event loop, in the order groups finish) and the problems it returns are sampled too. `keys`: each
+        problem's place in the whole batch, in draw order (the input problems, then the refills'); by default
+        their positions here (see the module)."""
         if refill is not None and self.cfg.schedule != "continuous":
             raise ValueError("a refilled rollout needs rollout.schedule: continuous (turn-synchronous rounds "
                              "cannot take new sequences mid-turn)")
@@ -120,7 +129,7 @@ class RolloutEngine:
         self.calls += 1
         rollout_seed = self.seed * 1_000_003 + self.calls
         decoder = self.backend.decoder(params, seed=rollout_seed)
-        draws = _Draws(self, n, rollout_seed)
+        draws = _Draws(self, n, rollout_seed, keys)
         draws.add(problems)
         run = self._schedule(self, draws, asyncio.get_running_loop(), refill)
         t0 = time.perf_counter()
@@ -157,11 +166,12 @@ def _run_decoder(decoder: HFDecoder, run) -> DecoderStats:
 
 
 class _Draws:
-    """A rollout's problems in draw order and their sequences, `n` each; a sequence's generator is seeded
-    by its position, so its tokens depend on which problems were drawn before it, not on timing."""
+    """A rollout's problems in draw order and their sequences, `n` each; a sequence's generator is seeded by
+    its key (its problem's key, by default its position in the draw order, and its index in the group), so its
+    tokens depend on which problems were drawn before it, not on timing, nor on the rank sampling it."""
 
-    def __init__(self, engine: RolloutEngine, n: int, rollout_seed: int) -> None:
-        self.engine, self.n, self.rollout_seed = engine, n, rollout_seed
+    def __init__(self, engine: RolloutEngine, n: int, rollout_seed: int, keys: Ordered[int] | None = None) -> None:
+        self.engine, self.n, self.rollout_seed, self.keys = engine, n, rollout_seed, keys
         self.problems: list[Problem] = []
         self.seqs: list[Sequence] = []
         self.group_of: dict[int, int] = {}  # id(seq) -> index of its problem
@@ -170,10 +180,15 @@ class _Draws:
         self._groups: dict[int, Group] = {}
 
     def add(self, problems: list[Problem]) -> list[Sequence]:
+        first = len(self.problems)
+        if self.keys is not None and first + len(problems) > len(self.keys):
+            raise ValueError(f"the rollout drew {first + len(problems)} problems but was given {len(self.keys)} keys")
         new = [self.engine._new_sequence(p) for p in problems for _ in range(self.n)]
         for index, seq in enumerate(new, start=len(self.seqs)):  # one generator per sequence
-            seq.rng.manual_seed(self.rollout_seed * 100_003 + index)
-            self.group_of[id(seq)] = index // self.n
+            k, j = divmod(index, self.n)
+            key = k if self.keys is None else self.keys[k]
+            seq.rng.manual_seed(self.rollout_seed * 100_003 + key * self.n + j)
+            self.group_of[id(seq)] = k
             self.index[id(seq)] = index
         self.problems += problems
         self.seqs += new

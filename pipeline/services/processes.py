@@ -43,7 +43,7 @@ def _port_open(port: int) -> bool:
         return s.connect_ex((LOOPBACK, port)) == 0
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def parent_death_signal(any_thread: bool = False):
@@ -58,7 +58,7 @@ def parent_death_signal(any_thread: bool = False):
     prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
 
     def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died between fork and prctl
             os._exit(1)
 

@@ -61,7 +61,7 @@ def _running(ident: str) -> bool:
     return _start_ticks(int(pid)) == ticks
 
 
-def _descendants(pid: int) -> set[str]:
+def descendants(pid: int) -> set[str]:
     """Identities of the running descendants of `pid` (this watcher left out)."""
     try:
         children = psutil.Process(pid).children(recursive=True)
@@ -84,7 +84,7 @@ def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True
     targets = {i for i in idents if _running(i)}
     if children:
         for ident in list(targets):
-            targets |= _descendants(int(ident.split(":")[0]))
+            targets |= descendants(int(ident.split(":")[0]))
     for ident in targets:
         _signal(ident, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -99,7 +99,7 @@ def watch(stage: str, anchors: list[str]) -> None:
     noted: set[str] = set()
     stage_pid = int(stage.split(":")[0])
     while _running(stage):
-        noted |= _descendants(stage_pid)
+        noted |= descendants(stage_pid)
         if not all(_running(a) for a in anchors):  # e.g. the dvc repro above the stage was killed
             end_all({stage}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
             break

@@ -23,6 +23,7 @@ from safetensors.torch import load_model, save_model
 
 KEEP_LAST = 2
 FILES = ("model.safetensors", "trainer.pt", "state.json")  # state.json last: written once the rest is
+DEEPSPEED_FILES = ("rng_rank000.pt", "state.json")  # a data-parallel step (pipeline.distributed): state.json last too
 
 
 class TornCheckpoints(RuntimeError):
@@ -69,7 +70,8 @@ def save_checkpoint(root: Path, state: TrainerState, model: torch.nn.Module, opt
 
 
 def is_complete(path: Path) -> bool:
-    return path.is_dir() and all((path / name).is_file() for name in FILES)
+    """A step directory with everything written, single-process or data-parallel (`DEEPSPEED_FILES`)."""
+    return path.is_dir() and any(all((path / name).is_file() for name in files) for files in (FILES, DEEPSPEED_FILES))
 
 
 def latest_checkpoint(root: Path) -> Path | None:

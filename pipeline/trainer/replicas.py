@@ -33,6 +33,10 @@ class Replicas(Protocol):
     def module(self) -> torch.nn.Module: ...  # the Hugging Face model inside `model`
     @property
     def is_main(self) -> bool: ...  # only the main process logs and writes metrics
+    @property
+    def rank(self) -> int: ...  # this process's place among the replicas (0 in one process)
+    @property
+    def world(self) -> int: ...  # how many replicas step together
     def zero_grad(self) -> None: ...
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> float: ...  # clip, optimiser step; returns the global gradient norm
@@ -64,6 +68,14 @@ class OneProcess:
     @property
     def is_main(self) -> bool:
         return True
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world(self) -> int:
+        return 1
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -10,6 +10,8 @@ there are removed (and named) before the first step, so steps of two attempts ne
 
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
+The rank count stays in (`distributed.nproc_per_node`, `nnodes`): DeepSpeed's checkpoints hold one shard a rank;
+what starts the ranks and where they meet (`launcher`, `master_addr`) does not.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ NOT_IDENTITY = (
     "reward.symbolic_workers", "reward.cache_size",
     "train.checkpoint_every", "train.checkpoint_dir", "train.output_dir", "train.log_samples_every",
     "train.log_samples", "train.log_full_checkpoints",
+    "distributed.launcher", "distributed.master_addr",
     "distributed.offload_optimizer", "distributed.offload_params", "distributed.collectives",
     "distributed.overlap_comm", "distributed.reduce_bucket_size", "distributed.torch_extensions_dir",
 )

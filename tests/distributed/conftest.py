@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.distributed.launch import launch
+from pipeline.distributed.launch import on_this_machine, run_ranks
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -45,7 +44,7 @@ def two_rank_run(tmp_path_factory, repo_root: Path) -> Path:
     params = write_run(out, repo_root)
     env = dict(os.environ) | {"PYTHONPATH": str(repo_root),
                               "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}
-    codes = launch([sys.executable, "-m", "tests.distributed.worker", str(out), str(params)], 2, env=env,
-                   threads=1, timeout_s=900)
-    assert codes == [0, 0], f"rank exit codes {codes}"
+    result = run_ranks(["-m", "tests.distributed.worker", str(out), str(params)], on_this_machine(2),
+                       log_dir=out / "rank_logs", env=env | {"OMP_NUM_THREADS": "1"}, timeout_s=900)
+    assert result.returncode == 0, f"ranks failed (launcher exit {result.returncode}):\n{result.tail}"
     return out

@@ -1,4 +1,5 @@
-"""`benchmarks/gpu_check.py --tiny`: the GPU check's own code path, on the CPU."""
+"""`benchmarks/gpu_check.py --tiny`: the GPU check's own code path (2 ranks through the train stage's launcher), on
+the CPU."""
 
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ def test_gpu_check_runs_tiny_on_cpu(repo_root: Path) -> None:
                          capture_output=True, text=True, timeout=850)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(res.stdout.strip().splitlines()[-1])
-    for key in ("generation_tokens_per_s", "training_tokens_per_s", "model_tflops_per_s", "peak_memory_gib"):
+    for key in ("step_s", "generation_tokens_per_s", "training_tokens_per_s", "model_tflops_per_s_per_gpu"):
         assert figures[key] > 0, key
     assert figures["mfu"] is None  # no GPU peak to divide by on a CPU
-    assert figures["sequences_per_step"] == 4 and figures["zero_stage"] == 2
-    assert "step 1: loss" in res.stderr and "grad_norm nan" not in res.stderr
+    assert figures["ranks"] == 2 and len(figures["peak_memory_gib"]) == 2 and min(figures["peak_memory_gib"]) > 0
+    assert figures["sequences_per_step"] == 8 and figures["zero_stage"] == 2  # 2 prompts x 2 samples, each rank
+    assert figures["weights_agree"] is True  # the ranks stepped the same weights
+    for rank in (0, 1):  # both ranks ran every step, through the stage's launcher (its rank prefix)
+        assert f"[rank{rank}]:step 1: loss" in res.stderr
+    assert "grad_norm nan" not in res.stderr

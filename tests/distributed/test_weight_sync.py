@@ -4,13 +4,12 @@ chunk by chunk, gives exactly the single-process model's parameters (`weight_syn
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.distributed.launch import launch
+from pipeline.distributed.launch import on_this_machine, run_ranks
 
 # The first start on a clean checkout compiles DeepSpeed's CPU communication op (1.5-5 min).
 pytestmark = pytest.mark.timeout(900)
@@ -21,9 +20,9 @@ def synced(tmp_path_factory, repo_root: Path) -> tuple[dict, dict]:
     out = tmp_path_factory.mktemp("weight_sync")
     env = dict(os.environ) | {"PYTHONPATH": str(repo_root),
                               "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}
-    codes = launch([sys.executable, "-m", "tests.distributed.weight_sync_worker", str(out)], 2, env=env,
-                   threads=1, timeout_s=900)
-    assert codes == [0, 0], f"rank exit codes {codes}"
+    result = run_ranks(["-m", "tests.distributed.weight_sync_worker", str(out)], on_this_machine(2),
+                       log_dir=out / "rank_logs", env=env | {"OMP_NUM_THREADS": "1"}, timeout_s=900)
+    assert result.returncode == 0, f"ranks failed (launcher exit {result.returncode}):\n{result.tail}"
     return (torch.load(out / "weight_sync.pt", weights_only=False),
             torch.load(out / "weight_sync_rank1.pt", weights_only=False))
 

@@ -22,6 +22,7 @@ from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.replicas import DeepSpeedReplicas, init_process_group
 from pipeline.distributed.ds_config import deepspeed_config
+from pipeline.distributed.launch import leave_process_group
 from tests.distributed.worker import SETTINGS, VOCAB, train_on
 from tests.helpers.tiny import tiny_llama
 
@@ -118,3 +119,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    leave_process_group()

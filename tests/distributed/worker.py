@@ -29,6 +29,7 @@ from pipeline.distributed.sharding import assign_groups, rank_rows
 from pipeline.rl.loss import make_policy_loss
 from pipeline.types import TrainBatch
 from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, policy_gradient_step
+from pipeline.distributed.launch import leave_process_group
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 GROUP = 4
@@ -151,3 +152,4 @@ def main(out: Path, params: Path | None) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None)
+    leave_process_group()

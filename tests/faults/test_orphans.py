@@ -133,17 +133,36 @@ def test_a_killed_stage_run_is_not_left_running(tmp_path: Path, run_stage, sig: 
     assert client.get_run(run_id).info.status == "KILLED"
 
 
-def test_ranks_die_with_a_launcher_killed_by_sigkill(tmp_path: Path, run_stage) -> None:
-    """The ranks run in sessions of their own (so the launcher can stop each one's group); a parent-death
-    signal still ends them when the launcher is SIGKILLed."""
-    rank = "import time; print('rank up', flush=True); time.sleep(600)"
-    launcher = run_stage([PYTHON, "-m", "pipeline.distributed.launch", "--nproc", "2", "--", PYTHON, "-c", rank])
-    wait_for(lambda: launcher.output().count("rank up") == 2 or launcher.proc.poll() is not None, "both ranks")
-    ranks = descendants(launcher.proc.pid)
-    assert len(ranks) == 2, launcher.output()
-    launcher.proc.kill()
-    assert launcher.wait() == -9
-    assert_all_gone(ranks, "the ranks of a killed launcher")
+RANKS_STAGE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from flows.common import stage_process
+    from pipeline.distributed.launch import on_this_machine, run_ranks
+    rank = Path(sys.argv[1]) / "rank.py"
+    rank.write_text("import time; print('rank up', flush=True); time.sleep(600)")
+    with stage_process():
+        result = run_ranks([str(rank)], on_this_machine(2), log_dir=Path(sys.argv[1]) / "logs")
+        print("launcher exited", result.returncode, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("killed", ["launcher", "stage"])
+def test_ranks_die_with_a_sigkilled_launcher_and_with_a_sigkilled_stage(tmp_path: Path, run_stage,
+                                                                         killed: str) -> None:
+    """torchrun starts its ranks in sessions of their own and cannot stop them once SIGKILLed: the stage's
+    launch call ends them (`run_ranks`); a SIGKILLed stage's watcher ends the launcher and its ranks."""
+    (tmp_path / "stage.py").write_text(RANKS_STAGE)
+    stage = run_stage([PYTHON, str(tmp_path / "stage.py"), str(tmp_path)])
+    wait_for(lambda: stage.output().count("rank up") == 2 or stage.proc.poll() is not None, "both ranks")
+    tree = descendants(stage.proc.pid)
+    launcher = [p for p in tree if "torch.distributed.run" in p.cmdline()]
+    ranks = [p for p in tree if p.cmdline()[-1:] == [str(tmp_path / "rank.py")] and p not in launcher]
+    assert len(launcher) == 1 and len(ranks) == 2, stage.output()
+    (launcher[0] if killed == "launcher" else psutil.Process(stage.proc.pid)).kill()
+    if killed == "launcher":
+        stage.wait_for_line("launcher exited -9")
+    assert_all_gone(ranks + launcher, f"the ranks of a SIGKILLed {killed}")
 
 
 def test_a_stage_started_by_hand_outlives_its_shell_and_its_helpers_die_with_it(tmp_path: Path) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.distributed.launch import launch
+from pipeline.distributed.launch import on_this_machine, run_ranks
 from tests.matrix.cases import distributed_rows, pairwise_rows, row_id
 from tests.matrix.conftest import row_config
 from tests.matrix.toy_protocols import TASKS
@@ -37,9 +36,10 @@ def test_a_sample_of_the_matrix_on_two_zero2_ranks(tmp_path: Path, repo_root: Pa
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     env = dict(os.environ) | {"PYTHONPATH": str(repo_root), "TORCH_EXTENSIONS_DIR": os.environ.get(
         "TORCH_EXTENSIONS_DIR", str(repo_root / ".cache" / "torch_extensions"))}
-    codes = launch([sys.executable, "-m", "tests.matrix.two_rank_worker", str(tmp_path / "cases.json"), str(tmp_path)],
-                   2, env=env, threads=1, timeout_s=900)
-    assert codes == [0, 0], f"rank exit codes {codes}"
+    result = run_ranks(["-m", "tests.matrix.two_rank_worker", str(tmp_path / "cases.json"), str(tmp_path)],
+                       on_this_machine(2), log_dir=tmp_path / "rank_logs", env=env | {"OMP_NUM_THREADS": "1"},
+                       timeout_s=900)
+    assert result.returncode == 0, f"ranks failed (launcher exit {result.returncode}):\n{result.tail}"
     for rank in (0, 1):
         checked = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         assert [c["row"] for c in checked] == [c["row"] for c in cases]

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from pipeline.config import load_config
 from pipeline.train import prepared_batch, set_up, update
+from pipeline.distributed.launch import leave_process_group
 from tests.matrix.cases import (check_dropped_rows_of_the_batch_train_nothing, check_metrics,
                                 check_tool_output_gets_no_gradient, collect_until_kept)
 
@@ -47,3 +48,4 @@ def main(cases_path: Path, out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), Path(sys.argv[2]))
+    leave_process_group()

@@ -317,6 +317,32 @@ def test_a_refilled_problem_samples_the_tokens_of_its_place_in_the_draw_order(to
     assert len({r for group in ids for r in group}) == 9  # the rows did sample different tokens
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_problem_samples_the_same_tokens_on_whichever_rank_samples_it(tok, world: int) -> None:
+    """Data parallelism samples each rank's share of a batch with the run's seed and each problem's place in the
+    whole batch as its key: the union of the ranks' groups is what one process samples, token for token, and
+    a rank that refills from its reserve samples each spare as its place in the window says."""
+    model = tiny_llama(len(tok), seed=3)
+    model.generation_config.eos_token_id = None
+    config = RolloutConfig(max_policy_tokens=10, max_total_tokens=2000, temperature=1.0)
+    problems = [problem(i, "math") for i in range(5)]
+    whole = RolloutEngine(model, tok, {}, config, seed=5).rollout(problems, 2)
+    expected = {g.problem.id: [t.response_ids for t in g.trajectories] for g in whole.groups}
+    sampled: dict[str, list] = {}
+    for rank in range(world):
+        mine = list(range(rank, len(problems), world))
+        part = RolloutEngine(model, tok, {}, config, seed=5).rollout([problems[i] for i in mine], 2, keys=mine)
+        sampled |= {g.problem.id: [t.response_ids for t in g.trajectories] for g in part.groups}
+    assert sampled == expected
+    assert len({r for group in expected.values() for r in group}) == 10  # the rows did sample different tokens
+    head, spare = [problems[0]], problems[world]  # a reserve problem joining mid-rollout on rank 0
+    refilled = RolloutEngine(model, tok, {}, config, seed=5).rollout(
+        head, 2, keys=[0, world], refill=lambda g: [spare] if g.problem.id == "p0" else [])
+    assert [[t.response_ids for t in g.trajectories] for g in refilled.groups] == [expected["p0"], expected[spare.id]]
+    with pytest.raises(ValueError, match="drew 2 problems but was given 1 keys"):
+        RolloutEngine(model, tok, {}, config, seed=5).rollout(head, 1, keys=[0], refill=lambda g: [spare])
+
+
 def test_a_failing_refill_is_raised_from_the_rollout_not_lost_on_the_event_loop(tok) -> None:
     eng = _by_question_engine(tok, range(2))
 

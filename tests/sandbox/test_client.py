@@ -77,3 +77,10 @@ def test_bad_client_settings_are_refused() -> None:
 def test_server_args_follow_the_config() -> None:
     args = SandboxConfig(workers=3, queue_size=9).server_args()
     assert args[:4] == ["--workers", "3", "--queue-size", "9"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 8])
+def test_a_sandbox_for_several_training_ranks_is_sized_for_them(ranks: int) -> None:
+    args = SandboxConfig(workers=3, queue_size=9, max_timeout_s=7.0).server_args(ranks)
+    assert args[:4] == ["--workers", str(3 * ranks), "--queue-size", str(9 * ranks)]  # per rank: each samples
+    assert args[4:6] == ["--max-timeout-s", "7.0"]  # limits on one request do not scale

@@ -23,11 +23,13 @@ from tests.train.toy_task import build_direct_model, toy_config
 # Keys that change what a run computes, each with another valid value.
 IDENTITY_CHANGES = {"train.steps": 7, "train.lr": 3e-6, "run.seed": 5, "rollout.group_size": 2,
                     "reward.format_penalty": -0.5, "train.algorithm.eps_high": 0.3, "train.autocast": "none",
-                    "distributed.zero_stage": 3, "sandbox.timeout_s": 9.0}
+                    "distributed.zero_stage": 3, "distributed.nproc_per_node": 2,
+                    "sandbox.timeout_s": 9.0}
 # Keys that only say where things go or how fast: a resume may change them.
 BOOKKEEPING_CHANGES = {"train.checkpoint_every": 5, "train.output_dir": "elsewhere", "run.tracking_uri": "sqlite:///x.db",
                        "run.torch_threads": 3, "sandbox.port": 8123, "train.log_samples": 2,
-                       "train.log_full_checkpoints": True, "model.device": "cpu", "train.checkpoint_dir": "other"}
+                       "train.log_full_checkpoints": True, "model.device": "cpu", "train.checkpoint_dir": "other",
+                       "distributed.launcher": "deepspeed", "distributed.master_addr": "node-1"}
 
 
 def params(**overrides: object):

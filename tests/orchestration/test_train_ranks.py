@@ -1,0 +1,89 @@
+"""The train flow's side of data parallelism (`flows.ranks`): what it refuses before launching, what every rank is
+given, and a failing rank failing the stage with its name and exit code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows import ranks
+from pipeline import train as train_module
+from flows.ranks import RanksFailed, rank_program, stage_layout, train_on_ranks
+from pipeline.config import config_from_dict, load_config
+from pipeline.distributed.launch import on_this_machine
+from pipeline.tracking.runs import STAGE_RUN_ENV
+
+
+def test_one_process_launches_nothing() -> None:
+    assert stage_layout(config_from_dict({}), ("code",)) is None
+
+
+def test_a_stage_started_as_a_rank_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit, match="launches its ranks itself"):
+        stage_layout(config_from_dict({"distributed": {"enabled": True}}), ())
+
+
+@pytest.mark.parametrize(("tools", "named"), [(("code",), "sandbox.url"), (("code", "search"), "sandbox.url, search.url"),
+                                             (("search",), "search.url")])
+def test_several_nodes_need_services_every_node_reaches(tmp_path: Path, tools: tuple, named: str) -> None:
+    (tmp_path / "hosts").write_text("a slots=1\nb slots=1\n")
+    cfg = config_from_dict({"distributed": {"enabled": True, "nnodes": 2, "hostfile": str(tmp_path / "hosts"),
+                                            "launcher": "deepspeed"}})
+    with pytest.raises(SystemExit, match=f"set {named} to a shared deployment"):
+        stage_layout(cfg, tools)
+    shared = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(update={"url": "http://tools:1"}),
+                                    "search": cfg.search.model_copy(update={"url": "http://tools:2"})})
+    assert stage_layout(shared, tools).nnodes == 2
+
+
+def test_ranks_whose_environment_lacks_the_backend_are_refused_by_name(monkeypatch) -> None:
+    monkeypatch.setattr(ranks, "find_spec", lambda name: None if name == "vllm" else object())
+    cfg = config_from_dict({"distributed": {"enabled": True}, "rollout": {"backend": "vllm"}})
+    with pytest.raises(SystemExit, match="rollout.backend vllm.*lacks vllm"):
+        stage_layout(cfg, ())
+
+
+def test_every_rank_is_given_the_params_the_services_and_the_stage_run(monkeypatch) -> None:
+    monkeypatch.setenv(STAGE_RUN_ENV, "run123")
+    program = rank_program("p.yaml", {"search": "http://s", "code": "http://c"}, resume=True)
+    assert program == ["-m", "pipeline.train", "--params", "p.yaml", "--metrics-dir", "metrics",
+                       "--tool-url=code=http://c", "--tool-url=search=http://s", "--stage-run", "run123", "--resume"]
+
+
+def test_a_failing_rank_fails_the_stage_naming_it(tmp_path: Path, repo_root: Path) -> None:
+    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params["train"]["train_file"] = str(tmp_path / "missing.jsonl")  # every rank fails reading it
+    params["distributed"] |= {"enabled": True, "nproc_per_node": 2, "collectives": "gloo"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    lines: list[str] = []
+    with pytest.raises(RanksFailed, match=r"rank \d \(exit code 1\) failed first") as failed:
+        train_on_ranks(on_this_machine(2), tmp_path / "params.yaml", {}, False, lines.append,
+                       metrics_dir=tmp_path / "metrics", log_dir=tmp_path / "logs")
+    assert "missing.jsonl" in str(failed.value)  # the failing rank's own error, in the stage's failure
+    assert any(line.startswith("[rank1]:") for line in lines) and any(line.startswith("[rank0]:") for line in lines)
+
+
+@pytest.mark.parametrize("ad_hoc", [False, True])
+def test_every_rank_trains_the_flows_run_where_the_flow_placed_it(monkeypatch, tmp_path: Path, repo_root: Path,
+                                                                   ad_hoc: bool) -> None:
+    """The rank's command line, as `python -m pipeline.train` parses it: the run's folder name and an ad-hoc
+    run's model and metrics places reach `run`; without them, the params' own places and the config's folder."""
+    monkeypatch.setenv(STAGE_RUN_ENV, "run123")  # restored afterwards (the rank entry sets it from --stage-run)
+    name, model = ("exp 1", tmp_path / "runs/train/exp/models/policy") if ad_hoc else (None, None)
+    program = rank_program(repo_root / "params.yaml", {"code": "http://c"}, resume=ad_hoc,
+                           metrics_dir=tmp_path / "metrics", run_name=name, output_dir=model)
+    called: dict = {}
+    monkeypatch.setattr(train_module, "run", lambda cfg, urls, **kw: called.update(cfg=cfg, urls=urls, **kw))
+    monkeypatch.setattr(train_module, "die_with_launcher", lambda: None)
+    monkeypatch.setattr(train_module, "leave_process_group", lambda: None)
+    assert program[:2] == ["-m", "pipeline.train"]
+    train_module.main(program[2:])
+    params = load_config(repo_root / "params.yaml")
+    assert called["run_name"] == name and called["resume"] is ad_hoc and called["urls"] == {"code": "http://c"}
+    assert called["metrics_dir"] == tmp_path / "metrics"
+    assert called["cfg"].train.output_dir == (str(model) if ad_hoc else params.train.output_dir)
+    placed_train = called["cfg"].train.model_copy(update={"output_dir": params.train.output_dir})
+    assert called["cfg"].model_copy(update={"train": placed_train}) == params  # nothing else changed

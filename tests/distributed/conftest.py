@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipeline.distributed.launch import on_this_machine, run_ranks
+from tests.helpers.recipe import plain_params
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -21,7 +22,7 @@ def write_run(tmp: Path, repo_root: Path) -> Path:
     rows = [{"id": f"p{i}", "question": f"What is {i} + {i}?", "answers": [str(2 * i)], "type": "calculator",
              "source": "calculator", "split": "train"} for i in range(7)]
     (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    params = yaml.safe_load((repo_root / "params.yaml").read_text())
+    params = plain_params(yaml.safe_load((repo_root / "params.yaml").read_text()))
     params["train"] |= {"init_model": str(tmp / "init"), "train_file": str(tmp / "train.jsonl"), "steps": 2,
                         "prompts_per_step": 3, "micro_batch_size": 2, "gradient_checkpointing": False,
                         "ppo_mini_batches": 2,  # 2 groups then 1: the second leaves one rank idle

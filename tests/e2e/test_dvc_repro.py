@@ -21,11 +21,12 @@ from mlflow import MlflowClient
 
 from flows.tracking import INVOCATION_TAG
 from pipeline.tracking.runs import DVC_TAG_PREFIX
-from tests.helpers.workspace import make_workspace
+from tests.helpers.recipe import PLAIN_RECIPE, nested
+from tests.helpers.workspace import make_workspace, merge
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # a whole tiny pipeline, three evaluations
 
-TINY = {
+TINY = merge(nested(PLAIN_RECIPE), {
     "model": {"path": "tiny-model"},
     "curate": {"calculator": {"n_train": 12, "n_test": 4}},
     "rollout": {"group_size": 2, "max_policy_tokens": 12, "max_total_tokens": 2048, "max_batch_sequences": 4},
@@ -34,7 +35,7 @@ TINY = {
               "algorithm": {"kind": "dapo", "dynamic_sampling": False}, "refill_dropped_groups": False,
               "anchor_dropped_tokens": 0},
     "evaluate": {"limit": 4},
-}
+})
 
 
 def _dvc(workspace: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ from pipeline.sampling.dynamic_sampling import InRounds, Refilling, ShardedRefil
 from pipeline.paths import REPO_ROOT
 from pipeline.train import set_up
 from tests.helpers.training import collect
+from tests.helpers.recipe import PLAIN_RECIPE
 from tests.train.toy_task import build_direct_model, toy_config
 
 
@@ -46,7 +47,7 @@ def test_refill_draws_until_the_batch_is_full_and_not_one_problem_more(tmp_path:
 
 
 def params(**overrides):
-    return load_config(REPO_ROOT / "params.yaml", overrides=overrides)
+    return load_config(REPO_ROOT / "params.yaml", overrides=PLAIN_RECIPE | overrides)
 
 
 def test_the_sampling_is_chosen_once_and_refused_where_it_cannot_work() -> None:

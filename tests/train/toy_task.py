@@ -28,6 +28,7 @@ from pipeline.sft import Trace, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
+from tests.helpers.recipe import PLAIN_RECIPE
 
 QUESTION = "What is 6 * 7? Give the exact integer."
 RIGHT, WRONG = "print(6 * 7)", "print(6 + 7)"
@@ -112,7 +113,7 @@ def toy_config(root: Path, model_dir: Path, group_size: int = 8, **train: Any) -
     """The project's params with the toy model, problems and small, fast settings under `root`."""
     train_file = root / "train.jsonl"
     write_problems(train_file, toy_problems())
-    overrides = {
+    overrides = PLAIN_RECIPE | {
         "run.tracking_uri": f"sqlite:///{root / 'mlruns.db'}", "run.torch_threads": 1,
         "train.init_model": str(model_dir), "train.train_file": str(train_file),
         "train.checkpoint_dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),

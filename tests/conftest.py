@@ -12,7 +12,6 @@ import yaml
 from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT, shared_data_dir
 from pipeline.services.processes import ServiceProcess, free_port, python_service, redis_service
-from sandbox.search.build_index import build_index
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +59,8 @@ def code_sandbox_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def wiki_search_url(redis_server: ServiceProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The real search service over the default corpus (the embedded Wikipedia dump), as the default run serves it."""
+    from sandbox.search.build_index import build_index  # the vLLM environment (tests/vllm) has no BM25 package
+
     tmp = tmp_path_factory.mktemp("wiki-search")
     build_index(SearchConfig(index_dir=str(tmp / "index")))
     params = tmp / "params.yaml"

@@ -8,9 +8,11 @@ ranks of every node of a `hostfile` over ssh (pdsh). `run_ranks` starts the laun
   callback, so the train stage's flow logs them, and keeps each rank's whole log in `log_dir` (torchrun);
 * fails when any rank fails: the launcher stops the other ranks (torchrun `--max-restarts 0`; a rank
   blocked in a collective would otherwise wait forever) and exits non-zero;
-* leaves no process behind: it notes the launcher's descendants while they run and ends any still alive when
-  the launcher has exited (also after a SIGKILL of the launcher, whose ranks nobody else would stop), and stops
-  the launcher when the caller is interrupted. A rank also dies with its launcher (`die_with_launcher`).
+* leaves no process behind: the launcher and everything under it carry a tag of this launch in their
+  environment (`pipeline.services.reaper.tagged`), and once the launcher has exited (also after a SIGKILL of
+  the launcher, whose ranks nobody else would stop: torchrun starts each in a session of its own, and they are
+  re-parented to init) every process still carrying the tag is ended, wherever it now sits; it stops the
+  launcher when the caller is interrupted. A rank also dies with its launcher (`die_with_launcher`).
 
 Why torchrun and no launcher of our own: it does what ours did (loopback rendezvous on a free port, one
 exit status, every rank stopped when one fails, OMP threads) and also tees each rank's output into its own
@@ -39,7 +41,7 @@ import torch.distributed as dist
 
 from pipeline.config.distributed import DistributedConfig
 from pipeline.services.processes import PR_SET_PDEATHSIG, LOOPBACK, free_port, parent_death_signal
-from pipeline.services.reaper import descendants, end_all
+from pipeline.services.reaper import descendants, end_all, new_tag, tagged, with_tag
 
 POLL_S = 0.25
 STOP_GRACE_S = 15  # the launcher's own grace for its ranks (SIGTERM, then SIGKILL)
@@ -124,7 +126,9 @@ def run_ranks(program: Sequence[str], p: RankLayout, *, log_dir: Path, env: Mapp
     and returns the launcher's status then (non-zero)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     command = launcher_command(p, program, port=free_port(), log_dir=log_dir, python=python)
-    launcher = subprocess.Popen(command, env=rank_env(os.environ if env is None else env), stdin=subprocess.DEVNULL,
+    tag = new_tag()
+    launcher = subprocess.Popen(command, env=with_tag(rank_env(os.environ if env is None else env), tag),
+                                stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
                                 start_new_session=True, preexec_fn=parent_death_signal())
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -135,7 +139,7 @@ def run_ranks(program: Sequence[str], p: RankLayout, *, log_dir: Path, env: Mapp
         _wait(launcher, noted, timeout_s)
     finally:
         _stop(launcher)
-        end_all(noted)  # what the launcher left (e.g. it was SIGKILLed): ranks, their engines and servers
+        end_all(noted | tagged(tag))  # what the launcher left (e.g. it was SIGKILLed): ranks, engines, servers
         reader.join(timeout=5.0)
     return RanksResult(launcher.returncode, "\n".join(tail), log_dir)
 

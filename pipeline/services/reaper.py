@@ -6,17 +6,22 @@ get a parent-death signal). When the stage is killed with SIGKILL nothing in it 
 its children are re-parented to init, so the stage cannot clean up after itself. Hence:
 
 * `watch_this_process(anchors)` starts `python -m pipeline.services.reaper`, a small process in its own
-  session that notes the stage's descendants every `POLL_S` seconds (pid and start time, so a
-  reused pid is never hit). When the stage ends, by any means, it sends SIGTERM to every noted
-  descendant still alive (and to their own children), then SIGKILL after `GRACE_S`.
+  session, and marks the stage's environment with a tag of its own (`TAGS_VAR`) that every process the
+  stage starts inherits, at any depth. When the stage ends, by any means, the watcher sends SIGTERM to
+  every running process that carries the tag (and to their own children), then SIGKILL after `GRACE_S`.
+* The tag, not the process tree, says what belongs to the stage: a process whose parent was SIGKILLed
+  is re-parented to init (or sits in a session of its own, as torchrun's ranks do), so no walk down
+  from the stage finds it, however often one looks. The watcher also notes the stage's descendants
+  every `POLL_S` seconds (pid and start time, so a reused pid is never hit), for the rare process
+  started with an environment of its own that leaves the tag out.
 * `anchors` are processes the stage must not outlive, such as the `dvc repro` above it (which
   starts the stage through a shell): when one of them dies the watcher ends the stage too, so no
   orphaned stage goes on writing outputs that a re-run also writes.
 * No parent-death signal on the stage itself: a stage started by hand (under nohup, say) must
   outlive the shell that started it; only the `dvc` process above it is its anchor.
 
-A descendant started and detached within one poll of the stage's death can escape; every
-process named above lives for seconds at least.
+Only a process that both drops the tag from its environment and is orphaned within one poll of
+its parent's death can escape.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 
 POLL_S = 0.25
 GRACE_S = 5.0
+TAGS_VAR = "TAPO_PROCESS_TAGS"  # ':'-separated tags; a process started under a tagged one inherits them all
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -49,11 +57,54 @@ def identity(pid: int) -> str:
     return f"{pid}:{_start_ticks(pid)}"
 
 
+def new_tag() -> str:
+    return uuid.uuid4().hex
+
+
+def with_tag(env: Mapping[str, str], tag: str) -> dict[str, str]:
+    """`env` with `tag` added to the tags it already carries (a stage inside a stage keeps the outer one's)."""
+    tags = [t for t in env.get(TAGS_VAR, "").split(":") if t]
+    return dict(env) | {TAGS_VAR: ":".join([*tags, tag])}
+
+
+def _tags_of(pid: int) -> list[str]:
+    """The tags in the environment `pid` was started with (what /proc shows; a process's own later changes to
+    its environment do not move it); [] when unreadable."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return []
+    prefix = TAGS_VAR.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace").split(":")
+    return []
+
+
+def tagged(tag: str) -> set[str]:
+    """Identities of the running processes that carry `tag`, wherever they sit in the process tree (this process
+    left out)."""
+    found: set[str] = set()
+    if not Path("/proc/self/environ").exists():
+        return found
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid() and tag in _tags_of(int(entry.name)):
+            ident = identity(int(entry.name))
+            if not ident.endswith(":None"):
+                found.add(ident)
+    return found
+
+
 def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
-    """Start the watcher for this process (see the module); returns its handle."""
-    command = [sys.executable, "-m", "pipeline.services.reaper", identity(os.getpid()), *(identity(a) for a in anchors)]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
-                            start_new_session=True, close_fds=True)
+    """Start the watcher for this process and tag this process's environment, so that everything it starts from
+    now on carries the tag (see the module); returns the watcher's handle."""
+    tag = new_tag()
+    command = [sys.executable, "-m", "pipeline.services.reaper", tag, identity(os.getpid()),
+               *(identity(a) for a in anchors)]
+    watcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+                               start_new_session=True, close_fds=True)
+    os.environ[TAGS_VAR] = with_tag(os.environ, tag)[TAGS_VAR]
+    return watcher
 
 
 def _running(ident: str) -> bool:
@@ -94,8 +145,9 @@ def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True
         _signal(ident, signal.SIGKILL)
 
 
-def watch(stage: str, anchors: list[str]) -> None:
-    """Note the stage's descendants until it (or an anchor) ends; then end them (see the module)."""
+def watch(tag: str, stage: str, anchors: list[str]) -> None:
+    """Note the stage's descendants until it (or an anchor) ends; then end them and every process that carries the
+    stage's tag (see the module)."""
     noted: set[str] = set()
     stage_pid = int(stage.split(":")[0])
     while _running(stage):
@@ -104,13 +156,13 @@ def watch(stage: str, anchors: list[str]) -> None:
             end_all({stage}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
             break
         time.sleep(POLL_S)
-    end_all(noted)
+    end_all(noted | tagged(tag))
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the stage must not stop its watcher
-    stage, *anchors = sys.argv[1:]
-    watch(stage, anchors)
+    tag, stage, *anchors = sys.argv[1:]
+    watch(tag, stage, anchors)
 
 
 if __name__ == "__main__":

@@ -147,16 +147,13 @@ RANKS_STAGE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("killed", [
-    # Known race (open, issue 37): run_ranks learns the ranks by polling the launcher's descendants every POLL_S,
-    # so a launcher SIGKILLed between a rank's start and the next poll leaves that rank (when it did not arm
-    # die_with_launcher itself, as this test's rank does not). Failed in 1 of 3 full-suite runs and again alone.
-    pytest.param("launcher", marks=pytest.mark.xfail(reason="ranks learnt by polling: see the comment", strict=False)),
-    "stage"])
+@pytest.mark.parametrize("killed", ["launcher", "stage"])
 def test_ranks_die_with_a_sigkilled_launcher_and_with_a_sigkilled_stage(tmp_path: Path, run_stage,
                                                                          killed: str) -> None:
     """torchrun starts its ranks in sessions of their own and cannot stop them once SIGKILLed: the stage's
-    launch call ends them (`run_ranks`); a SIGKILLed stage's watcher ends the launcher and its ranks."""
+    launch call ends them (`run_ranks`); a SIGKILLed stage's watcher ends the launcher and its ranks. The launcher
+    is killed as soon as both ranks have printed, which is often before anything could have polled them (the
+    rank here does not arm `die_with_launcher`): they are found by the launch's tag."""
     (tmp_path / "stage.py").write_text(RANKS_STAGE)
     stage = run_stage([PYTHON, str(tmp_path / "stage.py"), str(tmp_path)])
     wait_for(lambda: stage.output().count("rank up") == 2 or stage.proc.poll() is not None, "both ranks")

@@ -83,8 +83,12 @@ def worker_environment() -> dict[str, str]:
 
 
 def jail_python_paths() -> tuple[str, ...]:
-    """Directories the jail must show read-only so lazily imported modules still load."""
-    paths = {os.path.realpath(sys.base_prefix), *(os.path.realpath(p) for p in site.getsitepackages())}
+    """Directories the jail must show read-only so lazily imported modules still load: each both where it really
+    is and as the interpreter spells it in `sys.path`, which keeps a symlink on the way (a virtualenv or a home
+    directory reached through a link); the jail holds no symlinks of the host, so a path shown only resolved
+    would fail every import not made before the jail was entered."""
+    spelled = [sys.base_prefix, *site.getsitepackages()]
+    paths = {q for p in spelled for q in (os.path.abspath(p), os.path.realpath(p))}
     return tuple(sorted(p for p in paths if os.path.isdir(p)))
 
 

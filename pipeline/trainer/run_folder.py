@@ -11,7 +11,10 @@ there are removed (and named) before the first step, so steps of two attempts ne
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
 The rank count stays in (`distributed.nproc_per_node`, `nnodes`): DeepSpeed's checkpoints hold one shard a rank;
-what starts the ranks and where they meet (`launcher`, `master_addr`) does not.
+what starts the ranks and where they meet (`launcher`, `master_addr`) does not. `nproc_per_node: auto` is
+recorded as the count it resolved to (`ranks_per_node`), so a resume of an 8-GPU run on a 4-GPU machine is
+refused by name instead of reading 8 shards into 4 ranks; with a hostfile the count is each node's slots, which
+the hostfile itself says, and `auto` stays as written.
 """
 
 from __future__ import annotations
@@ -67,10 +70,26 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def ranks_per_node(cfg: RunConfig) -> int | str:
+    """`distributed.nproc_per_node` as this process sees it run: inside a rank, the count its launcher started
+    (torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE); outside, what `auto` resolves to on this machine.
+    The two agree, so the stage and its ranks name the same run folder."""
+    configured = cfg.distributed.nproc_per_node
+    if configured != "auto" or cfg.distributed.hostfile:
+        return configured
+    launched = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    if launched:
+        return int(launched)
+    from pipeline.distributed.launch import rank_layout  # torch.distributed: only where a count is resolved
+
+    return rank_layout(cfg.distributed).local_ranks
+
+
 def training_identity(cfg: RunConfig) -> dict[str, Any]:
     """{dotted key: value} of every setting that changes what the run computes (JSON values)."""
     dumped = cfg.model_dump(mode="json")
-    flat = _flat({section: dumped[section] for section in SECTIONS})
+    flat = _flat({section: dumped[section] for section in SECTIONS}) | {
+        "distributed.nproc_per_node": ranks_per_node(cfg)}
     return {k: v for k, v in sorted(flat.items()) if not k.startswith(NOT_IDENTITY)}
 
 

@@ -54,6 +54,35 @@ def test_the_folder_is_named_by_the_config_or_given_a_name() -> None:
     assert run_folder(cfg, "exp: lr 3e-6/b") == Path("runs/train/exp-lr-3e-6-b")  # one path component
 
 
+@pytest.mark.parametrize(("written_on", "resumed_on"), [(8, 4), (1, 2), (4, 8)])
+def test_an_auto_rank_count_is_the_one_it_resolved_to(monkeypatch, tmp_path: Path, written_on: int,
+                                                      resumed_on: int) -> None:
+    """`nproc_per_node: auto` written on one machine and resumed on another with a different GPU count is refused,
+    naming both counts; inside a rank the launcher's count names the same folder as the stage's view."""
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("pipeline.distributed.launch.visible_gpus", lambda: written_on)
+    written = training_identity(params())
+    assert written["distributed.nproc_per_node"] == written_on
+    for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun's and DeepSpeed's ranks see what the stage saw
+        monkeypatch.setenv(var, str(written_on))
+        assert training_identity(params()) == written and run_folder(params()) == run_folder(params())
+        monkeypatch.delenv(var)
+    take(tmp_path, written, resume=False)
+    saved(tmp_path, "step-000004")
+    monkeypatch.setattr("pipeline.distributed.launch.visible_gpus", lambda: resumed_on)
+    with pytest.raises(ConfigMismatch, match=f"distributed.nproc_per_node: {written_on} in the checkpoints, "
+                                             f"{resumed_on} now"):
+        check_resumable(tmp_path, training_identity(params()))
+
+
+def test_auto_with_a_hostfile_stays_auto(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-0 slots=8\nnode-1 slots=8\n")
+    cfg = params(**{"distributed.hostfile": str(hostfile), "distributed.nnodes": 2, "distributed.launcher": "deepspeed"})
+    assert training_identity(cfg)["distributed.nproc_per_node"] == "auto"
+
+
 def saved(folder: Path, *names: str) -> None:
     for name in names:
         (folder / "checkpoints" / name).mkdir(parents=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,3 +92,44 @@ class Recovery:
                     raise
                 await asyncio.sleep(wait)
                 wait = min(2 * wait, 1.0)
+
+
+BACKOFF_CAP_S = 2.0
+RETRY_AFTER_CAP_S = 10.0
+
+
+def retry_delay(response: httpx.Response | None, attempt: int) -> float:
+    """The server's Retry-After (capped), else an exponential back-off from 0.2 s (capped)."""
+    if response is not None:
+        try:
+            return min(float(response.headers.get("Retry-After", "")), RETRY_AFTER_CAP_S)
+        except ValueError:
+            pass
+    return min(0.2 * 2**attempt, BACKOFF_CAP_S)
+
+
+async def post_with_retries(http: httpx.AsyncClient, url: str, payload: Any, *, retries: int,
+                            recover_s: float = 0.0,
+                            retry_status: Callable[[int], bool] = infrastructure_status) -> httpx.Response:
+    """POST `payload` to a service, as every HTTP client here does: a connection that is refused (waited out for
+    `recover_s` first, `Recovery`), dropped or broken, and an answer whose status `retry_status` accepts, are
+    tried again up to `retries` times, after the server's Retry-After or a back-off. Never retried: a timeout
+    (asking again would wait as long again) and any other answer (the request's own fault, or a result).
+    Returns the last answer; raises the last transport error (or the timeout)."""
+    recovering = Recovery(recover_s)
+    for attempt in range(retries + 1):
+        last_try = attempt == retries
+        try:
+            response = await recovering.post(http, url, payload)
+        except httpx.TimeoutException:
+            raise
+        except (httpx.TransportError, OSError):
+            if last_try:
+                raise
+            await asyncio.sleep(retry_delay(None, attempt))
+            continue
+        if retry_status(response.status_code) and not last_try:
+            await asyncio.sleep(retry_delay(response, attempt))
+            continue
+        return response
+    raise AssertionError("unreachable: the last attempt returns or raises")

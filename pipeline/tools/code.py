@@ -24,7 +24,7 @@ import time
 import httpx
 
 from pipeline.config.sandbox import SandboxConfig
-from pipeline.tools.base import CallCounts, Recovery, infrastructure_status
+from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries
 from pipeline.types import ToolName, ToolResult
 
 _RETRYABLE_STATUS = {429, 502, 503, 504}
@@ -86,22 +86,10 @@ class CodeSandboxClient:
 
     async def _post_with_retries(self, code: str) -> dict:
         payload = {"code": code, "timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
-        recovering = Recovery(self.recover_s)
-        for attempt in range(self.retries + 1):
-            last_try = attempt == self.retries
-            try:
-                response = await recovering.post(self._http, f"{self.url}/run", payload)
-            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                # ReadError/RemoteProtocolError: a kept-alive connection the server had closed.
-                if last_try:
-                    raise
-                await asyncio.sleep(0.1 * 2**attempt)
-                continue
-            if response.status_code in _RETRYABLE_STATUS and not last_try:
-                await asyncio.sleep(_retry_delay(response, attempt))
-                continue
-            return _checked_body(response)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        # Not a 500: the snippet may have run (a re-run would be a second sample of its side effects and cost).
+        response = await post_with_retries(self._http, f"{self.url}/run", payload, retries=self.retries,
+                                           recover_s=self.recover_s, retry_status=_RETRYABLE_STATUS.__contains__)
+        return _checked_body(response)
 
     @staticmethod
     def _to_result(body: dict, latency_s: float) -> ToolResult:
@@ -112,13 +100,6 @@ class CodeSandboxClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-def _retry_delay(response: httpx.Response, attempt: int) -> float:
-    try:
-        return min(float(response.headers.get("Retry-After", "")), 10.0)
-    except ValueError:
-        return 0.2 * 2**attempt
 
 
 class CodeRefused(Exception):

@@ -19,7 +19,7 @@ import time
 import httpx
 
 from pipeline.config.search import SearchConfig
-from pipeline.tools.base import CallCounts, Recovery, infrastructure_status
+from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries
 from pipeline.types import ToolResult
 
 
@@ -56,28 +56,21 @@ class SearchClient:
         return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
 
     async def _search_with_retries(self, query: str) -> ToolResult:
-        failure = ToolResult.failure("search service unavailable", status="unavailable", infrastructure=True)
-        recovering = Recovery(self.recover_s)
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
-            try:
-                response = await recovering.post(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k})
-            except httpx.TimeoutException as err:  # no answer in the client's time: asking again would wait again
-                return ToolResult.failure(f"search service unavailable: {type(err).__name__}: no answer in "
-                                          f"{self._http.timeout.read}s", status="unavailable", infrastructure=True)
-            except (httpx.HTTPError, OSError) as err:
-                failure = ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
-                                             status="unavailable", infrastructure=True)
-                continue
-            if infrastructure_status(response.status_code):
-                failure = ToolResult.failure(f"search failed: HTTP {response.status_code} {_detail(response)}",
-                                             status="unavailable", infrastructure=True)
-                continue
-            if response.status_code != 200:
-                return ToolResult.failure(f"search refused the query: {_detail(response)}", status="rejected")
-            return _parse(response)
-        return failure
+        try:
+            response = await post_with_retries(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k},
+                                               retries=self.retries, recover_s=self.recover_s)
+        except httpx.TimeoutException as err:  # no answer in the client's time: asking again would wait again
+            return ToolResult.failure(f"search service unavailable: {type(err).__name__}: no answer in "
+                                      f"{self._http.timeout.read}s", status="unavailable", infrastructure=True)
+        except (httpx.HTTPError, OSError) as err:
+            return ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
+                                      status="unavailable", infrastructure=True)
+        if infrastructure_status(response.status_code):
+            return ToolResult.failure(f"search failed: HTTP {response.status_code} {_detail(response)}",
+                                      status="unavailable", infrastructure=True)
+        if response.status_code != 200:
+            return ToolResult.failure(f"search refused the query: {_detail(response)}", status="rejected")
+        return _parse(response)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -133,3 +133,30 @@ async def post_with_retries(http: httpx.AsyncClient, url: str, payload: Any, *, 
             continue
         return response
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def outage(service: str, detail: str) -> ToolResult:
+    return ToolResult.failure(f"{service} unavailable: {detail}", status="unavailable", infrastructure=True)
+
+
+async def post_or_outage(http: httpx.AsyncClient, url: str, payload: Any, *, service: str, retries: int,
+                         recover_s: float = 0.0) -> httpx.Response | ToolResult:
+    """`post_with_retries`, with what the retries could not get as `service`'s outage: no connection, no answer
+    in time, or a 429/5xx answer. Any other answer is returned for the client to read."""
+    try:
+        response = await post_with_retries(http, url, payload, retries=retries, recover_s=recover_s)
+    except httpx.TimeoutException as err:
+        return outage(service, f"{type(err).__name__}: no answer in {http.timeout.read}s")
+    except (httpx.HTTPError, OSError) as err:
+        return outage(service, f"{type(err).__name__}: {err}")
+    if infrastructure_status(response.status_code):
+        return outage(service, f"HTTP {response.status_code} {response_detail(response)}".rstrip())
+    return response
+
+
+def response_detail(response: httpx.Response, limit: int = 300) -> str:
+    """What an error answer says: FastAPI's `detail`, else the start of its text."""
+    try:
+        return str(response.json().get("detail", ""))[:limit]
+    except (ValueError, AttributeError):
+        return response.text[:limit]

@@ -24,7 +24,7 @@ import time
 import httpx
 
 from pipeline.config.sandbox import SandboxConfig
-from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries
+from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries, response_detail
 from pipeline.types import ToolName, ToolResult
 
 _RETRYABLE_STATUS = {429, 502, 503, 504}
@@ -110,18 +110,11 @@ class CodeRefused(Exception):
 CodeTooLarge = CodeRefused  # the name earlier callers used for the 413 case
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("detail", ""))[:200]
-    except (ValueError, AttributeError):
-        return response.text[:200]
-
-
 def _checked_body(response: httpx.Response) -> dict:
     if response.status_code == 413:
-        raise CodeRefused(f"code rejected by the sandbox: {_detail(response) or 'too large'}")
+        raise CodeRefused(f"code rejected by the sandbox: {response_detail(response, 200) or 'too large'}")
     if response.status_code != 200 and not infrastructure_status(response.status_code):
-        raise CodeRefused(f"code rejected by the sandbox: HTTP {response.status_code} {_detail(response)}")
+        raise CodeRefused(f"code rejected by the sandbox: HTTP {response.status_code} {response_detail(response, 200)}")
     if response.status_code != 200:
         raise ValueError(f"HTTP {response.status_code} from the sandbox: {response.text[:200]}")
     body = response.json()

@@ -19,7 +19,7 @@ import time
 import httpx
 
 from pipeline.config.search import SearchConfig
-from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries
+from pipeline.tools.base import CallCounts, post_or_outage, response_detail
 from pipeline.types import ToolResult
 
 
@@ -56,31 +56,16 @@ class SearchClient:
         return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
 
     async def _search_with_retries(self, query: str) -> ToolResult:
-        try:
-            response = await post_with_retries(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k},
-                                               retries=self.retries, recover_s=self.recover_s)
-        except httpx.TimeoutException as err:  # no answer in the client's time: asking again would wait again
-            return ToolResult.failure(f"search service unavailable: {type(err).__name__}: no answer in "
-                                      f"{self._http.timeout.read}s", status="unavailable", infrastructure=True)
-        except (httpx.HTTPError, OSError) as err:
-            return ToolResult.failure(f"search service unavailable: {type(err).__name__}: {err}",
-                                      status="unavailable", infrastructure=True)
-        if infrastructure_status(response.status_code):
-            return ToolResult.failure(f"search failed: HTTP {response.status_code} {_detail(response)}",
-                                      status="unavailable", infrastructure=True)
-        if response.status_code != 200:
-            return ToolResult.failure(f"search refused the query: {_detail(response)}", status="rejected")
-        return _parse(response)
+        answer = await post_or_outage(self._http, f"{self.url}/search", {"query": query, "top_k": self.top_k},
+                                      service="search service", retries=self.retries, recover_s=self.recover_s)
+        if isinstance(answer, ToolResult):
+            return answer
+        if answer.status_code != 200:
+            return ToolResult.failure(f"search refused the query: {response_detail(answer)}", status="rejected")
+        return _parse(answer)
 
     async def aclose(self) -> None:
         await self._http.aclose()
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("detail", ""))[:300]
-    except (ValueError, AttributeError):
-        return response.text[:300]
 
 
 def _parse(response: httpx.Response) -> ToolResult:

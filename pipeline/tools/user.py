@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from pipeline.config.tools import HttpToolEntry, PythonToolEntry
-from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries
+from pipeline.tools.base import CallCounts, post_or_outage
 from pipeline.types import ToolResult, ToolSpec
 
 
@@ -102,18 +102,8 @@ class HttpTool:
         return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
 
     async def _post(self, arguments: dict[str, Any]) -> ToolResult:
-        try:
-            response = await post_with_retries(self._http, self.url, arguments, retries=self.retries)
-        except httpx.TimeoutException:  # asking again would wait again
-            return ToolResult.failure(f"{self.name} unavailable: no answer in {self._http.timeout.read}s",
-                                      status="unavailable", infrastructure=True)
-        except (httpx.HTTPError, OSError) as err:
-            return ToolResult.failure(f"{self.name} unavailable: {type(err).__name__}: {err}",
-                                      status="unavailable", infrastructure=True)
-        if infrastructure_status(response.status_code):
-            return ToolResult.failure(f"{self.name} failed: HTTP {response.status_code}",
-                                      status="unavailable", infrastructure=True)
-        return _answer(response)
+        answer = await post_or_outage(self._http, self.url, arguments, service=self.name, retries=self.retries)
+        return answer if isinstance(answer, ToolResult) else _answer(answer)
 
     async def aclose(self) -> None:
         await self._http.aclose()

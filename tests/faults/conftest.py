@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -21,6 +21,7 @@ import pytest
 
 from pipeline.paths import REPO_ROOT
 from pipeline.services.processes import ServiceProcess, free_port, python_service
+from tests.helpers.loopback import serving
 
 EVENT_TIMEOUT_S = 240.0  # an upper bound on waiting for an event on a loaded 2-core machine, not a timing
 
@@ -151,11 +152,6 @@ class _Scripted(BaseHTTPRequestHandler):
 def scripted() -> Iterator[type[_Scripted]]:
     """A loopback HTTP server answering every POST with `status` and `body` (0: no answer at all)."""
     handler = type("Handler", (_Scripted,), {"release": threading.Event(), "requests": 0, "lock": threading.Lock()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield handler
-    handler.release.set()
-    server.shutdown()
-    server.server_close()
+    with serving(handler) as url:
+        handler.url = url
+        yield handler

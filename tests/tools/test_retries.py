@@ -14,7 +14,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -23,6 +23,7 @@ from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
 from pipeline.tools.user import HttpTool
 from pipeline.types import ToolResult
+from tests.helpers.loopback import serving
 
 RETRIES = 2
 OK_BODY = {"code": {"status": "ok", "stdout": "42\n"}, "search": {"results": [{"title": "T", "text": "42"}]},
@@ -67,14 +68,9 @@ class _Script(BaseHTTPRequestHandler):
 @pytest.fixture()
 def service() -> Iterator[type[_Script]]:
     handler = type("Handler", (_Script,), {"release": threading.Event(), "lock": threading.Lock(), "requests": 0})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
-    yield handler
-    handler.release.set()
-    server.shutdown()
-    server.server_close()
+    with serving(handler) as url:
+        handler.url = url
+        yield handler
 
 
 def _client(kind: str, url: str):

@@ -83,6 +83,11 @@ def _load_hf(path: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrained
     return model, tokenizer
 
 
+def visible_gpus() -> int:
+    """The CUDA GPUs torch sees here (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def resolve_device(name: str) -> torch.device:
     """`model.device` to a torch device: auto is cuda when present, else cpu; an absent accelerator is an error."""
     if name == "auto":

@@ -41,6 +41,13 @@ class DistributedConfig(StageConfig):
         ".cache/torch_extensions", min_length=1,
         description="Where DeepSpeed builds its C++ ops once (the first CPU start compiles one, ~1-5 min).")
 
+    def ranks_per_node(self, visible_gpus: int) -> int | None:
+        """`nproc_per_node` on a machine with `visible_gpus` CUDA GPUs: auto = those GPUs, 1 without any; None for
+        auto with a hostfile (each node's slots decide)."""
+        if self.nproc_per_node != "auto":
+            return self.nproc_per_node
+        return None if self.hostfile else max(visible_gpus, 1)
+
     @field_validator("nproc_per_node", mode="before")
     @classmethod
     def _auto_or_integer(cls, value: object) -> object:

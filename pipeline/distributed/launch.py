@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
 import torch.distributed as dist
 
 from pipeline.config.distributed import DistributedConfig
+from pipeline.model import visible_gpus
 from pipeline.services.processes import PR_SET_PDEATHSIG, LOOPBACK, free_port, parent_death_signal
 from pipeline.services.reaper import descendants, end_all, new_tag, tagged, with_tag
 
@@ -70,20 +70,13 @@ def on_this_machine(nproc: int) -> RankLayout:
     return RankLayout(nproc, 1, "torchrun", None, "")
 
 
-def visible_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 def rank_layout(cfg: DistributedConfig) -> RankLayout:
     """`nproc_per_node: auto` resolved on this machine: its visible GPUs, or 1 rank on a machine without one
     (with a hostfile, auto leaves the count to each node's slots)."""
     hostfile = Path(cfg.hostfile).resolve() if cfg.hostfile else None
     if hostfile is not None and not hostfile.is_file():
         raise FileNotFoundError(f"distributed.hostfile: {hostfile} does not exist")
-    nproc = cfg.nproc_per_node
-    if nproc == "auto":
-        nproc = None if hostfile is not None else max(visible_gpus(), 1)
-    return RankLayout(nproc, cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr)
+    return RankLayout(cfg.ranks_per_node(visible_gpus()), cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr)
 
 
 def launcher_command(p: RankLayout, program: Sequence[str], *, port: int, log_dir: Path,

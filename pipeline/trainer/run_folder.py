@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
+from pipeline.model import visible_gpus
 
 RUN_CONFIG = "run_config.json"
 CHECKPOINTS = "checkpoints"
@@ -75,14 +76,10 @@ def ranks_per_node(cfg: RunConfig) -> int | str:
     (torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE); outside, what `auto` resolves to on this machine.
     The two agree, so the stage and its ranks name the same run folder."""
     configured = cfg.distributed.nproc_per_node
-    if configured != "auto" or cfg.distributed.hostfile:
-        return configured
+    if not cfg.distributed.enabled or configured != "auto" or cfg.distributed.hostfile:
+        return configured  # one process, a count written out, or each hostfile node's slots
     launched = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
-    if launched:
-        return int(launched)
-    from pipeline.distributed.launch import rank_layout  # torch.distributed: only where a count is resolved
-
-    return rank_layout(cfg.distributed).local_ranks
+    return int(launched) if launched else cfg.distributed.ranks_per_node(visible_gpus()) or 1
 
 
 def training_identity(cfg: RunConfig) -> dict[str, Any]:

@@ -61,25 +61,31 @@ def test_an_auto_rank_count_is_the_one_it_resolved_to(monkeypatch, tmp_path: Pat
     naming both counts; inside a rank the launcher's count names the same folder as the stage's view."""
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr("pipeline.distributed.launch.visible_gpus", lambda: written_on)
-    written = training_identity(params())
+    distributed = {"distributed.enabled": True}
+    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: written_on)
+    written = training_identity(params(**distributed))
     assert written["distributed.nproc_per_node"] == written_on
+    single = training_identity(params())  # one process: the machine's GPUs do not change the run
+    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: resumed_on)
+    assert training_identity(params()) == single
+    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: written_on)
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun's and DeepSpeed's ranks see what the stage saw
         monkeypatch.setenv(var, str(written_on))
-        assert training_identity(params()) == written and run_folder(params()) == run_folder(params())
+        assert training_identity(params(**distributed)) == written
         monkeypatch.delenv(var)
     take(tmp_path, written, resume=False)
     saved(tmp_path, "step-000004")
-    monkeypatch.setattr("pipeline.distributed.launch.visible_gpus", lambda: resumed_on)
+    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: resumed_on)
     with pytest.raises(ConfigMismatch, match=f"distributed.nproc_per_node: {written_on} in the checkpoints, "
                                              f"{resumed_on} now"):
-        check_resumable(tmp_path, training_identity(params()))
+        check_resumable(tmp_path, training_identity(params(**distributed)))
 
 
 def test_auto_with_a_hostfile_stays_auto(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-0 slots=8\nnode-1 slots=8\n")
-    cfg = params(**{"distributed.hostfile": str(hostfile), "distributed.nnodes": 2, "distributed.launcher": "deepspeed"})
+    cfg = params(**{"distributed.enabled": True, "distributed.hostfile": str(hostfile), "distributed.nnodes": 2,
+                    "distributed.launcher": "deepspeed"})
     assert training_identity(cfg)["distributed.nproc_per_node"] == "auto"
 
 

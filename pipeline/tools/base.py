@@ -14,6 +14,7 @@ snippet's limit, its query was refused as too long) is an observation to learn f
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -99,12 +100,16 @@ RETRY_AFTER_CAP_S = 10.0
 
 
 def retry_delay(response: httpx.Response | None, attempt: int) -> float:
-    """The server's Retry-After (capped), else an exponential back-off from 0.2 s (capped)."""
+    """The server's Retry-After in seconds (capped), else an exponential back-off from 0.2 s (capped). A value
+    that is no such number (an HTTP date, nan, a negative) gets the back-off: a service, or a user's endpoint,
+    must not be able to turn the retries into a burst."""
     if response is not None:
         try:
-            return min(float(response.headers.get("Retry-After", "")), RETRY_AFTER_CAP_S)
+            asked = float(response.headers.get("Retry-After", ""))
         except ValueError:
-            pass
+            asked = math.nan
+        if 0 <= asked:  # False for nan
+            return min(asked, RETRY_AFTER_CAP_S)
     return min(0.2 * 2**attempt, BACKOFF_CAP_S)
 
 

@@ -16,9 +16,11 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 
+import httpx
 import pytest
 
 from pipeline.config.tools import HttpToolEntry
+from pipeline.tools.base import RETRY_AFTER_CAP_S, retry_delay
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
 from pipeline.tools.user import HttpTool
@@ -136,3 +138,11 @@ def test_a_500_is_retried_except_by_the_code_sandbox(service, kind: str, retried
     assert result.ok == retried and service.requests == (2 if retried else 1), result
     if not retried:
         assert result.infrastructure
+
+
+@pytest.mark.parametrize(("header", "expected"), [
+    ("0", 0.0), ("1.5", 1.5), ("3600", RETRY_AFTER_CAP_S), ("inf", RETRY_AFTER_CAP_S),
+    ("nan", 0.4), ("-5", 0.4), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.4), ("", 0.4)])
+def test_retry_after_is_honoured_within_its_cap_and_nonsense_gets_the_back_off(header: str, expected: float) -> None:
+    response = httpx.Response(503, headers={"Retry-After": header} if header else {})
+    assert retry_delay(response, attempt=1) == pytest.approx(expected)

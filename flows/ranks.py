@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from importlib.util import find_spec
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pipeline.config import RunConfig
-from pipeline.distributed.launch import RankLayout, rank_layout, rank_log_tail, root_cause, run_ranks
+from pipeline.distributed.launch import RankLayout, lacking, rank_layout, rank_log_tail, root_cause, run_ranks
 from pipeline.tracking.runs import STAGE_RUN_ENV
 from pipeline.types import ToolName
 
@@ -40,12 +39,15 @@ def stage_layout(cfg: RunConfig, tools: tuple[ToolName, ...]) -> RankLayout | No
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         raise SystemExit("the train stage launches its ranks itself (params: distributed.nproc_per_node, nnodes, "
                          "launcher): run `python -m flows.train` (or `dvc repro`) without torchrun or deepspeed")
-    missing = [m for m in ("deepspeed", *(("vllm",) if cfg.rollout.backend == "vllm" else ())) if not find_spec(m)]
-    if missing:  # the ranks run in this environment (the launcher's python is this one)
-        raise SystemExit(f"distributed.enabled{' with rollout.backend vllm' if 'vllm' in missing else ''}: the ranks "
-                         f"run in this Python environment ({sys.executable}), which lacks {', '.join(missing)}; run "
-                         "the stage from an environment that has both DeepSpeed and the backend (docs/scale-out.md)")
     where = rank_layout(cfg.distributed)
+    needed = ("deepspeed", "mlflow", *(("vllm",) if cfg.rollout.backend == "vllm" else ()))
+    if missing := lacking(where.python, needed):
+        whose = "the stage's own Python" if where.python == sys.executable else "distributed.python"
+        raise SystemExit(
+            f"distributed.enabled{' with rollout.backend vllm' if 'vllm' in missing else ''}: the ranks run with "
+            f"{whose} ({where.python}), which lacks {', '.join(missing)}; set distributed.python to an environment that holds DeepSpeed, MLflow "
+            "and the rollout backend (on CPU for vllm: .venv-vllm/bin/python, built by scripts/setup_vllm.sh; "
+            "docs/scale-out.md)")
     unreachable = [SERVICE_URL_KEYS[t] for t in tools if t in SERVICE_URL_KEYS and not _url(cfg, t)]
     if where.nnodes > 1 and unreachable:
         raise SystemExit(f"distributed.nnodes = {where.nnodes}: ranks on other nodes cannot reach services started "

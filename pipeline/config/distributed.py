@@ -37,6 +37,11 @@ class DistributedConfig(StageConfig):
                  "auto = nccl when CUDA is present, else gloo.")
     overlap_comm: bool = Field(False, description="Overlap gradient reduction with backward (worth it on GPUs).")
     reduce_bucket_size: int = Field(50_000_000, ge=1_000, description="Elements per gradient-reduction bucket.")
+    python: str = Field(
+        "", description="The Python interpreter the ranks run: empty = the stage's own. Another environment's, for a "
+                        "rollout backend the stage's environment lacks: on CPU, .venv-vllm/bin/python "
+                        "(scripts/setup_vllm.sh) for rollout.backend vllm. A relative path is taken from the stage's "
+                        "working directory; on several nodes the same path must hold it on each.")
     torch_extensions_dir: str = Field(
         ".cache/torch_extensions", min_length=1,
         description="Where DeepSpeed builds its C++ ops once (the first CPU start compiles one, ~1-5 min).")

@@ -58,6 +58,7 @@ class RankLayout:
     launcher: Literal["torchrun", "deepspeed"]
     hostfile: Path | None
     master_addr: str
+    python: str = sys.executable  # the interpreter of the launcher and the ranks
 
     @property
     def local_ranks(self) -> int:
@@ -76,14 +77,26 @@ def rank_layout(cfg: DistributedConfig) -> RankLayout:
     hostfile = Path(cfg.hostfile).resolve() if cfg.hostfile else None
     if hostfile is not None and not hostfile.is_file():
         raise FileNotFoundError(f"distributed.hostfile: {hostfile} does not exist")
-    return RankLayout(cfg.ranks_per_node(visible_gpus()), cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr)
+    python = os.path.abspath(cfg.python) if cfg.python else sys.executable  # not resolved: a venv's python is a link
+    if not os.access(python, os.X_OK):
+        raise FileNotFoundError(f"distributed.python: {python} is no executable (for .venv-vllm/bin/python: "
+                                "scripts/setup_vllm.sh builds it)")
+    return RankLayout(cfg.ranks_per_node(visible_gpus()), cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr, python)
 
 
-def launcher_command(p: RankLayout, program: Sequence[str], *, port: int, log_dir: Path,
-                     python: str = sys.executable) -> list[str]:
+def lacking(python: str, modules: Sequence[str]) -> list[str]:
+    """Which of `modules` the environment of `python` cannot import (checked without importing them)."""
+    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
+    found = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=120)
+    if found.returncode != 0:
+        raise RuntimeError(f"{python} could not be asked for its modules: {found.stderr.strip()[-500:]}")
+    return found.stdout.split()
+
+
+def launcher_command(p: RankLayout, program: Sequence[str], *, port: int, log_dir: Path) -> list[str]:
     """The command that starts `program` (what follows `python` for one rank: `-m module args` or
-    `script args`) on every rank of `p`."""
-    module = program[:1] == ["-m"]
+    `script args`) on every rank of `p`, with `p.python` (the launchers start the ranks with their own)."""
+    python, module = p.python, program[:1] == ["-m"]
     target = list(program[1:] if module else program)
     if p.launcher == "torchrun":
         return [python, "-m", "torch.distributed.run", "--nnodes", "1", "--node-rank", "0",
@@ -113,12 +126,11 @@ def rank_env(base: Mapping[str, str]) -> dict[str, str]:
 
 
 def run_ranks(program: Sequence[str], p: RankLayout, *, log_dir: Path, env: Mapping[str, str] | None = None,
-              on_line: Callable[[str], None] = print, timeout_s: float | None = None,
-              python: str = sys.executable) -> RanksResult:
+              on_line: Callable[[str], None] = print, timeout_s: float | None = None) -> RanksResult:
     """Run `program` on every rank of `p` and wait (see the module). A `timeout_s` that runs out stops the ranks
     and returns the launcher's status then (non-zero)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    command = launcher_command(p, program, port=free_port(), log_dir=log_dir, python=python)
+    command = launcher_command(p, program, port=free_port(), log_dir=log_dir)
     tag = new_tag()
     launcher = subprocess.Popen(command, env=with_tag(rank_env(os.environ if env is None else env), tag),
                                 stdin=subprocess.DEVNULL,

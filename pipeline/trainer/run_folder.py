@@ -49,7 +49,7 @@ NOT_IDENTITY = (
     "reward.symbolic_workers", "reward.cache_size",
     "train.checkpoint_every", "train.checkpoint_dir", "train.output_dir", "train.log_samples_every",
     "train.log_samples", "train.log_full_checkpoints",
-    "distributed.launcher", "distributed.master_addr",
+    "distributed.launcher", "distributed.master_addr", "distributed.python",
     "distributed.offload_optimizer", "distributed.offload_params", "distributed.collectives",
     "distributed.overlap_comm", "distributed.reduce_bucket_size", "distributed.torch_extensions_dir",
 )

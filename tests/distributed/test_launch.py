@@ -4,6 +4,7 @@ rank stopping the others, a time limit, and no process left afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import textwrap
 import time
@@ -95,7 +96,7 @@ def test_placements_that_cannot_run_are_refused_by_name(section: dict, keys: str
 ])
 def test_launcher_commands(where: RankLayout, expected: list[str], module: bool, tmp_path: Path) -> None:
     program = ["-m", "pipeline.train", "--params", "p.yaml"] if module else ["run.py", "--x"]
-    command = launcher_command(where, program, port=2950, log_dir=tmp_path, python="py")
+    command = launcher_command(dataclasses.replace(where, python="py"), program, port=2950, log_dir=tmp_path)
     assert command[0] == "py" and " ".join(expected) in " ".join(command)
     flag = {"torchrun": "-m", "deepspeed": "--module"}[where.launcher]
     tail = [flag, "pipeline.train", "--params", "p.yaml"] if module else ["run.py", "--x"]

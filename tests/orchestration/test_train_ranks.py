@@ -3,16 +3,19 @@ given, and a failing rank failing the stage with its name and exit code."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows import ranks
 from pipeline import train as train_module
 from flows.ranks import RanksFailed, rank_program, stage_layout, train_on_ranks
 from pipeline.config import config_from_dict, load_config
-from pipeline.distributed.launch import on_this_machine
+from pipeline.distributed.launch import launcher_command, on_this_machine, rank_layout
 from pipeline.tracking.runs import STAGE_RUN_ENV
 
 
@@ -39,11 +42,39 @@ def test_several_nodes_need_services_every_node_reaches(tmp_path: Path, tools: t
     assert stage_layout(shared, tools).nnodes == 2
 
 
-def test_ranks_whose_environment_lacks_the_backend_are_refused_by_name(monkeypatch) -> None:
-    monkeypatch.setattr(ranks, "find_spec", lambda name: None if name == "vllm" else object())
+@pytest.mark.skipif(find_spec("vllm") is not None, reason="this environment has vLLM")
+def test_ranks_whose_environment_lacks_the_backend_are_refused_by_name() -> None:
     cfg = config_from_dict({"distributed": {"enabled": True}, "rollout": {"backend": "vllm"}})
-    with pytest.raises(SystemExit, match="rollout.backend vllm.*lacks vllm"):
+    with pytest.raises(SystemExit, match=r"rollout.backend vllm: the ranks run with the stage's own Python "
+                                         r"\(.*\), which lacks vllm; set distributed.python"):
         stage_layout(cfg, ())
+
+
+def test_an_interpreter_without_the_training_side_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
+    bare = tmp_path / "bare"  # a fresh environment: neither DeepSpeed nor MLflow
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    cfg = config_from_dict({"distributed": {"enabled": True, "python": str(bare / "bin/python")}})
+    with pytest.raises(SystemExit, match=rf"the ranks run with distributed.python \({re.escape(str(bare))}/bin/python\), "
+                                         r"which lacks deepspeed, mlflow;"):
+        stage_layout(cfg, ())
+
+
+def test_a_missing_interpreter_is_refused_naming_the_key(tmp_path: Path) -> None:
+    cfg = config_from_dict({"distributed": {"enabled": True, "python": str(tmp_path / "nowhere/bin/python")}})
+    with pytest.raises(FileNotFoundError, match="distributed.python: .*nowhere/bin/python is no executable"):
+        stage_layout(cfg, ())
+
+
+def test_the_ranks_run_with_the_interpreter_named_as_written(tmp_path: Path, monkeypatch) -> None:
+    """A relative path is the stage's working directory's, and a link is kept as a link (a venv's python is one:
+    resolved, it would be the base interpreter without the venv's packages)."""
+    (tmp_path / "env/bin").mkdir(parents=True)
+    (tmp_path / "env/bin/python").symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    where = rank_layout(config_from_dict({"distributed": {"enabled": True, "python": "env/bin/python"}}).distributed)
+    assert where.python == str(tmp_path / "env/bin/python")
+    assert launcher_command(where, ["-m", "x"], port=1, log_dir=tmp_path)[0] == where.python
+    assert rank_layout(config_from_dict({"distributed": {"enabled": True}}).distributed).python == sys.executable
 
 
 def test_every_rank_is_given_the_params_the_services_and_the_stage_run(monkeypatch) -> None:

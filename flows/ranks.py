@@ -2,10 +2,12 @@
 
 The flow resolves the placement (`distributed`: ranks per node, nodes, launcher), starts the tool services
 once, sized for its ranks, and launches the ranks with `pipeline.distributed.launch` (torchrun, or DeepSpeed's
-launcher for a hostfile). Each rank runs `python -m pipeline.train`, given the params file, the services'
-URLs, the MLflow run the flow opened, the run's name and where its model and metrics go: rank 0 logs into
-that run and writes the metrics and the model, the others open no run. The ranks' lines stream into the flow's log as they are printed; a rank failing fails the
-stage (the launcher stops the rest), and no rank outlives it.
+launcher for a hostfile). Each rank runs `python -m pipeline.train` with `distributed.python` (the stage's
+own interpreter, or another environment's: `.venv-vllm` for the vLLM backend on CPU), given the params file,
+the services' URLs, the MLflow run the flow opened, the run's name and where its model and metrics go: rank 0
+logs into that run and writes the metrics and the model, the others open no run. The ranks' lines stream into
+the flow's log as they are printed; a rank failing fails the stage (the launcher stops the rest), and no rank
+outlives it.
 """
 
 from __future__ import annotations

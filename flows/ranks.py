@@ -47,9 +47,9 @@ def stage_layout(cfg: RunConfig, tools: tuple[ToolName, ...]) -> RankLayout | No
         whose = "the stage's own Python" if where.python == sys.executable else "distributed.python"
         raise SystemExit(
             f"distributed.enabled{' with rollout.backend vllm' if 'vllm' in missing else ''}: the ranks run with "
-            f"{whose} ({where.python}), which lacks {', '.join(missing)}; set distributed.python to an environment that holds DeepSpeed, MLflow "
-            "and the rollout backend (on CPU for vllm: .venv-vllm/bin/python, built by scripts/setup_vllm.sh; "
-            "docs/scale-out.md)")
+            f"{whose} ({where.python}), which lacks {', '.join(missing)}; set distributed.python to an environment "
+            "that holds DeepSpeed, MLflow and the rollout backend (on CPU for vllm: .venv-vllm/bin/python, built by "
+            "scripts/setup_vllm.sh; docs/scale-out.md)")
     unreachable = [SERVICE_URL_KEYS[t] for t in tools if t in SERVICE_URL_KEYS and not _url(cfg, t)]
     if where.nnodes > 1 and unreachable:
         raise SystemExit(f"distributed.nnodes = {where.nnodes}: ranks on other nodes cannot reach services started "

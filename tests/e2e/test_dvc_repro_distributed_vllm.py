@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
+from pipeline.distributed.launch import lacking
 from pipeline.jsonl import write_problems
 from pipeline.types import Problem
 from tests.e2e.test_dvc_repro import _dvc
@@ -31,19 +31,12 @@ from tests.e2e.test_dvc_repro_distributed import (ONE_PROCESS, TOLERANCE, max_ab
                                                   workspace_processes)
 from tests.helpers.workspace import make_workspace, merge
 from tests.helpers.tiny import tiny_tokenizer
+from tests.helpers.vllm_env import VLLM_PYTHON
 from tests.vllm.tiny_vllm import load_tiny, save_tiny
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("TAPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
-
-
-def _has_training_side(python: Path) -> bool:
-    probe = "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('vllm', 'deepspeed', 'mlflow')))"
-    return python.is_file() and subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0
-
-
+RANKS_READY = VLLM_PYTHON.is_file() and not lacking(str(VLLM_PYTHON), ("vllm", "deepspeed", "mlflow"))
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
-              pytest.mark.skipif(not _has_training_side(VLLM_PYTHON),
+              pytest.mark.skipif(not RANKS_READY,
                                  reason=f"no vLLM environment with DeepSpeed and MLflow at {VLLM_PYTHON} "
                                         "(scripts/setup_vllm.sh)")]
 

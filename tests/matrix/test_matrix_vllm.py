@@ -16,6 +16,7 @@ import yaml
 from pipeline.rl.anchor import step_openings
 from pipeline.sampling.dynamic_sampling import group_reward
 from pipeline.paths import REPO_ROOT
+from tests.helpers.vllm_env import VLLM_PYTHON
 from pipeline.train import prepared_batch, set_up, update
 from tests.matrix.cases import (check_dropped_have_zero_advantage, check_dropped_rows_of_the_batch_train_nothing,
                                 check_metrics, check_rewards, check_tool_output_gets_no_gradient, pairwise_rows,
@@ -23,7 +24,6 @@ from tests.matrix.cases import (check_dropped_have_zero_advantage, check_dropped
 from tests.matrix.conftest import row_config
 from tests.matrix.toy_protocols import TASKS, build_protocol_model
 
-VLLM_PYTHON = Path(os.environ.get("TAPO_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
 pytestmark = [pytest.mark.skipif(not VLLM_PYTHON.is_file(), reason=f"no vLLM environment at {VLLM_PYTHON}"),
               pytest.mark.timeout(900)]
 

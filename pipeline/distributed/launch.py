@@ -78,7 +78,7 @@ def rank_layout(cfg: DistributedConfig) -> RankLayout:
     if hostfile is not None and not hostfile.is_file():
         raise FileNotFoundError(f"distributed.hostfile: {hostfile} does not exist")
     python = os.path.abspath(cfg.python) if cfg.python else sys.executable  # not resolved: a venv's python is a link
-    if not os.access(python, os.X_OK):
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise FileNotFoundError(f"distributed.python: {python} is no executable (for .venv-vllm/bin/python: "
                                 "scripts/setup_vllm.sh builds it)")
     return RankLayout(cfg.ranks_per_node(visible_gpus()), cfg.nnodes, cfg.launcher, hostfile, cfg.master_addr, python)
@@ -86,11 +86,13 @@ def rank_layout(cfg: DistributedConfig) -> RankLayout:
 
 def lacking(python: str, modules: Sequence[str]) -> list[str]:
     """Which of `modules` the environment of `python` cannot import (checked without importing them)."""
-    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
+    probe = "import importlib.util, sys; print('lacks:', *(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
     found = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=120)
-    if found.returncode != 0:
-        raise RuntimeError(f"{python} could not be asked for its modules: {found.stderr.strip()[-500:]}")
-    return found.stdout.split()
+    answer = found.stdout.split()
+    if found.returncode != 0 or answer[:1] != ["lacks:"]:  # e.g. an executable that is no Python and says nothing
+        raise RuntimeError(f"{python} could not be asked for its modules (is it a Python interpreter?): "
+                           f"{(found.stderr or found.stdout).strip()[-500:]}")
+    return answer[1:]
 
 
 def launcher_command(p: RankLayout, program: Sequence[str], *, port: int, log_dir: Path) -> list[str]:

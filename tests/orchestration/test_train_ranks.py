@@ -4,6 +4,7 @@ given, and a failing rank failing the stage with its name and exit code."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -59,9 +60,20 @@ def test_an_interpreter_without_the_training_side_is_refused_naming_what_it_lack
         stage_layout(cfg, ())
 
 
-def test_a_missing_interpreter_is_refused_naming_the_key(tmp_path: Path) -> None:
-    cfg = config_from_dict({"distributed": {"enabled": True, "python": str(tmp_path / "nowhere/bin/python")}})
-    with pytest.raises(FileNotFoundError, match="distributed.python: .*nowhere/bin/python is no executable"):
+@pytest.mark.parametrize("where", ["nowhere/bin/python", "a-folder"])
+def test_a_missing_interpreter_is_refused_naming_the_key(tmp_path: Path, where: str) -> None:
+    (tmp_path / "a-folder").mkdir()  # searchable, so "executable" to os.access, yet nothing to run
+    cfg = config_from_dict({"distributed": {"enabled": True, "python": str(tmp_path / where)}})
+    with pytest.raises(FileNotFoundError, match=f"distributed.python: .*{where} is no executable"):
+        stage_layout(cfg, ())
+
+
+@pytest.mark.parametrize("program", ["true", "echo"])
+def test_an_executable_that_is_no_python_is_refused(program: str) -> None:
+    """`true` answers nothing and succeeds, `echo` answers something else: neither may pass for an environment
+    that lacks nothing."""
+    cfg = config_from_dict({"distributed": {"enabled": True, "python": shutil.which(program)}})
+    with pytest.raises(RuntimeError, match="could not be asked for its modules"):
         stage_layout(cfg, ())
 
 

@@ -5,8 +5,14 @@
 
 For each seed this runs `dvc exp run -n <name>-s<seed> -S <override> ... -S run.seed=<seed>` (or queues it with
 `--queue`; then `dvc queue start` runs the queue), where the overrides are every leaf the preset changes against
-params.yaml (`pipeline.config.overrides`). params.yaml itself is left as it was: DVC applies the overrides in the
-experiment's own workspace, and `dvc exp show` / `dvc params diff` list them. `--dry-run` prints the commands.
+params.yaml (`pipeline.config.overrides`). `dvc exp show` / `dvc params diff` list them. `--dry-run` prints the
+commands.
+
+An experiment is the preset on the *committed* params: DVC runs (and queues) experiments on the workspace, and
+`dvc exp run -S` leaves its overrides in the workspace's params.yaml, so a second preset run there would also carry
+the first one's keys. So each run's params.yaml is put back as it was once the run ends (the experiment keeps its
+own: `dvc exp apply <name>`), and a params.yaml that already differs from the last commit is refused, naming the
+keys, unless `--allow-changed-params` says those changes belong in every experiment.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
-from pipeline.config.overrides import experiment_overrides
+from pipeline.config.overrides import experiment_overrides, leaf_overrides
 
 
 def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path = DEFAULT_PARAMS) -> list[list[str]]:
@@ -29,6 +37,27 @@ def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path 
              *(["--queue"] if queue else [])] for seed in seeds]
 
 
+def changed_since_commit(params: Path) -> list[str]:
+    """The keys in which `params` differs from its committed version ([] outside git or when not committed)."""
+    committed = subprocess.run(["git", "show", f"HEAD:./{params.name}"], cwd=params.parent, capture_output=True,
+                               text=True)
+    if committed.returncode != 0:
+        return []
+    overrides = leaf_overrides(yaml.safe_load(committed.stdout), yaml.safe_load(params.read_text()))
+    return [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+
+
+def run_keeping(params: Path, line: list[str]) -> int:
+    """Run one `dvc exp run`, then put `params` back as it was, whatever became of the run."""
+    before = params.read_bytes()
+    try:
+        return subprocess.run(line).returncode
+    finally:
+        if params.read_bytes() != before:
+            params.write_bytes(before)
+            print(f"{params} put back as it was (the experiment's own: dvc exp apply {line[4]})", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.experiment", description=__doc__.split("\n\n")[0])
     parser.add_argument("preset", type=Path, help="an override file, e.g. configs/experiments/learning-cpu.yaml")
@@ -36,15 +65,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=None, help="experiment name prefix (default: the preset's file name)")
     parser.add_argument("--queue", action="store_true", help="queue the experiments (dvc queue start runs them)")
     parser.add_argument("--dry-run", action="store_true", help="print the dvc commands instead of running them")
+    parser.add_argument("--allow-changed-params", action="store_true",
+                        help="run although params.yaml differs from the last commit (the changes join every run)")
     args = parser.parse_args(argv)
     try:
         lines = commands(args.preset, args.seeds, args.name or args.preset.stem, args.queue)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
+    changed = [] if args.dry_run or args.allow_changed_params else changed_since_commit(DEFAULT_PARAMS.resolve())
+    if changed:
+        print(f"{DEFAULT_PARAMS} differs from the last commit in {', '.join(changed)} (left by an earlier `dvc exp "
+              "run`?): DVC runs experiments on the workspace, so every one would carry these changes besides the "
+              f"preset's. Put it back with `git checkout {DEFAULT_PARAMS}`, or pass --allow-changed-params.",
+              file=sys.stderr)
+        return 1
     for line in lines:
         print(shlex.join(line), flush=True)
-        if not args.dry_run and subprocess.run(line).returncode != 0:
+        if not args.dry_run and run_keeping(DEFAULT_PARAMS, line) != 0:
             return 1
     return 0
 

@@ -61,9 +61,9 @@ class VLLMConfig(StageConfig):
 
 
 class RolloutConfig(StageConfig):
-    protocol: Literal["tapo", "torl", "search-r1", "chat-tools"] = Field(
-        "tapo", description="How tool calls, tool outputs and answers are written: a tag protocol (tapo, torl, "
-        "search-r1), or chat-tools (the model's own chat template and call format, rollout.chat_tools).")
+    protocol: Literal["tapo", "tapo-no-think", "torl", "search-r1", "chat-tools"] = Field(
+        "tapo", description="How tool calls, tool outputs and answers are written: a tag protocol (tapo, "
+        "tapo-no-think: tapo without the think block, torl, search-r1), or chat-tools (the model's own chat template and call format, rollout.chat_tools).")
     chat_tools: ChatToolsConfig = Field(default_factory=ChatToolsConfig,
                                         description="protocol chat-tools: template, call parser, answer.")
     tools: tuple[ToolEntry, ...] = Field(

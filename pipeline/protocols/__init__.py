@@ -6,7 +6,7 @@ it, the format check's grammar over the model's own text, and answer extraction;
 tokenizer (`Renderer`, `bind`) builds the ids the engine appends. `protocol_for` resolves `rollout.protocol`
 once; nothing outside this package asks which protocol is configured.
 
-- tapo, search-r1: XML tags (tags.py);
+- tapo, tapo-no-think (TAPO without the think block), search-r1: XML tags (tags.py);
 - torl: markdown fences, answer in `\\boxed{}` (torl.py);
 - chat-tools: the model's own chat template and call format (chat_tools.py; its parsers per model family in
   tool_parsers.py, its token-exact rendering in chat_renderer.py and chat_template.py);
@@ -24,11 +24,12 @@ from pipeline.protocols.base import (MALFORMED, OUTPUT_MARK, Dialogue, ParsedCal
                                      TextRenderer, ToolProtocol, Wrapper)
 from pipeline.protocols.chat_template import TemplateError
 from pipeline.protocols.chat_tools import ChatToolsProtocol
-from pipeline.protocols.tags import SearchR1Protocol, TagProtocol, TapoProtocol
+from pipeline.protocols.tags import SearchR1Protocol, TagProtocol, TapoNoThinkProtocol, TapoProtocol
 from pipeline.protocols.torl import TorlProtocol
 
 # The tag protocols: stateless, one object each.
-PROTOCOLS: dict[str, ToolProtocol] = {p.name: p for p in (TapoProtocol(), TorlProtocol(), SearchR1Protocol())}
+PROTOCOLS: dict[str, ToolProtocol] = {p.name: p for p in (TapoProtocol(), TapoNoThinkProtocol(), TorlProtocol(),
+                                                           SearchR1Protocol())}
 PROTOCOL_NAMES: tuple[str, ...] = (*PROTOCOLS, ChatToolsProtocol.name)  # what `rollout.protocol` may name
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "SearchR1Protocol",
     "SegmentEnd",
     "TagProtocol",
+    "TapoNoThinkProtocol",
     "TapoProtocol",
     "TorlProtocol",
     "Wrapper",

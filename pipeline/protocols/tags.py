@@ -2,11 +2,13 @@
 
 - tapo: `<think>`, `<search>q</search>`, `<code>py</code>`, tool output in `<response>...</response>`,
   final `<answer>...</answer>`.
+- tapo-no-think: tapo without the think block (TAPO Table 3's "w/o think" arm): the prompt, examples and
+  cold-start traces hold no `<think>`, and a `<think>` the model writes anyway fails the format check.
 - search-r1: `<search>` answered by `<information>`; answer in `<answer>`.
 
 Format grammar (TAPO Eq. 7: a wrong format scores -1), over model text and engine outputs O:
 
-    response := WS (think | call WS O)* answer WS EOS* WS
+    response := WS (think | call WS O)* answer WS EOS* WS     (tapo-no-think: no think)
     think    := <think> TEXT </think>          call := <search> TEXT </search>
     answer   := <answer> TEXT+ </answer>                | <code> TEXT </code>   (tapo only)
 
@@ -37,6 +39,7 @@ class TagProtocol(ToolProtocol):
     """Shared logic for XML-tag protocols (TAPO, Search-R1): a subclass names its call tags and output."""
 
     call_tags: ClassVar[dict[str, ToolName]]  # tag -> tool
+    thinks: ClassVar[bool] = True  # whether the grammar has the <think> block
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,7 +74,8 @@ class TagProtocol(ToolProtocol):
 
     def render_call(self, tool: ToolName, call_input: str, thought: str) -> str:
         tag = next(t for t, name in self.call_tags.items() if name == tool)
-        return f"<think>{thought}</think>\n<{tag}>\n{call_input}\n</{tag}>"
+        opening = f"<think>{thought}</think>\n" if self.thinks else ""
+        return f"{opening}<{tag}>\n{call_input}\n</{tag}>"
 
     def render_answer(self, answer: str) -> str:
         return f"<answer>{answer}</answer>"
@@ -87,7 +91,8 @@ class TagProtocol(ToolProtocol):
         """The system turn: the grammar, with rules and examples for the offered tools."""
 
     def grammar_violation(self, model_text: str, *, strict: bool, eos_strings: tuple[str, ...]) -> str | None:
-        return _check_tags(model_text, tuple(self.call_tags), self.output.opener[1:-1], strict, eos_strings)
+        return _check_tags(model_text, tuple(self.call_tags), self.output.opener[1:-1], strict, eos_strings,
+                           thinks=self.thinks)
 
     def extract_answer(self, text: str) -> str | None:
         """The last `<answer>`'s content; when it holds a `\\boxed{...}` (ARPO style), its last box's."""
@@ -133,6 +138,24 @@ class TapoProtocol(TagProtocol):
         return template("tapo.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2, examples=examples)
 
 
+class TapoNoThinkProtocol(TapoProtocol):
+    """TAPO without the think block: the ablation of TAPO Table 3 ("w/o think"), the tools and answer as tapo."""
+
+    name = "tapo-no-think"
+    thinks = False
+
+    def system_prompt(self, tools: tuple[ToolName, ...]) -> str:
+        rules = [f"{i + 2}. {_TAPO_RULES[t]}" for i, t in enumerate(tools)]
+        shown = [_without_think(_TAPO_EXAMPLES[t]) for t in tools] or [_without_think(_NO_TOOL_EXAMPLE)]
+        examples = ("Examples:\n" if len(shown) > 1 else "Example:\n") + "\n\n".join(shown)
+        return template("tapo_no_think.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2,
+                                                    examples=examples)
+
+
+def _without_think(example: str) -> str:
+    return re.sub(r"<think>.*?</think>\n?", "", example)
+
+
 class SearchR1Protocol(TagProtocol):
     name = "search-r1"
     output = Wrapper("<information>", "</information>")
@@ -149,7 +172,8 @@ def _tag_lexer(call_tags: tuple[str, ...], output_tag: str) -> re.Pattern[str]:
 
 
 def _check_tags(
-    model_text: str, call_tags: tuple[str, ...], output_tag: str, strict: bool, eos: tuple[str, ...]
+    model_text: str, call_tags: tuple[str, ...], output_tag: str, strict: bool, eos: tuple[str, ...], *,
+    thinks: bool = True,
 ) -> str | None:
     """First grammar violation of a tag-protocol response, or None."""
     blocks: list[str] = []  # "think", a call tag, "answer", or "OUTPUT", in order
@@ -165,6 +189,8 @@ def _check_tags(
                 return f"unclosed <{open_tag}> before a tool output"
             blocks.append("OUTPUT")
         elif match.group(1) == "":  # opening tag
+            if match.group(2) == "think" and not thinks and open_tag is None:
+                return "the model wrote a <think> block (this protocol has none)"
             if open_tag is not None:
                 return f"<{match.group(2)}> nested inside <{open_tag}>"
             if strict and model_text[last_end : match.start()].strip():

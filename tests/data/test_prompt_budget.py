@@ -80,7 +80,7 @@ def test_the_flow_reads_the_prepared_models_tokenizer(tmp_path: Path) -> None:
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["fact", "math", "complex", "code", "multihop"]),
-       protocol=st.sampled_from(["tapo", "torl", "search-r1"]),
+       protocol=st.sampled_from(["tapo", "tapo-no-think", "torl", "search-r1"]),
        lengths=st.lists(st.integers(1, 120), min_size=1, max_size=6), slack=st.integers(0, 60),
        seed=st.integers(0, 10**6))
 def test_a_row_curation_keeps_is_never_refused_at_load(tmp_path_factory, kind, protocol, lengths, slack, seed) -> None:

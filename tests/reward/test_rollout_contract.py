@@ -13,16 +13,18 @@ CALLS = {
     "tapo": "<think>compute</think>\n<code>print(6 * 7)</code>",
     "search-r1": "<think>look up</think>\n<search>six times seven</search>",
     "torl": "Let me compute.\n```python\nprint(6 * 7)\n```\n",
+    "tapo-no-think": "<code>print(6 * 7)</code>",
 }
-ANSWERS = {"tapo": "<answer>42</answer>", "search-r1": "<answer>42</answer>", "torl": "So the answer is \\boxed{42}."}
+ANSWERS = {"tapo": "<answer>42</answer>", "tapo-no-think": "<answer>42</answer>", "search-r1": "<answer>42</answer>", "torl": "So the answer is \\boxed{42}."}
 HACKS = {
     "tapo": "<response>42</response>",
     "search-r1": "<information>42</information>",
     "torl": "```output\n42\n```\n",
+    "tapo-no-think": "<response>42</response>",
 }
 
 
-@pytest.mark.parametrize("protocol", ["tapo", "search-r1", "torl"])
+@pytest.mark.parametrize("protocol", ["tapo", "tapo-no-think", "search-r1", "torl"])
 def test_engine_written_output_passes_and_a_model_written_one_fails(protocol: str) -> None:
     wrap = protocol_for(protocol).wrap_output
     tool = "code" if protocol != "search-r1" else "search"

@@ -57,7 +57,7 @@ def test_the_fixture_tokenizer_parses_special_tokens_in_ordinary_encoding(tok) -
 @given(data=st.data(), head=st.text(max_size=12), tail=st.text(max_size=12))
 def test_every_special_token_and_role_marker_stays_plain_text(tok, data, head: str, tail: str) -> None:
     marker = data.draw(st.sampled_from(special_strings(tok) + role_markers(tok)))
-    protocol = protocol_for(data.draw(st.sampled_from(["tapo", "torl", "search-r1"])))
+    protocol = protocol_for(data.draw(st.sampled_from(["tapo", "tapo-no-think", "torl", "search-r1"])))
     text = protocol.wrap_output(head + marker + tail)
     ids = encode_plain(tok, text)
     assert not set(ids) & special_token_ids(tok)

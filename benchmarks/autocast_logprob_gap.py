@@ -9,12 +9,13 @@ mean, 95th percentile and max of |log pi_update - log pi_old| over the trained t
 tokens whose ratio already lies outside DAPO's clip range [0.8, 1.28]; float32 without autocast is the
 control (the decoder's KV-cache arithmetic against one full pass).
 
-The groups: with `--run` (a learning_cpu output directory), its SFT model samples its training mix with
-the real tools (`benchmarks/shared_prefix_update.sample_groups`); without it, a small Llama (hidden 256,
+The groups: with `--run` (a pipeline workspace where the learning-cpu preset ran, e.g. after
+`dvc exp apply learning-cpu-s0`), its SFT model samples its training mix with the real tools
+(`benchmarks/shared_prefix_update.sample_groups`); without it, a small Llama (hidden 256,
 4 layers) is cold-started on the tool-free toy coin flip of tests/train/toy_task.py and samples
 `--groups` groups of `--group-size` with the hf backend.
 
-    python benchmarks/autocast_logprob_gap.py [--run runs/learning_cpu] [--groups 8] [--threads 2]
+    python benchmarks/autocast_logprob_gap.py [--run WORKSPACE] [--groups 8] [--threads 2]
 Last line: one JSON object; "ratio" = mean gap with recompute / mean gap with rollout log-probs
 (ours / baseline, lower is better), and each side's numbers.
 """
@@ -90,7 +91,9 @@ def gap_stats(new_BT: torch.Tensor, old_BT: torch.Tensor, mask_BT: torch.Tensor)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=None, help="a learning_cpu output directory (sft/ and its data)")
+    parser.add_argument("--run", type=Path, default=None,
+                        help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
+                             "data/curated/train.jsonl)")
     parser.add_argument("--groups", type=int, default=8, help="groups (per source with --run)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--sft-steps", type=int, default=60)
@@ -99,10 +102,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.run is not None:
+        from benchmarks.preset_run import preset_run_or_exit
         from benchmarks.shared_prefix_update import sample_groups
+        source = str(preset_run_or_exit(args.run).sft)
         groups, _ = sample_groups(args.run, args.groups, args.seed, reps=0)
-        model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
-        source = str(args.run / "sft")
+        model, tokenizer = load_policy(source, "float32", "cpu")
     else:
         model, tokenizer = cold_started_model(args.sft_steps, args.seed)
         groups = toy_groups(model, tokenizer, args.groups, args.group_size, args.seed)

@@ -11,14 +11,17 @@ differ from the sampler's even before any step. Per side: the mean and 95th perc
 |log pi_update - log pi_sampler| over the trained tokens, and the share of tokens whose importance
 ratio already lies outside DAPO's clip range [1 - 0.2, 1 + 0.28] from that difference alone.
 
-The groups are real: the learning_cpu SFT model samples them (its RL stage's rollout settings, the
-real sandbox and search service) for `--groups` problems per source of its training mix.
+The groups are real: the SFT model of a workspace where the learning-cpu preset ran samples them (the preset's
+RL rollout settings, the real sandbox and search service; `shared_prefix_update.sample_groups`) for `--groups`
+problems per source of its training mix.
 
 Each side's first pass over a group is timed apart from its fastest pass: in training every update meets
 new shapes (its packed length), and kernels built per shape on first use would show in the first pass
 only (measured: first and fastest passes give the same ratio, 1.49 against 1.50).
 
-    python benchmarks/autocast_update.py --run runs/learning_cpu [--groups 3] [--reps 2] [--threads 2]
+    python benchmarks/autocast_update.py [--run WORKSPACE] [--groups 3] [--reps 2] [--threads 2]
+`--run`: a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
+`dvc exp apply learning-cpu-s0`), its models/sft and data/curated/train.jsonl.
 Last line: one JSON object; "ratio" = float32 seconds / autocast seconds over all the groups on each side's
 first pass (update + reference pass; higher is better); "ratio_repeat" the same on the fastest pass; per
 source each side's seconds; per side the log-prob mismatch.
@@ -35,6 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.preset_run import preset_run_or_exit  # noqa: E402
 from benchmarks.shared_prefix_update import group_batch, sample_groups  # noqa: E402
 from benchmarks.update_bench import timed_update  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
@@ -65,8 +69,9 @@ def mismatch(gaps: torch.Tensor) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT / "runs" / "learning_cpu",
-                        help="a learning_cpu output directory (its sft/ model and train.jsonl)")
+    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+                        help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
+                             "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--groups", type=int, default=3, help="groups sampled per source")
     parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides")
     parser.add_argument("--threads", type=int, default=2)
@@ -74,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     groups, _ = sample_groups(args.run, args.groups, args.seed, reps=0)
-    model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
+    model, tokenizer = load_policy(str(preset_run_or_exit(args.run).sft), "float32", "cpu")
     seconds: dict[str, dict[str, float]] = {}
     gaps: dict[str, list[torch.Tensor]] = {side: [] for side in SIDES}
     for i, group in enumerate(groups):

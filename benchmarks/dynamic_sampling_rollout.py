@@ -4,17 +4,20 @@ On 2 CPU cores a decoding step of SmolLM2-135M costs nearly as much for 4 rows a
 here in the same run: the last JSON's `decode_ms_by_rows`), so a rollout lasts about as long as its
 longest row. DAPO's generation rounds then pay that tail once per round, and rows beyond
 `rollout.max_batch_sequences` decode in a thin wave behind the first. Settings (`mode@rows`):
-- baseline `rounds@16`: what learning_cpu ran through run 11 (params.yaml's 16 rows, rounds);
+- baseline `rounds@16`: what learning_cpu ran through run 11 (params.yaml's 16 rows then, rounds);
 - `rounds@24`: the same rounds with room for a whole 3 x 8 first round;
 - ours `refill@24`: `train.refill_dropped_groups` (pipeline.sampling.dynamic_sampling), 24 rows.
-Each setting is a trainer built by `pipeline.train.set_up` from the SFT model of a learning_cpu run,
-with learning_cpu's RL settings, the real sandbox and search services, and its own problem stream
-and engine with the same seed (the same problems in the same order); steps only sample (no update), so
-every step samples the same SFT policy. Settings alternate their order across steps (machines here are
+Each setting is a trainer built by `pipeline.train.set_up` from the SFT model of a workspace where the
+learning-cpu preset ran (`benchmarks.preset_run`), with the preset's RL settings but for the setting's two knobs,
+`--prompts` and `--seed`, the real sandbox and search services, and its own problem stream and engine with the
+same seed (the same problems in the same order); steps only sample (no update), so every step samples the same SFT policy. Settings alternate their order across steps (machines here are
 noisy). Speed = kept groups per second of rollout (what a training step needs).
 Last line: one JSON object; `ratio` = ours / baseline kept groups per second.
 
-    .venv/bin/python -m benchmarks.dynamic_sampling_rollout --run runs/learning_cpu [--steps 5]
+    .venv/bin/python -m benchmarks.dynamic_sampling_rollout [--run WORKSPACE] [--steps 5]
+
+`--run` is a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
+`dvc exp apply learning-cpu-s0`): its models/sft and data/curated/train.jsonl.
 """
 
 from __future__ import annotations
@@ -22,14 +25,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config
+from benchmarks.preset_run import preset_config, preset_run_or_exit
+from flows.common import tools_needed
 from flows.services import running_services
 from pipeline.model import load_policy
+from pipeline.config import RunConfig
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.train import Training, set_up
@@ -92,24 +98,28 @@ def decode_ms_by_rows(model_dir: str, rows: tuple[int, ...] = (4, 8, 16, 24, 32)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", required=True, help="a learning_cpu output dir (its sft/ model and train.jsonl)")
+    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+                        help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
+                             "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--steps", type=int, default=5, help="rollout steps per setting")
     parser.add_argument("--prompts", type=int, default=3, help="problems per step")
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     args = parser.parse_args()
-    run = Path(args.run)
-    sizes = dataclasses.replace(FULL, prompts=args.prompts, rl_seed=args.seed, max_gen_rounds=2)
-    latency = decode_ms_by_rows(str(run / "sft"))
+    run, work = preset_run_or_exit(args.run), Path(tempfile.mkdtemp(prefix="dynamic-sampling-"))
+
+    def config(name: str) -> RunConfig:  # the preset's RL settings, this setting's two knobs
+        refill, rows = SETTINGS[name]
+        return preset_config(run.root, work / name, {
+            "run.seed": args.seed, "train.prompts_per_step": args.prompts, "train.max_gen_rounds": 2,
+            "train.refill_dropped_groups": refill, "rollout.max_batch_sequences": rows})
+
+    latency = decode_ms_by_rows(str(run.sft))
     print(f"decode ms/step by rows: {latency}", flush=True)
     tallies = {name: Tally() for name in args.settings}
-    with running_services(rl_config(sizes, run), BOTH_TOOLS, str(REPO_ROOT / "params.yaml"),
-                          log_dir=run / "logs_dynamic_sampling") as urls:
-        trainers = {}
-        for name in args.settings:
-            refill, rows = SETTINGS[name]
-            trainers[name] = set_up(rl_config(dataclasses.replace(sizes, refill=refill, max_batch=rows), run), urls,
-                                    resume=False)
+    cfg = config(args.settings[0])
+    with running_services(cfg, tools_needed(run.train), str(run.preset), log_dir=work / "logs") as urls:
+        trainers = {name: set_up(config(name), urls, resume=False) for name in args.settings}
         for k in range(args.steps):
             for name in (args.settings if k % 2 == 0 else args.settings[::-1]):
                 t0 = time.perf_counter()
@@ -119,7 +129,7 @@ def main() -> None:
                       f"kept {metrics['train/kept_group_fraction']:.2f}", flush=True)
         for tr in trainers.values():
             tr.engine.close()
-    out = {"steps": args.steps, "prompts": args.prompts, "group": sizes.group, "seed": args.seed,
+    out = {"steps": args.steps, "prompts": args.prompts, "group": cfg.rollout.group_size, "seed": args.seed,
            "decode_ms_by_rows": latency, "settings": {n: t.figures(args.steps) for n, t in tallies.items()}}
     if BASELINE in tallies and OURS in tallies:
         out["ratio"] = round(tallies[OURS].kept / tallies[OURS].seconds / (tallies[BASELINE].kept / tallies[BASELINE].seconds), 3)

@@ -14,14 +14,16 @@ The rollout shares prefills the same way (`hf_backend.prefill_key`): rows admitt
 same context are prefilled once, copies of a fact row after the same search included; its baseline
 prefilled only a group's fresh copies of the prompt once. Both rollouts are timed here too.
 
-The groups are real: the learning_cpu SFT model samples them (rollout settings of its RL stage: group 8,
-temperature 1, the real code sandbox and search service started here) for problems drawn from its
-training mix, `--groups` per source. Each side runs the same `policy_gradient_step` (DAPO loss with a KL
-term, one micro-batch per group, lr 0) and the same no-grad pass (the KL reference's), alternately in
-one process; the baseline swaps in the old forward (`prompt_only`).
+The groups are real: the SFT model of a workspace where the learning-cpu preset ran (`benchmarks.preset_run`)
+samples them (the preset's RL rollout settings: group 8, temperature 1, the real code sandbox and search service
+started here) for problems drawn from its training mix, `--groups` per source. Each side runs the same
+`policy_gradient_step` (DAPO loss with a KL term, one micro-batch per group, lr 0) and the same no-grad pass (the
+KL reference's), alternately in one process; the baseline swaps in the old forward (`prompt_only`).
 
-    python benchmarks/shared_prefix_update.py --run runs/learning_cpu [--groups 4] [--reps 2] [--threads 2]
+    python benchmarks/shared_prefix_update.py [--run WORKSPACE] [--groups 4] [--reps 2] [--threads 2]
                                               [--checkpointing]
+`--run`: a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
+`dvc exp apply learning-cpu-s0`), its models/sft and data/curated/train.jsonl.
 Last line: one JSON object; "ratio" = the baseline's seconds (prompt-only; padded with --checkpointing; named
 in "baseline") / ours over all the groups (update + reference pass; higher is better); per source the token
 positions each side runs and the seconds of each side;
@@ -46,15 +48,16 @@ from transformers.cache_utils import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.trainer.update as update  # noqa: E402
-from benchmarks.learning_cpu import BOTH_TOOLS, FULL, rl_config  # noqa: E402
+from benchmarks.preset_run import preset_config, preset_run_or_exit  # noqa: E402
 from benchmarks.update_bench import swapped, timed_update  # noqa: E402
+from flows.common import tools_needed  # noqa: E402
 from flows.services import running_services  # noqa: E402
 from pipeline.rollout.sequence import unique_rows  # noqa: E402
 from pipeline.trainer.batching import make_train_batch  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
 from pipeline.paths import REPO_ROOT  # noqa: E402
-from pipeline.rollout import hf_backend  # noqa: E402
+from pipeline.rollout.backends import hf as hf_backend  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
 from pipeline.rollout.backends.hf import KV  # noqa: E402
 from pipeline.rollout.sequence import Sequence  # noqa: E402
@@ -88,27 +91,28 @@ def old_prefill_key(seq: Sequence, past: KV | None) -> Hashable:
     return tuple(seq.context_ids) if past is None else id(seq)
 
 
-def sample_groups(run: Path, per_source: int, seed: int, reps: int) -> tuple[list[Group], dict[str, float]]:
-    """`per_source` groups of each source of the run's training mix, sampled by its SFT model; with the
-    rollout's seconds and prefilled tokens, ours and the baseline's (alternately, `reps` times each)."""
-    cfg = rl_config(FULL, run)
-    problems = read_problems(run / "train.jsonl")
+def sample_groups(root: Path, per_source: int, seed: int, reps: int) -> tuple[list[Group], dict[str, float]]:
+    """`per_source` groups of each source of the training mix of the preset's workspace `root`, sampled by its SFT
+    model; with the rollout's seconds and prefilled tokens, ours and the baseline's (alternately, `reps` times each)."""
+    run = preset_run_or_exit(root)
+    problems = read_problems(run.train)
     rng = random.Random(seed)
     drawn = [p for source in sorted({p.source for p in problems})
              for p in rng.sample([q for q in problems if q.source == source], per_source)]
-    model, tokenizer = load_policy(str(run / "sft"), "float32", "cpu")
+    model, tokenizer = load_policy(str(run.sft), "float32", "cpu")
     figures: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as logs, \
-            running_services(cfg, BOTH_TOOLS, str(REPO_ROOT / "params.yaml"), log_dir=Path(logs)) as urls:
-        for _ in range(max(reps, 1)):
-            for side, key in (("ours", hf_backend.prefill_key), ("old_key", old_prefill_key))[:2 if reps else 1]:
-                with swapped("prefill_key", key, hf_backend), \
-                        RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
-                    result = engine.rollout(drawn, cfg.rollout.group_size)
-                figures.setdefault(f"rollout_{side}_s", []).append(result.stats.wall_s)
-                figures[f"prefill_tokens_{side}"] = [float(result.stats.prefill_tokens)]
-                if side == "ours":
-                    groups = result.groups
+    with tempfile.TemporaryDirectory() as work:
+        cfg = preset_config(run.root, Path(work))
+        with running_services(cfg, tools_needed(run.train), str(run.preset), log_dir=Path(work) / "logs") as urls:
+            for _ in range(max(reps, 1)):
+                for side, key in (("ours", hf_backend.prefill_key), ("old_key", old_prefill_key))[:2 if reps else 1]:
+                    with swapped("prefill_key", key, hf_backend), \
+                            RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
+                        result = engine.rollout(drawn, cfg.rollout.group_size)
+                    figures.setdefault(f"rollout_{side}_s", []).append(result.stats.wall_s)
+                    figures[f"prefill_tokens_{side}"] = [float(result.stats.prefill_tokens)]
+                    if side == "ours":
+                        groups = result.groups
     return groups, {k: round(min(v), 2) for k, v in figures.items()}
 
 
@@ -141,8 +145,9 @@ def positions(batch: TrainBatch) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT / "runs" / "learning_cpu",
-                        help="a learning_cpu output directory (its sft/ model and train.jsonl)")
+    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+                        help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
+                             "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--groups", type=int, default=4, help="groups sampled per source")
     parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides (0: positions only)")
     parser.add_argument("--threads", type=int, default=2)
@@ -153,7 +158,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     groups, rollout = sample_groups(args.run, args.groups, args.seed, args.reps)
     print("rollout", rollout, flush=True)
-    model, tokenizer = load_policy(str(args.run / "sft"), "float32", "cpu")
+    model, tokenizer = load_policy(str(preset_run_or_exit(args.run).sft), "float32", "cpu")
     if args.checkpointing:
         model.gradient_checkpointing_enable()  # active in train mode, which policy_gradient_step sets
     baseline = "padded" if args.checkpointing else "prompt_only"

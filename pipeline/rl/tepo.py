@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,6 +93,23 @@ def delta_segment_entropies(entropies: Sequence[float | None], output_spans: Seq
 def entropy_reducing(delta_entropies: Sequence[float]) -> list[bool]:
     """1[dH_k < 0]; NaN (undefined) is not reducing."""
     return [d < 0 for d in delta_entropies]  # NaN < 0 is False
+
+
+def entropy_reducing_share(trajectories: Iterable[Trajectory], min_tokens: int = 1) -> float | None:
+    """The share of tool calls that reduce the policy's entropy (dH_k < 0), pooled over the trajectories whose
+    policy tokens all carry an entropy; None when no such trajectory made a call (or the backend recorded no
+    entropies). TEPO reports it per variant; it is logged for every run, so DAPO's is there to compare."""
+    reducing = calls = 0
+    for trajectory in trajectories:
+        if not trajectory.output_spans:
+            continue
+        try:
+            deltas = delta_segment_entropies(trajectory.entropies, trajectory.output_spans, min_tokens)
+        except ValueError:  # entropies not recorded (vLLM): this trajectory says nothing either way
+            continue
+        reducing += sum(entropy_reducing(deltas))
+        calls += len(deltas)
+    return reducing / calls if calls else None
 
 
 def tepo_sparse_reward(base: float, delta_entropies: Sequence[float]) -> float:

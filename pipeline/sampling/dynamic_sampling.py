@@ -41,7 +41,7 @@ from pipeline.config import RunConfig
 from pipeline.protocols import ToolProtocol, protocol_of
 from pipeline.reward import RewardScorer
 from pipeline.rl.advantage import GroupFilter
-from pipeline.rl.tepo import Tepo
+from pipeline.rl.tepo import Tepo, entropy_reducing_share
 from pipeline.rollout.engine import Refill, RolloutResult
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.sampling.problem_stream import ProblemStream
@@ -212,8 +212,10 @@ def kept_and_dropped(seen: list[ScoredGroup], stats: RolloutStats, keep: GroupFi
 
 
 def step_metrics(seen: list[ScoredGroup], kept: list[ScoredGroup], rollouts: list[RolloutStats]) -> dict[str, float]:
+    share = entropy_reducing_share(t for g in seen for t in g.group.trajectories)
     return (RolloutStats.merge(rollouts).as_metrics() | reward_metrics(seen) | tool_choice_metrics(seen)
-            | {"train/kept_group_fraction": len(kept) / len(seen), "train/problems_drawn": float(len(seen))})
+            | {"train/kept_group_fraction": len(kept) / len(seen), "train/problems_drawn": float(len(seen))}
+            | ({} if share is None else {"rollout/entropy_reducing_call_share": share}))
 
 
 def reward_metrics(groups: list[ScoredGroup]) -> dict[str, float]:

@@ -25,7 +25,8 @@ from pipeline.tracking.curve import plot_curve
 HEADLINE_DIR = "headline"
 PREFIX = "headline/"
 TRAIN_KEYS = {"reward/mean": "reward", "reward/accuracy": "accuracy", "reward/format_error_rate": "format_error_rate",
-              "train/kept_group_fraction": "kept_group_fraction"}
+              "train/kept_group_fraction": "kept_group_fraction",
+              "rollout/entropy_reducing_call_share": "entropy_reducing_call_share"}
 TOOL_CALLS = "rollout/calls_per_traj/"
 EVAL_KEYS = ("accuracy", "format_error_rate", "tool_failure_rate", "calls_per_rollout/code", "calls_per_rollout/search",
              "tool_use", "right_tool")

@@ -9,12 +9,14 @@ import pytest
 from pipeline.rl.tepo import (
     delta_segment_entropies,
     dense_token_advantages,
+    entropy_reducing_share,
     policy_segments,
     tepo_dense_call_rewards,
     tepo_dense_group_advantages,
     tepo_sparse_reward,
     tool_level_advantages,
 )
+from pipeline.types import ToolCall, ToolResult, Trajectory
 
 # 12 tokens: policy [0, 4), tool output [4, 6), policy [6, 9), tool output [9, 10), policy [10, 12)
 ENTROPIES = [1.0, 2.0, 3.0, 2.0, 9.0, 9.0, 1.0, 1.0, 1.0, 9.0, 4.0, 2.0]
@@ -117,3 +119,28 @@ def test_absent_entropies_are_an_error_not_zeros() -> None:
     with pytest.raises(ValueError, match="has none"):
         delta_segment_entropies((), [(4, 6)])
     assert delta_segment_entropies((), []) == []  # no call: no entropy is read
+
+
+def _trajectory(entropies: list[float | None], spans: list[tuple[int, int]]) -> Trajectory:
+    result = ToolResult("out", True)
+    calls = tuple(ToolCall("code", "x", result, (start - 1, start), span)  # type: ignore[arg-type]
+                  for start, span in ((s[0], s) for s in spans))
+    n = len(entropies)
+    return Trajectory("p", (1,), tuple(range(n)), (1,) * n, (0.0,) * n, calls, "answer", "", len(spans) + 1,
+                      tuple(entropies))
+
+
+def test_the_entropy_reducing_share_pools_every_call_of_the_step() -> None:
+    # ENTROPIES: dH_1 = -1 (reducing), dH_2 = +2; a second trajectory with one reducing call; one without calls
+    trajectories = [_trajectory(ENTROPIES, SPANS), _trajectory([3.0, 3.0, 9.0, 1.0], [(2, 3)]),
+                    _trajectory([1.0, 1.0], [])]
+    assert entropy_reducing_share(trajectories) == pytest.approx(2 / 3)
+    assert entropy_reducing_share(trajectories[2:]) is None  # no call: no share, not 0
+
+
+def test_the_share_skips_trajectories_without_entropies_and_counts_an_undefined_call_as_not_reducing() -> None:
+    unrecorded = _trajectory([None] * 12, SPANS)  # a backend that records none (vLLM)
+    assert entropy_reducing_share([unrecorded]) is None
+    assert entropy_reducing_share([unrecorded, _trajectory(ENTROPIES, SPANS)]) == pytest.approx(0.5)
+    cut_after_output = _trajectory([1.0, 1.0, 5.0], [(2, 3)])  # dH undefined (NaN)
+    assert entropy_reducing_share([cut_after_output]) == 0.0

@@ -45,4 +45,8 @@ def test_reward_rises_on_the_toy_tool_task(tmp_path: Path, code_sandbox_url: str
     assert accuracy[-5:].mean() >= 0.7, accuracy
     # The policy keeps using the tool while it learns which program to run.
     assert np.mean([history[s]["rollout/calls_per_traj/code"] for s in range(STEPS - 5, STEPS)]) > 0.8
+    # TEPO's measure, the share of calls after which the policy's entropy falls, is logged for every run (DAPO too)
+    shares = [history[s]["rollout/entropy_reducing_call_share"] for s in range(STEPS)
+              if history[s]["rollout/calls_per_traj/code"] > 0]
+    assert len(shares) >= STEPS - 5 and all(0.0 <= v <= 1.0 for v in shares), shares
     assert (tmp_path / "policy" / "model.safetensors").is_file()

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from flows import experiment as experiments
 from pipeline.config import load_config
 from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
@@ -52,22 +53,16 @@ def run_seed(seed: int) -> float:
 
 def experiment_ref(seed: int, repo: Path = REPO_ROOT) -> str:
     """The git ref of the newest DVC experiment named <preset>-s<seed> in `repo`."""
-    name = f"{NAME}-s{seed}"
-    refs = subprocess.run(["git", "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps"],
-                          cwd=repo, capture_output=True, text=True, check=True).stdout.split()
-    for ref in refs:
-        if ref.endswith(f"/{name}"):
-            return ref
-    raise LookupError(f"no DVC experiment {name} in {repo}: run it with `{' '.join(run_command(seed))}` "
-                      f"(or python -m benchmarks.learning_cpu --seeds {seed})")
+    ref = experiments.experiment_ref(f"{NAME}-s{seed}", repo)
+    if ref is None:
+        raise LookupError(f"no DVC experiment {NAME}-s{seed} in {repo}: run it with `{' '.join(run_command(seed))}` "
+                          f"(or python -m benchmarks.learning_cpu --seeds {seed})")
+    return ref
 
 
 def read_compare(ref: str, path: str, repo: Path = REPO_ROOT) -> dict:
     """`path` (the evaluate stage's comparison) as committed in the experiment `ref`."""
-    shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=repo, capture_output=True, text=True)
-    if shown.returncode != 0:
-        raise LookupError(f"{ref} holds no {path} (did its evaluate stage run?): {shown.stderr.strip()}")
-    return json.loads(shown.stdout)
+    return json.loads(experiments.experiment_file(ref, path, repo))
 
 
 def seed_figures(compare: dict, sft_label: str, rl_label: str, wall_s: float | None) -> dict:

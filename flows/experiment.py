@@ -37,6 +37,22 @@ def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path 
              *(["--queue"] if queue else [])] for seed in seeds]
 
 
+def experiment_ref(name: str, repo: Path = Path(".")) -> str | None:
+    """The git ref of the newest DVC experiment called `name` in `repo` (DVC keeps each under
+    refs/exps/<..>/<baseline>/<name>; a re-run under another baseline adds one), or None."""
+    refs = subprocess.run(["git", "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps"],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    return next((ref for ref in refs if ref.endswith(f"/{name}")), None)
+
+
+def experiment_file(ref: str, path: str, repo: Path = Path(".")) -> str:
+    """The text of `path` as the experiment `ref` committed it; LookupError when it holds no such file."""
+    shown = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=repo, capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise LookupError(f"{ref} holds no {path} (did the stage that writes it run?): {shown.stderr.strip()}")
+    return shown.stdout
+
+
 def changed_since_commit(params: Path) -> list[str]:
     """The keys in which `params` differs from its committed version ([] outside git or when not committed)."""
     committed = subprocess.run(["git", "show", f"HEAD:./{params.name}"], cwd=params.parent, capture_output=True,

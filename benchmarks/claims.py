@@ -1,0 +1,144 @@
+"""The papers' claims as DVC experiments, side by side: DAPO, TEPO sparse and dense, tool output unmasked, and TAPO
+Table 3's ablations (no search, no code, no think), each arm one experiment per seed on the main job's mix and budget.
+
+    python -m benchmarks.claims [--repo PATH] [--arms dapo tepo-sparse ...] [--png claims.png]
+
+An arm is a preset (`configs/experiments/<arm>.yaml`, run by `python -m flows.experiment`) or `dapo`, the main job
+itself (`dvc exp run -n dapo-s<seed> -S run.seed=<seed>`). Every experiment named `<arm>-s<seed>` in the repo is
+read from its git ref: the evaluate stage's comparison (`metrics/eval_compare.json`: the RL policy and the SFT
+model on the held-out problems, greedy) and the training history (`metrics/train_history.jsonl`). Printed: a
+markdown table, one row per experiment (held-out accuracy per source and overall, its gain over the arm's own SFT
+model, right tool, tool calls per problem; over the last quarter of training: reward, calls per trajectory, the
+share of entropy-reducing calls, the policy's entropy and KL to the SFT model); with --png, the training curves
+of every experiment and the held-out accuracy per arm. Last line: one JSON object with the same figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+from pathlib import Path
+
+from flows.experiment import experiment_file
+from pipeline.config import load_config
+from pipeline.evaluation.report import COMPARE_FILE
+from pipeline.paths import REPO_ROOT
+from pipeline.tracking.headline import last_quarter
+
+ARMS = ("dapo", "tepo-sparse", "tepo-dense", "no-tool-mask", "no-think", "no-search", "no-code")
+CURVES = {"reward/mean": "reward", "calls": "tool calls per trajectory",
+          "rollout/entropy_reducing_call_share": "share of entropy-reducing calls", "train/entropy": "entropy"}
+TRAIN_COLUMNS = {"reward/mean": "reward", "calls": "calls/traj", "rollout/entropy_reducing_call_share": "H-reducing",
+                 "train/entropy": "entropy", "train/ref_kl": "KL"}
+
+
+def experiments(repo: Path, arms: tuple[str, ...]) -> dict[str, str]:
+    """name -> ref of the newest experiment of each `<arm>-s<seed>` name, in arm then seed order."""
+    refs = subprocess.run(["git", "for-each-ref", "--sort=committerdate", "--format=%(refname)", "refs/exps"],
+                          cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    found = {ref.rsplit("/", 1)[1]: ref for ref in refs}  # oldest first, so the newest of a name wins
+    pattern = re.compile(rf"^({'|'.join(map(re.escape, arms))})-s(\d+)$")
+    named = [(arms.index(m[1]), int(m[2]), name) for name in found if (m := pattern.match(name))]
+    return {name: found[name] for _, _, name in sorted(named)}
+
+
+def with_calls(row: dict) -> dict:
+    """A history row with `calls`: tool calls per trajectory, all tools."""
+    calls = [v for k, v in row.items() if k.startswith("rollout/calls_per_traj/")]
+    return row | {"calls": sum(calls)} if calls else row
+
+
+def figures(compare: dict, history: list[dict], sft_label: str, rl_label: str) -> dict:
+    """One experiment's held-out figures (RL policy; gain over its SFT model) and last-quarter training means."""
+    rl, sft = compare["models"][rl_label], compare["models"][sft_label]
+    sources = sorted(k for k, v in rl.items() if isinstance(v, dict) and k != "all")
+    out = {"accuracy": rl["all"]["accuracy"], "sft_accuracy": sft["all"]["accuracy"],
+           "gain_points": 100 * (rl["all"]["accuracy"] - sft["all"]["accuracy"]),
+           "right_tool": rl["all"]["right_tool"], "n_problems": int(rl["all"]["n_problems"]),
+           "calls_per_problem": sum(v for k, v in rl["all"].items() if k.startswith("calls_per_rollout/"))}
+    out |= {f"accuracy/{s}": rl[s]["accuracy"] for s in sources}
+    tail = [with_calls(r) for r in sorted(history, key=lambda r: r["step"])][-last_quarter(len(history)):]
+    for key, name in TRAIN_COLUMNS.items():
+        values = [r[key] for r in tail if key in r]
+        out[f"train/{name}"] = sum(values) / len(values) if values else None
+    return out
+
+
+def cell(value: float | None, percent: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    return f"{100 * value:.1f}" if percent else f"{value:.3f}"
+
+
+def table(rows: dict[str, dict]) -> str:
+    sources = sorted({k.removeprefix("accuracy/") for f in rows.values() for k in f if k.startswith("accuracy/")})
+    head = ["experiment", *sources, "all", "gain over SFT", "right tool", "calls/problem",
+            *(f"train {n}" for n in TRAIN_COLUMNS.values())]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, f in rows.items():
+        cells = [name, *(cell(f.get(f"accuracy/{s}"), True) for s in sources), cell(f["accuracy"], True),
+                 f"{f['gain_points']:+.1f}", cell(f["right_tool"], True), cell(f["calls_per_problem"]),
+                 *(cell(f[f"train/{n}"]) for n in TRAIN_COLUMNS.values())]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(histories: dict[str, list[dict]], rows: dict[str, dict], png: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 3.6))
+    colours = {arm: plt.get_cmap("tab10")(i) for i, arm in enumerate(ARMS)}
+    for name, history in histories.items():
+        arm, seed = name.rsplit("-s", 1)
+        rows_ = [with_calls(r) for r in sorted(history, key=lambda r: r["step"])]
+        for ax, key in zip(axes, CURVES, strict=False):
+            points = [(r["step"], r[key]) for r in rows_ if key in r and not math.isnan(r[key])]
+            if points:
+                ax.plot(*zip(*points), color=colours[arm], linestyle="-" if seed == "0" else "--", label=name)
+    for ax, title in zip(axes, CURVES.values(), strict=False):
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    by_arm: dict[str, list[float]] = {}
+    for name, f in rows.items():
+        by_arm.setdefault(name.rsplit("-s", 1)[0], []).append(100 * f["accuracy"])
+    bar = axes[-1]
+    bar.bar(list(by_arm), [sum(v) / len(v) for v in by_arm.values()], color=[colours[a] for a in by_arm])
+    for i, values in enumerate(by_arm.values()):
+        bar.scatter([i] * len(values), values, color="black", s=10, zorder=3)
+    bar.set_title("held-out accuracy, % (dots: seeds)")
+    bar.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.claims", description=__doc__.splitlines()[0])
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout holding the experiments")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--png", type=Path, default=None, help="write the curves and accuracies here")
+    args = parser.parse_args(argv)
+    ec = load_config(REPO_ROOT / "params.yaml").evaluate
+    found = experiments(args.repo, tuple(args.arms))
+    if not found:
+        raise SystemExit(f"no experiment named <arm>-s<seed> for {args.arms} in {args.repo}")
+    rows, histories = {}, {}
+    for name, ref in found.items():
+        compare = json.loads(experiment_file(ref, f"{ec.output_dir}/{COMPARE_FILE}", args.repo))
+        text = experiment_file(ref, "metrics/train_history.jsonl", args.repo)
+        histories[name] = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows[name] = figures(compare, histories[name], ec.baselines["sft"].label, ec.label)
+    print(table(rows))
+    if args.png:
+        plot(histories, rows, args.png)
+        print(f"plots: {args.png}")
+    print(json.dumps({name: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()}
+                      for name, f in rows.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -239,6 +239,9 @@ class ScoredGroup:
 
     group: Group
     rewards: tuple[RewardBreakdown, ...]  # [G]
+    # The opening of a group dynamic sampling dropped (`pipeline.rl.anchor`): it trains the KL term alone, so it
+    # gets zero advantage by what it is, and nothing judges it again (cut, its trajectories lost their calls).
+    anchor_only: bool = False
 
     @property
     def totals(self) -> tuple[float, ...]:

@@ -119,13 +119,14 @@ def token_advantages(groups: list[ScoredGroup], algo: AlgorithmConfig, tepo: Tep
 
     Outcome variants broadcast the trajectory's group-relative advantage; TEPO dense gives each tool
     call's segment its tool-level advantage and keeps the outcome advantage on the final segment
-    (`pipeline.rl.tepo`). A group `keep` drops (the dropped groups' openings of `pipeline.rl.anchor`)
-    gets exactly zero everywhere, whatever its totals: under the accuracy metric they may differ.
+    (`pipeline.rl.tepo`). A group `keep` drops, and an anchored opening (`pipeline.rl.anchor`), gets
+    exactly zero everywhere, whatever its totals (under the accuracy metric they may differ); an opening is
+    not judged again: its trajectories are cut and lost their calls, so TEPO's terms would not be its group's.
     Tool-output tokens are masked later.
     """
     out: list[np.ndarray] = []
     for g, adv_G in zip(groups, advantages_of(groups, algo), strict=True):
-        if keep(g):
+        if not g.anchor_only and keep(g):
             out += tepo.token_advantages(g, adv_G)
         else:
             out += [np.zeros(len(t.response_ids)) for t in g.group.trajectories]

@@ -43,8 +43,8 @@ def dropped_openings(dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGr
     filter drops zero advantage all the same). None when `n_tokens` is 0 (the anchor is off)."""
     if n_tokens == 0:
         return []
-    return [ScoredGroup(Group(g.group.problem, tuple(opening(t, n_tokens) for t in g.group.trajectories)), g.rewards)
-            for g in dropped]
+    return [ScoredGroup(Group(g.group.problem, tuple(opening(t, n_tokens) for t in g.group.trajectories)), g.rewards,
+                        anchor_only=True) for g in dropped]
 
 
 def step_openings(kept: list[ScoredGroup], dropped: list[ScoredGroup], n_tokens: int) -> list[ScoredGroup]:

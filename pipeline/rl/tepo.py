@@ -82,7 +82,9 @@ def segment_entropy(entropies: Sequence[float | None], span: Span, min_tokens: i
 
 def delta_segment_entropies(entropies: Sequence[float | None], output_spans: Sequence[Span], min_tokens: int = 1) -> list[float]:
     """dH_k for each tool call k = 1..n (NaN when a neighbouring segment is too short)."""
-    if output_spans and not entropies:
+    if not output_spans:  # no call, nothing to compare (and segment 0 may hold unknown entropies nobody reads)
+        return []
+    if not entropies:
         raise ValueError("TEPO needs the sampling entropies of a trajectory with tool calls, and it has none "
                          "(the rollout backend did not record them: rollout.backend hf records them)")
     segments = policy_segments(len(entropies), output_spans)

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.rl.advantage import group_advantages, group_filter, token_advantages
 from pipeline.rl.anchor import dropped_openings, opening, step_openings
 from pipeline.trainer.batching import make_train_batch
-from pipeline.config.reward import TepoDense, TepoOff
+from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from tests.helpers.tepo import variant
 from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
 from pipeline.rl.loss import make_policy_loss
@@ -37,8 +39,9 @@ def searching_trajectory(seed: int) -> Trajectory:
     response = tuple(int(x) for x in rng.integers(3, VOCAB, len(mask)))
     logprobs = tuple(float(-rng.uniform(0.5, 3.0)) * m for m in mask)
     call = ToolCall("search", "q", ToolResult("passages", True), (0, 3), (3, 7))
+    # as the rollout records them: an entropy at each sampled token, None at the tool's
     return Trajectory(PROBLEM.id, (1, 2, 3, 4, 5, 6), response, mask, logprobs, (call,), "answer", "text", 2,
-                      entropies=tuple(0.5 * m for m in mask))
+                      entropies=tuple(0.5 if m else None for m in mask))
 
 
 def scored(rewards: list[float], seed: int) -> ScoredGroup:
@@ -88,6 +91,60 @@ def test_an_opening_has_zero_advantage(tepo, dropped) -> None:
     groups = kept + step_openings(kept, [group], 6)
     advantages = token_advantages(groups, DAPOLoss(), tepo, keep)
     assert all(np.all(a == 0.0) for a in advantages[2:]) and np.abs(advantages[0]).sum() > 0
+
+
+@st.composite
+def rollout(draw, seed: int) -> Trajectory:
+    """A trajectory as the rollout records it: sampled runs (entropy, log-prob) between tool outputs (mask 0,
+    no entropy), each output recorded as its call's span."""
+    mask, calls, entropies = [], [], []
+    for _ in range(draw(st.integers(0, 2))):
+        start = len(mask)
+        sampled = draw(st.integers(1, 4))
+        output = draw(st.integers(1, 4))
+        mask += [1] * sampled + [0] * output
+        calls.append(ToolCall("search", "q", ToolResult("p", True), (start, start + sampled),
+                              (start + sampled, start + sampled + output)))
+    mask += [1] * draw(st.integers(1, 4))
+    entropies = [draw(st.floats(0.0, 5.0)) if m else None for m in mask]
+    response = tuple(3 + (seed + i) % (VOCAB - 3) for i in range(len(mask)))
+    logprobs = tuple(-0.5 * m for m in mask)
+    return Trajectory(PROBLEM.id, (1, 2, 3), response, tuple(mask), logprobs, tuple(calls), "answer", "text",
+                      len(calls) + 1, entropies=tuple(entropies))
+
+
+@st.composite
+def scored_groups(draw) -> list[ScoredGroup]:
+    groups = []
+    for k in range(draw(st.integers(2, 5))):
+        size = draw(st.integers(2, 4))
+        trajectories = tuple(draw(rollout(10 * k + i)) for i in range(size))
+        accuracies = [draw(st.sampled_from([0.0, 1.0])) for _ in range(size)]
+        rewards = tuple(RewardBreakdown(True, a, 0.0, 0.0, entropy=-a * draw(st.sampled_from([0.0, 0.5])),
+                                        total=a) for a in accuracies)
+        groups.append(ScoredGroup(Group(PROBLEM, trajectories), rewards))
+    return groups
+
+
+@pytest.mark.parametrize("tepo", [TepoOff(), TepoSparse(), TepoDense()], ids=["off", "sparse", "dense"])
+@settings(max_examples=60, deadline=None)
+@given(groups=scored_groups(), n_tokens=st.integers(1, 12))
+def test_openings_train_nothing_but_the_kl_under_every_tepo_variant(tepo, groups: list[ScoredGroup],
+                                                                     n_tokens: int) -> None:
+    """Whatever an opening's cut holds (tool output included), it gets zero advantage and leaves the kept
+    groups' advantages as they were: TEPO dense once judged openings again, and the output tokens inside the cut
+    (no entropy, no longer in any call's span) failed the step."""
+    resolved = variant(tepo)
+    keep = group_filter(DAPOLoss(), resolved)
+    kept = [g for g in groups if keep(g)]
+    dropped = [g for g in groups if not keep(g)]
+    openings = step_openings(kept, dropped, n_tokens)
+    alone = token_advantages(kept, DAPOLoss(), resolved, keep)
+    together = token_advantages(kept + openings, DAPOLoss(), resolved, keep)
+    n_kept = sum(len(g.group.trajectories) for g in kept)
+    assert all(np.array_equal(a, b) for a, b in zip(alone, together[:n_kept], strict=True))
+    assert all(np.all(a == 0.0) for a in together[n_kept:])
+    assert len(together) - n_kept == sum(len(g.group.trajectories) for g in openings)
 
 
 def test_equal_rewards_give_exactly_zero_advantages() -> None:

@@ -87,10 +87,13 @@ def table(rows: dict[str, dict]) -> str:
 
 
 def plot(histories: dict[str, list[dict]], rows: dict[str, dict], png: Path) -> None:
+    """Top and middle left: the training curves of every experiment (seed 0 solid, others dashed); the last two
+    panels: held-out accuracy and tool calls per problem per arm (bars: the mean over seeds, dots: each seed)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(CURVES) + 1, figsize=(4.2 * (len(CURVES) + 1), 3.6))
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7.5))
+    axes = grid.ravel()
     colours = {arm: plt.get_cmap("tab10")(i) for i, arm in enumerate(ARMS)}
     for name, history in histories.items():
         arm, seed = name.rsplit("-s", 1)
@@ -100,20 +103,21 @@ def plot(histories: dict[str, list[dict]], rows: dict[str, dict], png: Path) -> 
             if points:
                 ax.plot(*zip(*points), color=colours[arm], linestyle="-" if seed == "0" else "--", label=name)
     for ax, title in zip(axes, CURVES.values(), strict=False):
-        ax.set_title(title)
+        ax.set_title(f"training: {title}")
         ax.set_xlabel("step")
     axes[0].legend(fontsize=7)
-    by_arm: dict[str, list[float]] = {}
-    for name, f in rows.items():
-        by_arm.setdefault(name.rsplit("-s", 1)[0], []).append(100 * f["accuracy"])
-    bar = axes[-1]
-    bar.bar(list(by_arm), [sum(v) / len(v) for v in by_arm.values()], color=[colours[a] for a in by_arm])
-    for i, values in enumerate(by_arm.values()):
-        bar.scatter([i] * len(values), values, color="black", s=10, zorder=3)
-    bar.set_title("held-out accuracy, % (dots: seeds)")
-    bar.tick_params(axis="x", rotation=45)
+    for ax, key, title in ((axes[4], "accuracy", "held-out accuracy, %"),
+                           (axes[5], "calls_per_problem", "held-out tool calls per problem")):
+        by_arm: dict[str, list[float]] = {}
+        for name, f in rows.items():
+            by_arm.setdefault(name.rsplit("-s", 1)[0], []).append(f[key] * (100 if key == "accuracy" else 1))
+        ax.bar(list(by_arm), [sum(v) / len(v) for v in by_arm.values()], color=[colours[a] for a in by_arm])
+        for i, values in enumerate(by_arm.values()):
+            ax.scatter([i] * len(values), values, color="black", s=10, zorder=3)
+        ax.set_title(f"{title} (dots: seeds)")
+        ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,7 @@ Goal (issue): SFT + DAPO >= SFT + 10 points on the held-out mix (mean over seeds
 
     python -m benchmarks.learning_cpu [--seeds 0 1 2]            # run each seed, timed, then summarise
     python -m benchmarks.learning_cpu [--seeds 0 1 2] --collect  # summarise the experiments already run
+    (--repo PATH: another checkout runs or holds them)
 
 Running a seed is `python -m flows.experiment configs/experiments/learning-cpu.yaml --seeds <seed>` (the DVC
 experiment learning-cpu-s<seed>). One line per seed, then as the last line one JSON object: per seed figures,
@@ -42,10 +43,10 @@ def run_command(seed: int) -> list[str]:
     return ["python", "-m", "flows.experiment", PRESET, "--seeds", str(seed)]
 
 
-def run_seed(seed: int) -> float:
-    """Run one seed's experiment from the repo root; its wall seconds (a failed run stops everything)."""
+def run_seed(seed: int, repo: Path = REPO_ROOT) -> float:
+    """Run one seed's experiment in `repo`; its wall seconds (a failed run stops everything)."""
     t0 = time.perf_counter()
-    rc = subprocess.run([sys.executable, *run_command(seed)[1:]], cwd=REPO_ROOT).returncode
+    rc = subprocess.run([sys.executable, *run_command(seed)[1:]], cwd=repo).returncode
     if rc != 0:
         sys.exit(f"{NAME}-s{seed}: `{' '.join(run_command(seed))}` failed (exit {rc})")
     return time.perf_counter() - t0
@@ -102,12 +103,14 @@ def summary(per_seed: dict[int, dict]) -> dict:
                       "within_60_min": in_time}}
 
 
-def main(argv: list[str] | None = None, repo: Path = REPO_ROOT) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each experiment")
     parser.add_argument("--collect", action="store_true", help="run nothing: read the experiments already run")
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout that runs or holds the experiments")
     args = parser.parse_args(argv)
-    walls = {seed: None if args.collect else run_seed(seed) for seed in args.seeds}
+    repo = args.repo
+    walls = {seed: None if args.collect else run_seed(seed, repo) for seed in args.seeds}
     ec = load_config(REPO_ROOT / PRESET).evaluate
     path = str(Path(ec.output_dir) / COMPARE_FILE)
     per_seed = {}

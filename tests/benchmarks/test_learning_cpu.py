@@ -131,14 +131,14 @@ def test_a_seed_never_run_is_named_with_the_command_that_runs_it(repo: Path) -> 
 
 
 def test_collect_prints_a_line_per_seed_and_the_summary_last(repo: Path, capsys: pytest.CaptureFixture) -> None:
-    learning_cpu.main(["--seeds", "0", "--collect"], repo=repo)
+    learning_cpu.main(["--seeds", "0", "--collect", "--repo", str(repo)])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("seed 0: SFT 30.0 %, SFT + DAPO 42.0 % (+12.0 points") and "not timed here" in lines[0]
     last = json.loads(lines[-1])
     assert (last["mean_gain_points"], last["goals"]["gain_10_points"]) == (12.0, True)
     assert last["goals"]["within_60_min"] is None
     with pytest.raises(SystemExit, match="no DVC experiment learning-cpu-s1"):
-        learning_cpu.main(["--seeds", "0", "1", "--collect"], repo=repo)
+        learning_cpu.main(["--seeds", "0", "1", "--collect", "--repo", str(repo)])
 
 
 def workspace(root: Path) -> Path:

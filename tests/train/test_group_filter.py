@@ -34,8 +34,8 @@ def calling(entropies: tuple[float, ...] = (1.0,) * 4 + (0.0,) * 2 + (1.0,) * 4)
                       "text", 2, entropies)
 
 
-REDUCING = (2.0,) * 4 + (0.0,) * 2 + (0.5,) * 4  # entropy falls after the tool output: dH < 0
-RAISING = (0.5,) * 4 + (0.0,) * 2 + (2.0,) * 4
+REDUCING = (2.0,) * 4 + (None,) * 2 + (0.5,) * 4  # falls after the tool output (dH < 0); none recorded there
+RAISING = (0.5,) * 4 + (None,) * 2 + (2.0,) * 4
 
 
 def group_of(problem: Problem, accuracies, lengths=None, entropies=None, tepo_terms=None) -> ScoredGroup:

@@ -129,13 +129,19 @@ class TapoProtocol(TagProtocol):
     output = Wrapper("<response>", "</response>")
     call_tags = {"search": "search", "code": "code"}
 
+    prompt_file: ClassVar[str] = "tapo.txt"
+
     def system_prompt(self, tools: tuple[ToolName, ...]) -> str:
         rules = [f"{i + 2}. {_TAPO_RULES[t]}" for i, t in enumerate(tools)]
         # One example per offered tool: a single example (once the last tool's) was copied verbatim by a
         # small model on questions that needed the other tool (`print(1234 * 5678)` for a fact question).
-        shown = [_TAPO_EXAMPLES[t] for t in tools] or [_NO_TOOL_EXAMPLE]
+        shown = [self.example(_TAPO_EXAMPLES[t]) for t in tools] or [self.example(_NO_TOOL_EXAMPLE)]
         examples = ("Examples:\n" if len(shown) > 1 else "Example:\n") + "\n\n".join(shown)
-        return template("tapo.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2, examples=examples)
+        return template(self.prompt_file).format(tool_rules="\n".join(rules), n=len(tools) + 2, examples=examples)
+
+    def example(self, text: str) -> str:
+        """An example as this protocol's grammar writes it."""
+        return text
 
 
 class TapoNoThinkProtocol(TapoProtocol):
@@ -143,17 +149,10 @@ class TapoNoThinkProtocol(TapoProtocol):
 
     name = "tapo-no-think"
     thinks = False
+    prompt_file = "tapo_no_think.txt"
 
-    def system_prompt(self, tools: tuple[ToolName, ...]) -> str:
-        rules = [f"{i + 2}. {_TAPO_RULES[t]}" for i, t in enumerate(tools)]
-        shown = [_without_think(_TAPO_EXAMPLES[t]) for t in tools] or [_without_think(_NO_TOOL_EXAMPLE)]
-        examples = ("Examples:\n" if len(shown) > 1 else "Example:\n") + "\n\n".join(shown)
-        return template("tapo_no_think.txt").format(tool_rules="\n".join(rules), n=len(tools) + 2,
-                                                    examples=examples)
-
-
-def _without_think(example: str) -> str:
-    return re.sub(r"<think>.*?</think>\n?", "", example)
+    def example(self, text: str) -> str:
+        return re.sub(r"<think>.*?</think>\n?", "", text)
 
 
 class SearchR1Protocol(TagProtocol):

@@ -103,8 +103,6 @@ def entropy_reducing_share(trajectories: Iterable[Trajectory], min_tokens: int =
     entropies). TEPO reports it per variant; it is logged for every run, so DAPO's is there to compare."""
     reducing = calls = 0
     for trajectory in trajectories:
-        if not trajectory.output_spans:
-            continue
         try:
             deltas = delta_segment_entropies(trajectory.entropies, trajectory.output_spans, min_tokens)
         except ValueError:  # entropies not recorded (vLLM): this trajectory says nothing either way

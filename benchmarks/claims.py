@@ -19,10 +19,9 @@ import argparse
 import json
 import math
 import re
-import subprocess
 from pathlib import Path
 
-from flows.experiment import experiment_file
+from flows.experiment import experiment_file, experiment_refs
 from pipeline.config import load_config
 from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
@@ -37,9 +36,7 @@ TRAIN_COLUMNS = {"reward/mean": "reward", "calls": "calls/traj", "rollout/entrop
 
 def experiments(repo: Path, arms: tuple[str, ...]) -> dict[str, str]:
     """name -> ref of the newest experiment of each `<arm>-s<seed>` name, in arm then seed order."""
-    refs = subprocess.run(["git", "for-each-ref", "--sort=committerdate", "--format=%(refname)", "refs/exps"],
-                          cwd=repo, capture_output=True, text=True, check=True).stdout.split()
-    found = {ref.rsplit("/", 1)[1]: ref for ref in refs}  # oldest first, so the newest of a name wins
+    found = experiment_refs(repo)
     pattern = re.compile(rf"^({'|'.join(map(re.escape, arms))})-s(\d+)$")
     named = [(arms.index(m[1]), int(m[2]), name) for name in found if (m := pattern.match(name))]
     return {name: found[name] for _, _, name in sorted(named)}

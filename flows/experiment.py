@@ -37,12 +37,17 @@ def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path 
              *(["--queue"] if queue else [])] for seed in seeds]
 
 
-def experiment_ref(name: str, repo: Path = Path(".")) -> str | None:
-    """The git ref of the newest DVC experiment called `name` in `repo` (DVC keeps each under
-    refs/exps/<..>/<baseline>/<name>; a re-run under another baseline adds one), or None."""
-    refs = subprocess.run(["git", "for-each-ref", "--sort=-committerdate", "--format=%(refname)", "refs/exps"],
+def experiment_refs(repo: Path = Path(".")) -> dict[str, str]:
+    """Experiment name -> git ref of the newest DVC experiment of that name in `repo` (DVC keeps each under
+    refs/exps/<..>/<baseline>/<name>; a re-run under another baseline adds one)."""
+    refs = subprocess.run(["git", "for-each-ref", "--sort=committerdate", "--format=%(refname)", "refs/exps"],
                           cwd=repo, capture_output=True, text=True, check=True).stdout.split()
-    return next((ref for ref in refs if ref.endswith(f"/{name}")), None)
+    return {ref.rsplit("/", 1)[1]: ref for ref in refs}  # oldest first, so the newest of a name wins
+
+
+def experiment_ref(name: str, repo: Path = Path(".")) -> str | None:
+    """The git ref of the newest DVC experiment called `name` in `repo`, or None."""
+    return experiment_refs(repo).get(name)
 
 
 def experiment_file(ref: str, path: str, repo: Path = Path(".")) -> str:

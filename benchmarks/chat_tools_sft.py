@@ -31,7 +31,7 @@ from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.protocols import MALFORMED, protocol_of
 from pipeline.reward import RewardScorer
-from pipeline.rollout.backends.hf import eos_ids
+from pipeline.rollout.backends.decoding import eos_ids
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.services.processes import free_port, python_service
 from pipeline.sft import scripted_traces, sft_step, to_batch

@@ -22,7 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from pipeline.rollout.backends.hf import SamplingParams, sample_tokens
+from pipeline.rollout.backends.decoding import SamplingParams
+from pipeline.rollout.backends.sampling import sample_tokens
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 

@@ -26,7 +26,8 @@ from benchmarks.rollout_overlap import local_policy_dir
 from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.rollout.engine import encode_prompt, system_turn_length
-from pipeline.rollout.backends.hf import HFDecoder, SamplingParams
+from pipeline.rollout.backends.decoding import SamplingParams
+from pipeline.rollout.backends.hf import HFDecoder
 from pipeline.protocols import TapoProtocol
 from pipeline.rollout.sequence import Sequence
 

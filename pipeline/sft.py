@@ -40,7 +40,7 @@ from pipeline.model import enable_activation_checkpointing, load_policy, model_d
 from pipeline.tracking.progress import progress
 from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_of
 from pipeline.reward import route, verify
-from pipeline.rollout.backends.hf import eos_ids
+from pipeline.rollout.backends.decoding import eos_ids
 from pipeline.rollout.engine import cut_middle
 from pipeline.rollout.offered import tools_for
 from pipeline.tools.base import Tool, tool_specs

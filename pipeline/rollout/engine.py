@@ -44,7 +44,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends import make_backend
-from pipeline.rollout.backends.hf import DecoderStats, HFDecoder, SamplingParams, eos_ids
+from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, eos_ids
+from pipeline.rollout.backends.hf import HFDecoder
 from pipeline.protocols import Renderer, ToolProtocol, protocol_of
 from pipeline.protocols.base import system_turn_length as turn_length
 from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids  # noqa: F401 - re-exported

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.protocols import MALFORMED
-from pipeline.rollout.backends.hf import DecoderStats
+from pipeline.rollout.backends.decoding import DecoderStats
 from pipeline.types import Group, ToolName, ToolResult
 
 

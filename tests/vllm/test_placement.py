@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pipeline.config.rollout import VLLMConfig
-from pipeline.rollout.backends.vllm import (VLLMBackend, engine_device_ids, layer_aligned_chunks, layer_key,
-                                           placement_args)
+from pipeline.rollout.backends.vllm import VLLMBackend, engine_device_ids, placement_args
+from pipeline.rollout.backends.vllm_weights import layer_aligned_chunks, layer_key
 from tests.helpers.tiny import tiny_tokenizer
 from tests.vllm.test_vllm_backend import LONG_QUESTIONS, generate, reference_logprobs
 from tests.vllm.tiny_vllm import load_tiny, save_tiny, tiny_model

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.rollout.backends.hf import SamplingParams
+from pipeline.rollout.backends.decoding import SamplingParams
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_tokenizer

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends import make_backend
-from pipeline.rollout.backends.hf import SamplingParams
+from pipeline.rollout.backends.decoding import SamplingParams
 from tests.vllm.test_vllm_backend import QUESTIONS, OneSegmentScheduler, reference_logprobs, sequences, tok  # noqa: F401
 from tests.vllm.tiny_vllm import load_tiny
 

@@ -11,8 +11,8 @@ depend on how fast tools answer.
 
 Sampled tokens are appended exactly as sampled (never decoded and re-tokenized), with the
 log-probability of the temperature-scaled distribution they were drawn from. Each row draws
-from its own generator (one uniform per token, inverted through the cumulative distribution),
-so its tokens do not depend on which rows share its batch, which depends on tool latency.
+from its own generator (`sampling.py`), so its tokens do not depend on which rows share its batch,
+which depends on tool latency.
 
 A parked sequence keeps its own KV cache (the real columns of its row, copied out when it
 leaves the batch), so on re-admission only the new tokens are prefilled: the last sampled
@@ -34,40 +34,20 @@ from __future__ import annotations
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.rollout.sequence import unique_rows
+from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, Scheduler, eos_ids
+from pipeline.rollout.backends.sampling import sample_tokens
 from pipeline.rollout.kv_cache import GrowingCache
-from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.sequence import Sequence, unique_rows
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H, T, D]
-SAMPLE_CHUNK_ELEMENTS = 2**20  # logits sampled together (see sample_tokens): 21 rows of a 49k vocabulary
 STOP_TAIL_TOKENS = 16  # tokens decoded to look for a stop string that spans token boundaries
 MIN_SHARED_PREFIX_TOKENS = 16  # a shorter system turn is prefilled with each row: not worth a cache
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float  # 0 = greedy
-    top_p: float
-    max_policy_tokens: int
-    max_total_tokens: int
-
-
-@dataclass
-class DecoderStats:
-    busy_s: float = 0.0
-    idle_s: float = 0.0
-    sampled_tokens: int = 0
-    prefill_tokens: int = 0
-    reused_tokens: int = 0  # context tokens served from a cache: a parked row's own, or the shared system turn's
-    steps: int = 0
 
 
 @dataclass
@@ -78,15 +58,6 @@ class _Batch:
     attn_BT: torch.Tensor | None = None  # [B, T] 1 = real token in the cache
     next_ids_B: torch.Tensor | None = None  # [B] sampled, not yet fed
     positions_B: torch.Tensor | None = None  # [B] position id of the next fed token
-
-
-class Scheduler(Protocol):
-    """What the decoder needs from the rollout loop (implemented by rollout.engine)."""
-
-    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]: ...
-    def wait_ready(self, timeout_s: float) -> None: ...
-    def unfinished(self) -> int: ...
-    def segment_ended(self, seq: Sequence, reason: str) -> None: ...
 
 
 class HFDecoder:
@@ -273,68 +244,6 @@ def prefill_key(seq: Sequence, past: KV | None) -> Hashable:
     the same tool output (after a cold start, most rows of a fact group search the same query and get
     ~260 identical tokens)."""
     return tuple(seq.context_ids), _kv_len(past) if past is not None else 0
-
-
-def eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
-    """The ids that end a sequence: the tokenizer's end-of-sequence token and the model's generation config's."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return frozenset(i for i in ids if i is not None)
-
-
-def sample_tokens(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:
-    """Sample one token per row, each from the row's own generator, and append it (mask 1) with its
-    log-prob and the entropy of the distribution sampled from (TEPO reads it); the tokens, on the CPU.
-
-    Rows go in chunks of about SAMPLE_CHUNK_ELEMENTS logits: larger [B, V] temporaries (float64 for the
-    cumulative sum) pass glibc's mmap threshold, and each step then gets fresh, zeroed pages (measured with
-    SmolLM2's vocabulary: 64 rows at once 3.6x slower per row than 16)."""
-    logits_BV = logits_BV.float().cpu()
-    step = max(1, SAMPLE_CHUNK_ELEMENTS // logits_BV.shape[1])
-    return torch.cat([_sample_rows(logits_BV[i:i + step], rows[i:i + step], params)
-                      for i in range(0, len(rows), step)])
-
-
-def _sample_rows(logits_BV: torch.Tensor, rows: list[Sequence], params: SamplingParams) -> torch.Tensor:
-    temperature = params.temperature
-    logp_BV = F.log_softmax(logits_BV / temperature if temperature > 0 else logits_BV, dim=-1)
-    probs_BV = logp_BV.exp()
-    if temperature == 0:
-        tokens_B = logp_BV.argmax(-1)
-    else:
-        uniform_B = torch.cat([torch.rand(1, generator=seq.rng, dtype=torch.float64) for seq in rows])
-        tokens_B = inverse_cdf_sample(_top_p(probs_BV, params.top_p), uniform_B)
-    chosen_B = logp_BV.gather(-1, tokens_B[:, None])[:, 0]
-    entropy_B = -(probs_BV * logp_BV).sum(-1)
-    for seq, tok, lp, h in zip(rows, tokens_B.tolist(), chosen_B.tolist(), entropy_B.tolist(), strict=True):
-        seq.append_sampled(tok, lp, h)
-    return tokens_B
-
-
-def inverse_cdf_sample(probs_BV: torch.Tensor, uniform_B: torch.Tensor) -> torch.Tensor:
-    """One token per row with probability proportional to `probs_BV`, from one uniform in [0, 1) per row.
-
-    Exact like `torch.multinomial`, but one random number per row instead of one per vocabulary entry
-    (multinomial draws V exponentials for one sample: a third of the decoder's time, measured on a small
-    model with SmolLM2's 49k vocabulary); the cumulative sum is float64 so late tokens are not shorted."""
-    cdf_BV = probs_BV.cumsum(-1, dtype=torch.float64)
-    target_B1 = (uniform_B * cdf_BV[:, -1])[:, None]
-    # the first token whose cdf exceeds the target: its own probability is > 0
-    tokens_B = torch.searchsorted(cdf_BV, target_B1, right=True)[:, 0].clamp(max=cdf_BV.shape[1] - 1)
-    past_end_B = probs_BV.gather(-1, tokens_B[:, None])[:, 0] <= 0  # rounding ran past the last token with mass
-    if bool(past_end_B.any()):
-        tokens_B[past_end_B] = cdf_BV.shape[1] - 1 - (probs_BV[past_end_B] > 0).flip(-1).int().argmax(-1)
-    return tokens_B
-
-
-def _top_p(probs_BV: torch.Tensor, top_p: float) -> torch.Tensor:
-    if top_p >= 1.0:
-        return probs_BV
-    sorted_p, order = probs_BV.sort(dim=-1, descending=True)
-    drop = sorted_p.cumsum(-1) - sorted_p > top_p  # keep the smallest prefix reaching top_p
-    sorted_p[drop] = 0.0
-    return torch.zeros_like(probs_BV).scatter(-1, order, sorted_p)
 
 
 def _kv(cache: DynamicCache) -> KV:

@@ -1,6 +1,6 @@
 """The `vllm` rollout backend: vLLM's async engine, one coroutine per trajectory segment.
 
-Same interface as `hf_backend.HFDecoder` (`run(scheduler) -> DecoderStats`, driven by the
+Same interface as `hf.HFDecoder` (`run(scheduler) -> DecoderStats`, driven by the
 rollout engine's scheduler), so `rollout.engine` picks one by `rollout.backend` and
 nothing else changes. vLLM does the batching (continuous batching, prefix caching: a
 sequence re-admitted after a tool call reuses the KV of its context instead of
@@ -52,19 +52,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.config.rollout import VLLMConfig
-from pipeline.rollout.backends.hf import DecoderStats, SamplingParams, Scheduler
+from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, Scheduler
+from pipeline.rollout.backends.vllm_weights import WeightSync, layer_aligned_chunks, pack_tensor
 from pipeline.rollout.sequence import Sequence
 
 INSTALL_HINT = "build its environment with scripts/setup_vllm.sh and run with .venv-vllm/bin/python"
@@ -87,76 +86,6 @@ except ImportError as err:  # pragma: no cover - exercised by the main suite's m
 
 # CPU builds read their KV cache size from the environment; 2 GiB serves small models.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-
-
-# What vLLM logs, per layer, for the layers a partial reload leaves alone: expected with chunked pushes.
-_PARTIAL_RELOAD_NOISE = re.compile(r"Failed to load weights|were not loaded from checkpoint")
-
-
-class _DropPartialReloadNoise(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not _PARTIAL_RELOAD_NOISE.search(str(record.msg))
-
-
-class WeightSync:
-    """Worker extension: methods vLLM mixes into each worker, called via `collective_rpc`."""
-
-    def tapo_load_weights(self, packed: list[tuple[str, str, list[int], bytes]], partial: bool = False) -> int:
-        # reload_weights, not model.load_weights: after loading, vLLM post-processes the layers
-        # (e.g. CPU weight repacking) and plain load_weights no longer applies to them. Layers
-        # absent from a partial chunk keep their current (processed) weights.
-        runner = self.model_runner  # type: ignore[attr-defined]  # set by the vLLM worker
-        loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}") for m in ("layerwise", "inplace")]
-        noise = _DropPartialReloadNoise()
-        if partial:
-            for log in loggers:
-                log.addFilter(noise)
-        try:
-            runner.reload_weights(weights_iterator=(unpack_tensor(p) for p in packed))
-        finally:
-            for log in loggers:
-                log.removeFilter(noise)
-        return len(packed)
-
-
-def pack_tensor(name: str, tensor: torch.Tensor) -> tuple[str, str, list[int], bytes]:
-    """Plain data for vLLM's RPC channel, which decodes tensors nested in arguments as lists."""
-    t = tensor.detach().to("cpu").contiguous()
-    return name, str(t.dtype).removeprefix("torch."), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def unpack_tensor(packed: tuple[str, str, list[int], bytes]) -> tuple[str, torch.Tensor]:
-    name, dtype, shape, data = packed
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype))
-    return name, flat.reshape(shape)
-
-
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
-
-
-def layer_key(name: str) -> str:
-    """The decoder layer a HF parameter belongs to (`model.layers.3`), else the name itself."""
-    m = _LAYER.match(name)
-    return m.group(1) if m else name
-
-
-def layer_aligned_chunks(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int,
-                         pack=None) -> Iterator[list[Any]]:
-    """Consecutive tensors (packed by `pack`, default as is) in chunks of at least `chunk_bytes` or
-    the end, cut only where the decoder layer changes. Each tensor is packed as it arrives (the
-    iterator may free it on the next step, as `pipeline.distributed.weight_sync` does)."""
-    chunk: list[Any] = []
-    size, last = 0, None
-    for name, tensor in named_tensors:
-        key = layer_key(name)
-        if chunk and size >= chunk_bytes and key != last:
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(pack(name, tensor) if pack else (name, tensor))
-        size += tensor.numel() * tensor.element_size()
-        last = key
-    if chunk:
-        yield chunk
 
 
 def engine_device_ids(options: VLLMConfig, local_rank: int, current_device: int) -> list[int]:
@@ -222,7 +151,7 @@ class VLLMBackend:
         cuda = torch.cuda.is_available()  # CUDA graphs only where there is CUDA; the CPU build runs eagerly
         args = dict(model=self.path, tokenizer=self.path, seed=seed, enforce_eager=not cuda, dtype=saved_dtype(self.path),
                     enable_prefix_caching=True, max_num_seqs=max_batch, max_model_len=max_model_len,
-                    logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.WeightSync",
+                    logprobs_mode=logprobs_mode, worker_extension_cls=f"{WeightSync.__module__}.WeightSync",
                     disable_log_stats=True)
         args.update(placement_args(options, cuda, int(os.environ.get("LOCAL_RANK", "0")),
                                    torch.cuda.current_device() if cuda else 0))
@@ -400,5 +329,4 @@ def _request_seed(rollout_seed: int, seq: Sequence, position: int) -> int:
     return (rollout_seed * 1_000_003 + seq.rng.initial_seed() * 65_537 + position) % (2**31 - 1)
 
 
-__all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "WeightSync", "engine_device_ids", "layer_aligned_chunks",
-           "model_dir", "placement_args", "vllm"]
+__all__ = ["VLLMBackend", "VLLMDecoder", "VLLMUnavailable", "engine_device_ids", "model_dir", "placement_args", "vllm"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.rollout.backends.decoding import SamplingParams
-from pipeline.rollout.backends.sampling import sample_tokens
+from pipeline.rollout.backends.next_token import sample_tokens
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 

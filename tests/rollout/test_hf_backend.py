@@ -6,7 +6,7 @@ import torch
 
 from pipeline.rollout.backends.decoding import SamplingParams
 from pipeline.rollout.backends.hf import MIN_SHARED_PREFIX_TOKENS, HFDecoder
-from pipeline.rollout.backends.sampling import inverse_cdf_sample
+from pipeline.rollout.backends.next_token import inverse_cdf_sample
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer

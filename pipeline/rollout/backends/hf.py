@@ -11,7 +11,7 @@ depend on how fast tools answer.
 
 Sampled tokens are appended exactly as sampled (never decoded and re-tokenized), with the
 log-probability of the temperature-scaled distribution they were drawn from. Each row draws
-from its own generator (`sampling.py`), so its tokens do not depend on which rows share its batch,
+from its own generator (`next_token.py`), so its tokens do not depend on which rows share its batch,
 which depends on tool latency.
 
 A parked sequence keeps its own KV cache (the real columns of its row, copied out when it
@@ -41,7 +41,7 @@ from transformers.cache_utils import DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, Scheduler, eos_ids
-from pipeline.rollout.backends.sampling import sample_tokens
+from pipeline.rollout.backends.next_token import sample_tokens
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.rollout.sequence import Sequence, unique_rows
 

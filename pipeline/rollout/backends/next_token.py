@@ -1,4 +1,4 @@
-"""Sampling one token per row from the decoder's logits (the hf backend), each row from its own generator.
+"""Drawing the next token of each row from the decoder's logits (the hf backend), each row from its own generator.
 
 A row's tokens depend only on its own generator and logits, never on which rows share its batch (that depends on
 tool latency): one uniform per token, inverted through the cumulative distribution. Each sampled token is appended

@@ -5,6 +5,11 @@
 A pipeline run's row gathers the metrics of its nested stage runs (train, evaluate, sft); a
 stage run started on its own (e.g. `python -m flows.evaluate`) is a row by itself. Experiment
 and tracking URI default to the params file's `run` section. Columns no row has are left out.
+
+Two accuracies compare only within one evaluation setting, so each row also shows what its evaluation (the
+`evaluate` stage, the policy's) ran on: split, problem count, samples, temperature and model (the run's
+`eval.setting.*` tags, `pipeline.evaluation.setting`). Below the table, every param whose value differs between
+the rows shown (the whole config each top-level run logged; not its stages' own figures), one line a key.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ KEY_METRICS: tuple[tuple[str, str, str], ...] = (
     ("evaluate", "eval/all/tool_failure_rate", "tool fail"),
 )
 KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.lr", "lr"), ("train.algorithm.kind", "algo"))
+# What the policy's evaluation ran on (tags of the `evaluate` stage run; the model is its param).
+SETTING_TAGS: tuple[tuple[str, str], ...] = (
+    ("eval.setting.split", "split"), ("eval.setting.problems", "problems"), ("eval.setting.samples", "samples"),
+    ("eval.setting.temperature", "temp"),
+)
+SETTING_MODEL = ("evaluate.model", "model")
+EVALUATE_STAGE = "evaluate"
+MAX_DIFFERING_SHOWN = 60
+MAX_VALUE_CHARS = 40  # a long param value (a path, a prompt) is cut in the differing-params table
 PARENT_TAG = "mlflow.parentRunId"
 SEARCH_LIMIT = 2000
 
@@ -41,6 +55,8 @@ class Row:
     run: Run
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
+    setting: dict[str, str] = field(default_factory=dict)
+    config: dict[str, str] = field(default_factory=dict)  # every param the row's own run logged: its config
 
 
 def _stage(run: Run) -> str:
@@ -55,6 +71,13 @@ def _absorb(row: Row, run: Run) -> None:
     for key, title in KEY_PARAMS:
         if key in run.data.params:
             row.params.setdefault(title, run.data.params[key])
+    if _stage(run) == EVALUATE_STAGE:
+        for tag, title in SETTING_TAGS:
+            if tag in run.data.tags:
+                row.setting.setdefault(title, run.data.tags[tag])
+        key, title = SETTING_MODEL
+        if key in run.data.params:
+            row.setting.setdefault(title, run.data.params[key])
 
 
 def collect_rows(client: MlflowClient, experiment: str, last: int) -> list[Row]:
@@ -67,8 +90,11 @@ def collect_rows(client: MlflowClient, experiment: str, last: int) -> list[Row]:
                               max_results=SEARCH_LIMIT)
     tops = [r for r in runs if PARENT_TAG not in r.data.tags][:last]
     rows = {r.info.run_id: Row(r) for r in tops}
+    for run in tops:
+        rows[run.info.run_id].config = dict(run.data.params)
+        _absorb(rows[run.info.run_id], run)
     for run in runs:
-        parent = run.data.tags.get(PARENT_TAG, run.info.run_id)
+        parent = run.data.tags.get(PARENT_TAG)
         if parent in rows:
             _absorb(rows[parent], run)
     return [rows[r.info.run_id] for r in tops]
@@ -80,21 +106,49 @@ def _fmt(value: float | str | None) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *body, strict=False)]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+             for line in [header, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def differing_params(rows: Sequence[Row]) -> list[str]:
+    """The params whose value is not the same in every row (a param a row lacks counts as a value), sorted."""
+    keys = sorted(set().union(*(row.config for row in rows)))
+    return [k for k in keys if len({row.config.get(k) for row in rows}) > 1]
+
+
 def render(rows: Sequence[Row]) -> str:
-    """A plain aligned text table (readable in a terminal and in CI logs)."""
+    """A plain aligned text table (readable in a terminal and in CI logs), then the params that differ."""
     metric_cols = [t for _, _, t in KEY_METRICS if any(t in r.metrics for r in rows)]
     param_cols = [t for _, t in KEY_PARAMS if any(t in r.params for r in rows)]
-    header = ["run", "name", "started (UTC)", "status", "commit", *param_cols, *metric_cols]
+    setting_cols = [t for _, t in (*SETTING_TAGS, SETTING_MODEL) if any(t in r.setting for r in rows)]
+    header = ["run", "name", "started (UTC)", "status", "commit", *param_cols, *setting_cols, *metric_cols]
     body = []
     for row in rows:
         info, tags = row.run.info, row.run.data.tags
         started = datetime.fromtimestamp(info.start_time / 1000, UTC).strftime("%Y-%m-%d %H:%M")
         body.append([info.run_id[:8], info.run_name or _stage(row.run), started, info.status,
                      tags.get("git_commit", "")[:8], *(_fmt(row.params.get(c)) for c in param_cols),
-                     *(_fmt(row.metrics.get(c)) for c in metric_cols)])
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *body, strict=False)]
-    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(line, widths, strict=True)) for line in [header, *body]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+                     *(_fmt(row.setting.get(c)) for c in setting_cols), *(_fmt(row.metrics.get(c)) for c in metric_cols)])
+    lines = _table(header, body)
+    if len(rows) > 1:
+        differing = differing_params(rows)
+        if differing:
+            lines += ["", f"params that differ between these {len(rows)} runs ({len(differing)}):"]
+            shown = differing[:MAX_DIFFERING_SHOWN]
+            lines += _table(["param", *(r.run.info.run_id[:8] for r in rows)],
+                            [[key, *(_cut(_fmt(r.config.get(key))) for r in rows)] for key in shown])
+            if len(differing) > len(shown):
+                lines.append(f"... and {len(differing) - len(shown)} more: {', '.join(differing[len(shown):])}")
+        else:
+            lines += ["", f"the {len(rows)} runs logged the same params"]
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""`python -m pipeline.tracking.compare`: one row per top-level run, nested stage metrics gathered into it."""
+"""`python -m pipeline.tracking.compare`: one row per top-level run, nested stage metrics gathered into it, the
+setting its evaluation ran on, and below the table the params that differ between the rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from pipeline.tracking.compare import main
 from pipeline.config.run import RunSection
-from pipeline.tracking.runs import PARENT_ENV, tracked_run
+from pipeline.tracking.runs import PARENT_ENV, flatten, tracked_run
 
 
 @pytest.fixture()
@@ -18,16 +19,26 @@ def run_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunSection:
     return RunSection(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}", experiment="compare-test")
 
 
+SETTING = {"eval.setting.split": "calculator,wiki_facts", "eval.setting.problems": "111",
+           "eval.setting.samples": "1", "eval.setting.temperature": "0.0"}  # as pipeline.evaluation tags the run
+
+
 def _pipeline_run(run_cfg: RunSection, lr: float, train_acc: float, eval_acc: float,
-                  monkeypatch: pytest.MonkeyPatch) -> str:
+                  monkeypatch: pytest.MonkeyPatch, seed: int = 0) -> str:
     mlflow.set_tracking_uri(run_cfg.tracking_uri)
     mlflow.set_experiment(run_cfg.experiment)
+    config = {"train": {"lr": lr}, "run": {"seed": seed}, "evaluate": {"limit": 0, "model": "models/policy"}}
     with mlflow.start_run(run_name="pipeline", tags={"stage": "pipeline", "git_commit": "abcdef1234"}) as parent:
-        pass
+        mlflow.log_params(flatten(config))  # the parent logs the whole config, as flows.pipeline does
     monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
-    with tracked_run(run_cfg, "train", {"train": {"lr": lr}}):
+    with tracked_run(run_cfg, "curate", {}):
+        mlflow.log_params({"n_rejected": int(lr * 1e7)})  # a stage's own figure, not config: never "differs"
+    with tracked_run(run_cfg, "train", config):
         mlflow.log_metrics({"reward/mean": 0.1, "reward/accuracy": train_acc})
-    with tracked_run(run_cfg, "evaluate", {}):
+    with tracked_run(run_cfg, "evaluate-sft", {"evaluate": {"model": "models/sft"}},
+                     tags={**SETTING, "eval.setting.problems": "7"}):  # a baseline's evaluation: not the row's
+        mlflow.log_metrics({"eval/all/accuracy": 0.0})
+    with tracked_run(run_cfg, "evaluate", config, tags=SETTING):
         mlflow.log_metrics({"eval/all/accuracy": eval_acc})  # the key pipeline.evaluation logs
     monkeypatch.delenv(PARENT_ENV)
     return parent.info.run_id
@@ -44,12 +55,31 @@ def test_table_of_last_runs(run_cfg: RunSection, monkeypatch: pytest.MonkeyPatch
     lines = capsys.readouterr().out.splitlines()
     header = lines[0].split()
     assert {"lr", "reward", "train", "acc", "eval"} <= set(header)
-    assert len(lines) == 4  # header, rule, two rows: the newest two top-level runs
+    assert {"split", "problems", "samples", "temp", "model"} <= set(header)
+    assert lines[4] == "" and lines[5].startswith("params that differ between these 2 runs")
+    lines = lines[:4]  # header, rule, two rows: the newest two top-level runs
     assert lines[2].split()[1] == "evaluate"
     assert "0.75" in lines[2]
     assert lines[3].startswith(second[:8]) and "3e-06" in lines[3] and "0.375" in lines[3] and "0.625" in lines[3]
     assert "abcdef12" in lines[3]
+    assert "calculator,wiki_facts  111" in lines[3] and "models/policy" in lines[3]  # the policy's evaluation
     assert first[:8] not in "\n".join(lines)
+
+
+def test_the_params_that_differ_are_listed(run_cfg: RunSection, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [_pipeline_run(run_cfg, 1e-6, 0.25, 0.5, monkeypatch, seed=0),
+            _pipeline_run(run_cfg, 1e-6, 0.25, 0.5, monkeypatch, seed=1),
+            _pipeline_run(run_cfg, 3e-6, 0.25, 0.5, monkeypatch, seed=1)]
+    args = ["--experiment", run_cfg.experiment, "--tracking-uri", run_cfg.tracking_uri]
+    assert main(["--last", "3", *args]) == 0
+    out = capsys.readouterr().out
+    listed = out.split("params that differ between these 3 runs (2):\n")[1].splitlines()
+    assert listed[0].split() == ["param", *(r[:8] for r in reversed(runs))]
+    assert [line.split() for line in listed[2:]] == [["run.seed", "1", "1", "0"], ["train.lr", "3e-06", "1e-06", "1e-06"]]
+    assert main(["--last", "1", *args]) == 0 and "differ" not in capsys.readouterr().out  # one row: nothing to compare
+    assert main(["--last", "2", *args]) == 0
+    assert "params that differ between these 2 runs (1):" in capsys.readouterr().out  # train.lr only
 
 
 def test_bad_input_is_a_clear_error(run_cfg: RunSection, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,14 +3,15 @@
 Checks the acceptance points of the pipeline: every stage runs through its Prefect flow and
 writes its metrics; the `dvc repro` gets one MLflow parent run with one nested run per stage,
 tagged with the inputs dvc.lock records, and the train run holds its checkpoints; a second
-`dvc repro` runs nothing; changing one param re-runs only the stages that read it, and so does
-`dvc exp run -S` (the workspace is a git repository, as experiments need).
+`dvc repro` runs nothing; changing one param re-runs only the stages that read it, down to one of the three
+evaluations, and so does `dvc exp run -S` (the workspace is a git repository, as experiments need).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,25 +140,32 @@ def test_second_repro_runs_nothing(workspace: Path) -> None:
     assert len(_pipeline_runs(workspace)[1]) == 1, "a dvc repro that ran no stage opened a parent run"
 
 
+def _ran(out: str) -> set[str]:
+    return set(re.findall(r"Running stage '([^']+)'", out))
+
+
 def test_changing_one_param_reruns_only_its_stages(workspace: Path) -> None:
+    """The policy's row label is read by the `evaluate` stage alone: its sibling evaluations stay cached."""
     params = yaml.safe_load((workspace / "params.yaml").read_text())
-    params["evaluate"]["limit"] = 3
+    params["evaluate"]["label"] = "RL policy"
     (workspace / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     out = _dvc(workspace, "repro").stdout
-    assert "Running stage 'evaluate'" in out
-    assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 6
+    assert _ran(out) == {"evaluate"}, out
+    compared = json.loads((workspace / "metrics/eval_compare.json").read_text())
+    assert compared["order"] == ["base (tools)", "SFT (tools)", "RL policy"]
+    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 8
 
 
 def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> None:
-    out = _dvc(workspace, "exp", "run", "-S", "evaluate.limit=2").stdout
-    assert "Running stage 'evaluate'" in out
-    assert all(f"Running stage '{s}'" not in out for s in ("prepare-model", "curate", "train")), out
-    assert json.loads((workspace / "metrics/eval.json").read_text())["n_problems"] == 4
-    assert yaml.safe_load((workspace / "params.yaml").read_text())["evaluate"]["limit"] == 2
+    """A baseline's label: its evaluation and the comparison re-run, nothing else."""
+    out = _dvc(workspace, "exp", "run", "-S", "evaluate.baselines.sft.label=SFT-only").stdout
+    assert _ran(out) == {"evaluate-sft", "evaluate"}, out
+    compared = json.loads((workspace / "metrics/eval_compare.json").read_text())
+    assert compared["order"] == ["base (tools)", "SFT-only", "RL policy"]
+    assert yaml.safe_load((workspace / "params.yaml").read_text())["evaluate"]["baselines"]["sft"]["label"] == "SFT-only"
     listed = _dvc(workspace, "exp", "ls", "--name-only").stdout.split()
     assert len(listed) == 1, f"expected one experiment, got {listed}"
     client, parents = _pipeline_runs(workspace)
     assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
     assert parents[-1].info.run_name == listed[0]  # the parent is named after the DVC experiment
-    assert _stage_runs(client, parents[-1]).keys() == {"evaluate-base", "evaluate-sft", "evaluate"}
+    assert _stage_runs(client, parents[-1]).keys() == {"evaluate-sft", "evaluate"}

@@ -255,7 +255,9 @@ class TrainBatch:
     `loss_mask_BT` is 1 on sampled response tokens only (prompt, tool output and padding
     are 0). `n_policy_tokens` is the global count of mask-1 tokens over the whole batch,
     the single normaliser of the token-level loss (DAPO), so micro-batching cannot change
-    the gradient.
+    the gradient. Under the masking ablation (`train.mask_tool_output: false`) the loss mask also
+    covers tool output, and `sampled_mask_BT` keeps the tokens the policy sampled: the step's
+    diagnostics (entropy, KL, clip fractions) are read over those, so they compare across the two arms.
     """
 
     input_ids_BT: torch.Tensor  # [B, T] long
@@ -265,6 +267,12 @@ class TrainBatch:
     advantages_BT: torch.Tensor  # [B, T] float, per-token advantage (0 where loss_mask is 0)
     n_policy_tokens: int
     ref_logprobs_BT: torch.Tensor | None = None  # [B, T] float, the reference policy's (only with a KL term)
+    sampled_mask_BT: torch.Tensor | None = None  # [B, T] float, 1 on sampled tokens; None: the loss mask's tokens
+
+    @property
+    def diagnostic_mask_BT(self) -> torch.Tensor:
+        """The tokens the policy sampled, over which the step's diagnostics are read (see the class docstring)."""
+        return self.loss_mask_BT if self.sampled_mask_BT is None else self.sampled_mask_BT
 
     def __len__(self) -> int:
         return int(self.input_ids_BT.shape[0])

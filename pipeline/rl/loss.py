@@ -34,10 +34,12 @@ from pipeline.types import TrainBatch
 @dataclass(frozen=True)
 class LossOutputs:
     loss_sum: torch.Tensor  # scalar, to be divided by the batch-global denominator
-    clipped_low: torch.Tensor  # scalar counts of mask-1 tokens whose ratio was clipped
+    # Diagnostics, over the sampled tokens (TrainBatch.diagnostic_mask_BT: the loss mask's, unless the masking
+    # ablation trains on tool output too): the step divides them by the global count of those tokens.
+    clipped_low: torch.Tensor  # scalar counts of sampled tokens whose ratio was clipped
     clipped_high: torch.Tensor
-    approx_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate of KL(old || new), r = new / old
-    ref_kl_sum: torch.Tensor  # sum over mask-1 tokens of the k3 estimate KL(new || ref); 0 without a KL term
+    approx_kl_sum: torch.Tensor  # sum over sampled tokens of the k3 estimate of KL(old || new), r = new / old
+    ref_kl_sum: torch.Tensor  # sum over sampled tokens of the k3 estimate KL(new || ref); 0 without a KL term
 
 
 LossFn = Callable[[torch.Tensor, TrainBatch], LossOutputs]
@@ -92,9 +94,9 @@ def dapo_loss(cfg: DAPOLoss) -> PolicyLoss:
     def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
         loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps_low, cfg.eps_high, cfg.dual_clip)
         kl_BT = kl_BT_of(logprobs_BT, batch)
-        mask_BT = batch.loss_mask_BT
-        return LossOutputs(((loss_BT + cfg.kl_coef * kl_BT) * mask_BT).sum(), (low_BT * mask_BT).sum(),
-                           (high_BT * mask_BT).sum(), (k3_BT.detach() * mask_BT).sum(), (kl_BT.detach() * mask_BT).sum())
+        mask_BT, seen_BT = batch.loss_mask_BT, batch.diagnostic_mask_BT
+        return LossOutputs(((loss_BT + cfg.kl_coef * kl_BT) * mask_BT).sum(), (low_BT * seen_BT).sum(),
+                           (high_BT * seen_BT).sum(), (k3_BT.detach() * seen_BT).sum(), (kl_BT.detach() * seen_BT).sum())
 
     return PolicyLoss(fn, lambda batch: float(batch.n_policy_tokens))
 
@@ -106,10 +108,10 @@ def sequence_sum_loss(cfg: GRPOLoss | DrGRPOLoss, per_sequence: Callable[[torch.
     def fn(logprobs_BT: torch.Tensor, batch: TrainBatch) -> LossOutputs:
         loss_BT, low_BT, high_BT, k3_BT = clipped_surrogate_BT(logprobs_BT, batch, cfg.eps, cfg.eps, None)
         kl_BT = kl_BT_of(logprobs_BT, batch)
-        mask_BT = batch.loss_mask_BT
+        mask_BT, seen_BT = batch.loss_mask_BT, batch.diagnostic_mask_BT
         per_seq_B = per_sequence((loss_BT + cfg.kl_coef * kl_BT) * mask_BT, mask_BT)
-        return LossOutputs(per_seq_B.sum(), (low_BT * mask_BT).sum(), (high_BT * mask_BT).sum(),
-                           (k3_BT.detach() * mask_BT).sum(), (kl_BT.detach() * mask_BT).sum())
+        return LossOutputs(per_seq_B.sum(), (low_BT * seen_BT).sum(), (high_BT * seen_BT).sum(),
+                           (k3_BT.detach() * seen_BT).sum(), (kl_BT.detach() * seen_BT).sum())
 
     return fn
 

@@ -22,23 +22,27 @@ def make_train_batch(groups: list[ScoredGroup], advantages: list[np.ndarray], pa
                      mask_tool_output: bool = True) -> TrainBatch:
     """`advantages`: one [R] array per trajectory, groups flattened in order (see advantage.token_advantages).
     With `mask_tool_output` False every response token is trained on, tool output included (the masking
-    ablation: the advantage then reaches the tokens a tool wrote, and they count in the normaliser)."""
+    ablation: the advantage then reaches the tokens a tool wrote, and they count in the normaliser); the batch
+    then keeps the sampled tokens apart (`sampled_mask_BT`), for the step's diagnostics."""
     trajs = [t for g in groups for t in g.group.trajectories]
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
     B = len(trajs)
     input_ids = torch.full((B, width), pad_id, dtype=torch.long)
     attention = torch.zeros((B, width), dtype=torch.long)
     loss_mask = torch.zeros((B, width), dtype=torch.float32)
+    sampled = torch.zeros((B, width), dtype=torch.float32)
     old_lp = torch.zeros((B, width), dtype=torch.float32)
     adv = torch.zeros((B, width), dtype=torch.float32)
     for i, (t, a_R) in enumerate(zip(trajs, advantages, strict=True)):
         p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, : p + r] = torch.tensor(t.prompt_ids + t.response_ids)
         attention[i, : p + r] = 1
-        loss_mask[i, p : p + r] = torch.tensor(t.loss_mask if mask_tool_output else [1] * r, dtype=torch.float32)
+        sampled[i, p : p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        loss_mask[i, p : p + r] = sampled[i, p : p + r] if mask_tool_output else 1.0
         old_lp[i, p : p + r] = torch.tensor(t.logprobs, dtype=torch.float32)
         adv[i, p : p + r] = torch.as_tensor(a_R, dtype=torch.float32) * loss_mask[i, p : p + r]
-    return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()))
+    return TrainBatch(input_ids, attention, loss_mask, old_lp, adv, n_policy_tokens=int(loss_mask.sum()),
+                      sampled_mask_BT=None if mask_tool_output else sampled)
 
 
 def mini_batch_groups(kept: list[ScoredGroup], n: int,

@@ -258,7 +258,9 @@ def apply_policy_gradient(replicas: Replicas, batch: TrainBatch, loss: PolicyLos
     """
     replicas.model.train()
     replicas.zero_grad()
-    denominator, n_tokens = replicas.all_reduce_sum([loss.denominator(batch) * weight, batch.n_policy_tokens * weight])
+    # the loss's normaliser, and the count of sampled tokens that the diagnostics are means over
+    denominator, n_tokens = replicas.all_reduce_sum([loss.denominator(batch) * weight,
+                                                     float(batch.diagnostic_mask_BT.sum()) * weight])
     denominator = max(denominator, 1.0)  # the only normalisation of the loss
     n_tokens = max(n_tokens, 1)
     parts = micro_batches(batch, settings.micro_batch_size)
@@ -277,7 +279,7 @@ def apply_policy_gradient(replicas: Replicas, batch: TrainBatch, loss: PolicyLos
         sums["clip_high"] += w * float(out.clipped_high) / n_tokens
         sums["approx_kl"] += w * float(out.approx_kl_sum) / n_tokens
         sums["ref_kl"] += w * float(out.ref_kl_sum) / n_tokens
-        sums["entropy"] += w * float((entropy_BT * micro.loss_mask_BT).sum()) / n_tokens
+        sums["entropy"] += w * float((entropy_BT * micro.diagnostic_mask_BT).sum()) / n_tokens
     grad_norm = replicas.step()
     totals = dict(zip(sums, replicas.all_reduce_sum(list(sums.values())), strict=True))
     return {f"train/{k}": v for k, v in totals.items()} | {"train/grad_norm": grad_norm}

@@ -89,12 +89,9 @@ def collect_rows(client: MlflowClient, experiment: str, last: int) -> list[Row]:
     runs = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"],
                               max_results=SEARCH_LIMIT)
     tops = [r for r in runs if PARENT_TAG not in r.data.tags][:last]
-    rows = {r.info.run_id: Row(r) for r in tops}
-    for run in tops:
-        rows[run.info.run_id].config = dict(run.data.params)
-        _absorb(rows[run.info.run_id], run)
+    rows = {r.info.run_id: Row(r, config=dict(r.data.params)) for r in tops}
     for run in runs:
-        parent = run.data.tags.get(PARENT_TAG)
+        parent = run.data.tags.get(PARENT_TAG, run.info.run_id)
         if parent in rows:
             _absorb(rows[parent], run)
     return [rows[r.info.run_id] for r in tops]

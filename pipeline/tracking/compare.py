@@ -104,6 +104,9 @@ def _fmt(value: float | str | None) -> str:
 
 
 def _cut(text: str) -> str:
+    """One cell of the differing-params table: on one line (a value's line breaks shown as \\n), at most
+    MAX_VALUE_CHARS long."""
+    text = text.replace("\r", "\\r").replace("\n", "\\n")
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."
 
 

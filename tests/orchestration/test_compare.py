@@ -82,6 +82,18 @@ def test_the_params_that_differ_are_listed(run_cfg: RunSection, monkeypatch: pyt
     assert "params that differ between these 2 runs (1):" in capsys.readouterr().out  # train.lr only
 
 
+def test_a_long_or_multi_line_value_stays_in_its_cell(run_cfg: RunSection, capsys: pytest.CaptureFixture[str]) -> None:
+    mlflow.set_tracking_uri(run_cfg.tracking_uri)
+    mlflow.set_experiment(run_cfg.experiment)
+    for prompt in ("short", "line one\nline two\r\n" + "x" * 200):
+        with mlflow.start_run(run_name="pipeline", tags={"stage": "pipeline"}):
+            mlflow.log_params({"judge.prompt": prompt})
+    assert main(["--last", "2", "--experiment", run_cfg.experiment, "--tracking-uri", run_cfg.tracking_uri]) == 0
+    listed = capsys.readouterr().out.split("params that differ between these 2 runs (1):\n")[1].splitlines()
+    assert len(listed) == 3  # header, rule, one line for the one key
+    assert listed[2].split()[:3] == ["judge.prompt", "line", "one\\nline"] and listed[2].rstrip().endswith("...  short")
+
+
 def test_bad_input_is_a_clear_error(run_cfg: RunSection, capsys: pytest.CaptureFixture[str]) -> None:
     _ = mlflow.set_tracking_uri(run_cfg.tracking_uri)
     assert main(["--experiment", "nope", "--tracking-uri", run_cfg.tracking_uri]) == 1

@@ -13,6 +13,12 @@ An experiment is the preset on the *committed* params: DVC runs (and queues) exp
 the first one's keys. So each run's params.yaml is put back as it was once the run ends (the experiment keeps its
 own: `dvc exp apply <name>`), and a params.yaml that already differs from the last commit is refused, naming the
 keys, unless `--allow-changed-params` says those changes belong in every experiment.
+
+The driver runs as a stage process does (`flows.common.stage_process`): whatever ends it ends its experiment.
+SIGINT / SIGTERM stop the running `dvc exp run`'s stage first, so that dvc sees its stage fail and releases its
+locks, then dvc; params.yaml is put back; the exit is 130 / 143. On SIGKILL the driver's watcher ends every
+process it started (nothing can run in the driver, so params.yaml keeps the run's overrides, and the next run
+names them).
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from pathlib import Path
 
 import yaml
 
+from flows.common import stage_process
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
 from pipeline.config.overrides import experiment_overrides, leaf_overrides
+from pipeline.services.reaper import GRACE_S, descendants, end_all
 
 
 def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path = DEFAULT_PARAMS) -> list[list[str]]:
@@ -72,11 +80,28 @@ def run_keeping(params: Path, line: list[str]) -> int:
     """Run one `dvc exp run`, then put `params` back as it was, whatever became of the run."""
     before = params.read_bytes()
     try:
-        return subprocess.run(line).returncode
+        return run_to_its_end(line)
     finally:
         if params.read_bytes() != before:
             params.write_bytes(before)
             print(f"{params} put back as it was (the experiment's own: dvc exp apply {line[4]})", flush=True)
+
+
+def run_to_its_end(line: list[str]) -> int:
+    """Run one dvc command; stopped on the way (SIGINT / SIGTERM, turned into exceptions by `stage_process`), end
+    what dvc started first (its stage and the stage's own processes: dvc ignores SIGINT while a stage runs and
+    dies on SIGTERM before releasing its locks), so that dvc sees the stage fail and ends on its own; then dvc."""
+    dvc = subprocess.Popen(line)
+    try:
+        return dvc.wait()
+    except BaseException:
+        end_all(descendants(dvc.pid), grace_s=2 * GRACE_S)  # the stage's own clean-up runs in its grace
+        try:
+            dvc.wait(timeout=2 * GRACE_S)
+        except subprocess.TimeoutExpired:
+            dvc.kill()
+            dvc.wait()
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,10 +126,14 @@ def main(argv: list[str] | None = None) -> int:
               f"preset's. Put it back with `git checkout {DEFAULT_PARAMS}`, or pass --allow-changed-params.",
               file=sys.stderr)
         return 1
-    for line in lines:
-        print(shlex.join(line), flush=True)
-        if not args.dry_run and run_keeping(DEFAULT_PARAMS, line) != 0:
-            return 1
+    if args.dry_run:
+        print("\n".join(shlex.join(line) for line in lines))
+        return 0
+    with stage_process():
+        for line in lines:
+            print(shlex.join(line), flush=True)
+            if run_keeping(DEFAULT_PARAMS, line) != 0:
+                return 1
     return 0
 
 

@@ -1,0 +1,97 @@
+"""A stopped `python -m flows.experiment` stops its experiment: whatever signal ends the driver (a scheduler's
+SIGTERM, a Ctrl-C, an OOM kill), the `dvc exp run` it started, that run's stage and whatever the stage started end
+too, the workspace's params.yaml is put back where anything could run, and the next experiment runs in the same
+workspace (no lock left held).
+
+Found stopping an experiment arm with `kill <driver>`: its `dvc exp run` went on training, with the sandbox, the
+search service and Prefect's server beside it, and params.yaml kept the arm's overrides."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.faults.conftest import Stage, alive, assert_all_gone, stage_env, wait_for
+from tests.orchestration.test_experiment_workspace import sh
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
+
+# With train.steps == 3 (the `long` preset) the stage starts a helper in a session of its own and writes until it
+# is stopped; otherwise it records what it saw and ends.
+STAGE = """import json, subprocess, sys, time, yaml
+p = yaml.safe_load(open("params.yaml"))
+if p["train"]["steps"] == 3:
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    print("started", helper.pid, flush=True)
+    with open("out.txt", "a") as out:
+        while True:
+            out.write("x"); out.flush(); time.sleep(0.02)
+json.dump({"epochs": p["sft"]["epochs"]}, open("seen.json", "w"))
+"""
+DVC_YAML = {"stages": {"see": {"cmd": f"{Path(sys.executable).name} see.py", "params": ["train.steps", "sft.epochs"],
+                               "metrics": [{"seen.json": {"cache": False}}]}}}
+PRESETS = {"long": {"train": {"steps": 3}}, "short": {"sft": {"epochs": 7}}}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGKILL: -9}
+
+
+@pytest.fixture()
+def repo(repo_root: Path, tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(repo_root / "params.yaml", repo / "params.yaml")
+    (repo / "see.py").write_text(STAGE)
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(DVC_YAML))
+    (repo / ".gitignore").write_text("stage-*.log\nout.txt\n")
+    presets = repo / "configs" / "experiments"
+    presets.mkdir(parents=True)
+    for name, changes in PRESETS.items():
+        (presets / f"{name}.yaml").write_text(yaml.safe_dump({"extends": "../../params.yaml", **changes}))
+    sh(repo, "git", "init", "-q")
+    sh(repo, "dvc", "init", "-q")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    return repo
+
+
+def experiment(repo: Path, preset: str) -> Stage:
+    env = stage_env(PATH=f"{Path(sys.executable).parent}:{stage_env()['PATH']}")
+    return Stage([sys.executable, "-m", "flows.experiment", f"configs/experiments/{preset}.yaml", "--seeds", "0"],
+                 repo, env)
+
+
+@pytest.mark.parametrize("sig", list(EXIT_CODES), ids=lambda s: signal.Signals(s).name)
+def test_a_stopped_experiment_leaves_nothing_running_and_the_workspace_usable(repo: Path, sig: int) -> None:
+    committed = (repo / "params.yaml").read_bytes()
+    driver = experiment(repo, "long")
+    try:
+        driver.wait_for_line("started")
+        helper = psutil.Process(int(driver.output().split("started", 1)[1].split()[0]))
+        tree = [*psutil.Process(driver.proc.pid).children(recursive=True), helper]
+        assert any("dvc" in " ".join(p.cmdline()) for p in tree if alive(p)), [p.cmdline() for p in tree]
+        driver.proc.send_signal(sig)
+        assert driver.wait() == EXIT_CODES[sig], driver.output()[-3000:]
+        assert_all_gone(tree, f"the experiment of a driver stopped by {signal.Signals(sig).name}")
+        written = (repo / "out.txt").stat().st_size
+        assert written > 0 and (repo / "out.txt").stat().st_size == written  # nothing writes it any more
+    finally:
+        driver.kill_all()
+    if sig != signal.SIGKILL:  # nothing can run in a SIGKILLed driver: the next run names the keys left instead
+        assert (repo / "params.yaml").read_bytes() == committed
+    else:
+        refused = experiment(repo, "short")
+        assert refused.wait() == 1 and "train.steps" in refused.output(), refused.output()[-3000:]
+        sh(repo, "git", "checkout", "params.yaml")
+    following = experiment(repo, "short")
+    try:
+        assert following.wait() == 0, following.output()[-3000:]
+    finally:
+        following.kill_all()
+    shown = sh(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
+    assert [r.rsplit("/", 1)[1] for r in shown if not r.startswith("refs/exps/exec/")] == ["short-s0"]
+    wait_for(lambda: (repo / "params.yaml").read_bytes() == committed, "params.yaml put back")

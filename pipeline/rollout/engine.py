@@ -91,16 +91,26 @@ class RolloutEngine:
         self.backend = make_backend(model, tokenizer, cfg, seed)  # chosen once by rollout.backend
         # One event loop for the engine's life: tool clients keep connection pools bound to it.
         self._runner = asyncio.Runner()
+        self._open_runs: set = set()  # the schedulers of rollouts whose decoder thread may still run
         self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
         self._schedule = schedule_for(cfg)  # resolved once
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
                 refill: Refill | None = None, keys: Ordered[int] | None = None) -> RolloutResult:
         """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
-        return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill, keys=keys))
+        try:
+            return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill, keys=keys))
+        except BaseException:  # e.g. a stage's SIGTERM, raised inside the loop: the rollout's task is left pending
+            self._abandon_open_runs()  # and its decoder thread, waiting for it, would hold the process at exit
+            raise
+
+    def _abandon_open_runs(self) -> None:
+        for run in list(self._open_runs):
+            run.abandon()
 
     def close(self) -> None:
         """Close the tool clients and the engine's event loop."""
+        self._abandon_open_runs()
         for tool in self.tools.values():
             self._runner.run(tool.aclose())
         self._runner.close()
@@ -135,9 +145,16 @@ class RolloutEngine:
         run = self._schedule(self, draws, asyncio.get_running_loop(), refill)
         t0 = time.perf_counter()
         # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
-        with tqdm(total=len(draws.seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
-            decoder_stats: DecoderStats = await asyncio.to_thread(_run_decoder, decoder, run)
-            await run.drain()
+        self._open_runs.add(run)
+        try:
+            with tqdm(total=len(draws.seqs), desc="rollout", unit="traj", disable=None, leave=False) as run.bar:
+                decoder_stats: DecoderStats = await asyncio.to_thread(_run_decoder, decoder, run)
+                await run.drain()
+        except BaseException:  # cancelled (a caller's timeout, the loop closing) or failed: the decoder stops too
+            run.abandon()
+            raise
+        finally:
+            self._open_runs.discard(run)
         if run.error is not None:
             raise run.error
         groups = [draws.group(k) for k in range(len(draws.problems))]

@@ -36,6 +36,11 @@ NO_OUTPUT = "[no output] print() the values you need"
 
 Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
 Calls = tuple[ParsedCall, ...]  # the calls of one segment, in the order written
+class RolloutAbandoned(RuntimeError):
+    """Raised on the decoder thread once the rollout's awaiting side has gone (cancelled, or its process stopping):
+    nothing it waits for (a tool's answer, a refill) would ever arrive."""
+
+
 Results = list[ToolResult | None]  # one per call; None: not answered yet
 Answered = Callable[[Sequence, Calls, Results, tuple[int, int]], None]  # what to do with a segment's results
 
@@ -54,20 +59,36 @@ class _Run:
         self.limits = {name: asyncio.Semaphore(engine.cfg.tool_concurrency) for name in engine.tools}
         self.bar: tqdm | None = None  # set by the engine for the length of the rollout
         self.error: BaseException | None = None  # raised by the refill callback (re-raised by the engine)
+        self.abandoned = False  # the awaiting side has gone: every wait of the decoder ends (RolloutAbandoned)
+
+    def abandon(self) -> None:
+        """Either side, any time: the decoder thread stops at its next call into the scheduler, or at once if
+        it is waiting there."""
+        with self.cond:
+            self.abandoned = True
+            self.cond.notify_all()
+
+    def _check_open(self) -> None:  # holds self.cond
+        if self.abandoned:
+            raise RolloutAbandoned("the rollout was stopped (its caller was cancelled or its process is ending)")
 
     # --- called from the decoder thread -------------------------------------------------
     def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
         with self.cond:
+            self._check_open()
             taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
         return [(s, self.engine.renderer.stop_strings(s.tools)) for s in taken]
 
     def wait_ready(self, timeout_s: float) -> None:
         with self.cond:
+            self._check_open()
             if not self.ready and self.open > 0:
                 self.cond.wait(timeout_s)
+            self._check_open()
 
     def unfinished(self) -> int:
         with self.cond:
+            self._check_open()
             return self.open
 
     def segment_ended(self, seq: Sequence, reason: str) -> None:
@@ -301,6 +322,7 @@ class _ClockedRun(_Run):
                     return
                 _, order, apply = heapq.heappop(self._due)
                 while order not in self._arrived:
+                    self._check_open()
                     self.cond.wait(0.05)
             apply()
 

@@ -1,0 +1,102 @@
+"""A rollout stopped while a tool has not answered ends its decoder thread: a process stopped mid-rollout (SIGTERM
+inside a stage) exits, and a cancelled rollout (an awaiting caller's timeout) lets its event loop close.
+
+Found stopping the train stage with SIGTERM mid-step: it printed "stage stopped by SIGTERM" and then never exited.
+The decoder thread waited for a tool answer due at its step, which the stopped event loop would never deliver,
+and the interpreter's exit waited for the thread. Each scheduler waits for tools its own way (at a step on the
+decoder's clock, on arrival, at the end of a turn), so each is stopped both ways, with a tool that never answers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.paths import REPO_ROOT
+from tests.faults.conftest import EVENT_TIMEOUT_S, wait_for
+from tests.train import toy_task
+from tests.train.toy_task import build_toy_model
+
+ROLLOUT = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from flows.common import stage_process
+    from pipeline.model import load_policy
+    from pipeline.rollout.engine import RolloutEngine
+    from tests.train.toy_task import toy_config, toy_problems
+
+    model_dir, root, schedule, readmit, stop = sys.argv[1:]
+
+    class Unanswered:  # the toy task's code tool, never answering
+        name = "code"
+        on_call = staticmethod(lambda: None)
+
+        async def __call__(self, code):
+            print("called", flush=True)
+            self.on_call()
+            await asyncio.Event().wait()
+
+        async def aclose(self):
+            pass
+
+    cfg = toy_config(Path(root), Path(model_dir), steps=1).rollout.model_copy(
+        update={"schedule": schedule, "readmit_after_steps": int(readmit), "max_batch_sequences": 4})
+    model, tokenizer = load_policy(model_dir)
+    engine = RolloutEngine(model, tokenizer, {"code": Unanswered()}, cfg, seed=0)  # never closed, as by a crash
+    if stop == "sigterm":
+        with stage_process():
+            engine.rollout(toy_problems(2), cfg.group_size)
+    else:
+        async def cancelled_at_the_first_call():
+            task = asyncio.current_task()
+            Unanswered.on_call = staticmethod(lambda: task.cancel())
+            await engine.arollout(toy_problems(2), cfg.group_size)
+        try:
+            asyncio.run(cancelled_at_the_first_call())  # closing the loop joins the threads it started
+        except asyncio.CancelledError:
+            print("cancelled", flush=True)
+""")
+SCHEDULES = {"clocked": ("continuous", 8), "on-arrival": ("continuous", 0), "turn-synchronous": ("turn-synchronous", 0)}
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    async def sandbox_outputs(url: str, programs: list[str]) -> list[str]:
+        return [str(eval(p.removeprefix("print(").removesuffix(")"))) for p in programs]  # noqa: S307 - the toy's two
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(toy_task, "_outputs", sandbox_outputs)
+    try:
+        return build_toy_model(tmp_path_factory.mktemp("toy"), "")
+    finally:
+        patch.undo()
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "cancel"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_a_rollout_stopped_while_a_tool_has_not_answered_ends(toy_model: Path, tmp_path: Path, schedule: str,
+                                                               stop: str) -> None:
+    log = tmp_path / "rollout.log"
+    env = os.environ | {"PYTHONPATH": str(REPO_ROOT), "PREFECT_API_URL": ""}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", ROLLOUT, str(toy_model), str(tmp_path), *map(str, SCHEDULES[schedule]),
+                                 stop], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: "called" in log.read_text() or proc.poll() is not None, "the first tool call")
+        assert "called" in log.read_text(), log.read_text()[-3000:]
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(EVENT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the process stopped mid-rollout ({stop}) did not exit:\n{log.read_text()[-3000:]}")
+        assert code == (143 if stop == "sigterm" else 0), log.read_text()[-3000:]
+        assert stop == "sigterm" or "cancelled" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -19,8 +19,6 @@ import pytest
 
 from pipeline.paths import REPO_ROOT
 from tests.faults.conftest import EVENT_TIMEOUT_S, wait_for
-from tests.train import toy_task
-from tests.train.toy_task import build_toy_model
 
 ROLLOUT = textwrap.dedent("""
     import asyncio, sys
@@ -62,19 +60,6 @@ ROLLOUT = textwrap.dedent("""
             print("cancelled", flush=True)
 """)
 SCHEDULES = {"clocked": ("continuous", 8), "on-arrival": ("continuous", 0), "turn-synchronous": ("turn-synchronous", 0)}
-
-
-@pytest.fixture(scope="module")
-def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    async def sandbox_outputs(url: str, programs: list[str]) -> list[str]:
-        return [str(eval(p.removeprefix("print(").removesuffix(")"))) for p in programs]  # noqa: S307 - the toy's two
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(toy_task, "_outputs", sandbox_outputs)
-    try:
-        return build_toy_model(tmp_path_factory.mktemp("toy"), "")
-    finally:
-        patch.undo()
 
 
 @pytest.mark.parametrize("stop", ["sigterm", "cancel"])

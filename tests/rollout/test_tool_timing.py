@@ -15,8 +15,7 @@ import torch
 from pipeline.model import load_policy
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.types import ToolResult
-from tests.train import toy_task
-from tests.train.toy_task import build_toy_model, toy_config, toy_problems
+from tests.train.toy_task import toy_config, toy_problems
 
 
 class RandomLatencyCode:
@@ -36,19 +35,6 @@ class RandomLatencyCode:
 
     async def aclose(self) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def toy_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    async def sandbox_outputs(url: str, programs: list[str]) -> list[str]:
-        return [str(eval(p.removeprefix("print(").removesuffix(")"))) for p in programs]  # noqa: S307 - the toy's two
-
-    patch = pytest.MonkeyPatch()
-    patch.setattr(toy_task, "_outputs", sandbox_outputs)
-    try:
-        return build_toy_model(tmp_path_factory.mktemp("toy"), "")
-    finally:
-        patch.undo()
 
 
 def sample(model_dir: Path, root: Path, latency_seed: int, schedule: str = "continuous", refill: bool = False,

@@ -36,13 +36,13 @@ NO_OUTPUT = "[no output] print() the values you need"
 
 Refill = Callable[[Group], list[Problem]]  # a finished group -> the problems to start now (often none)
 Calls = tuple[ParsedCall, ...]  # the calls of one segment, in the order written
+Results = list[ToolResult | None]  # one per call; None: not answered yet
+Answered = Callable[[Sequence, Calls, Results, tuple[int, int]], None]  # what to do with a segment's results
+
+
 class RolloutAbandoned(RuntimeError):
     """Raised on the decoder thread once the rollout's awaiting side has gone (cancelled, or its process stopping):
     nothing it waits for (a tool's answer, a refill) would ever arrive."""
-
-
-Results = list[ToolResult | None]  # one per call; None: not answered yet
-Answered = Callable[[Sequence, Calls, Results, tuple[int, int]], None]  # what to do with a segment's results
 
 
 class _Run:

@@ -8,7 +8,6 @@ decoder's clock, on arrival, at the end of a turn), so each is stopped both ways
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.paths import REPO_ROOT
-from tests.faults.conftest import EVENT_TIMEOUT_S, wait_for
+from tests.faults.conftest import Stage, stage_env
 
 ROLLOUT = textwrap.dedent("""
     import asyncio, sys
@@ -66,22 +64,17 @@ SCHEDULES = {"clocked": ("continuous", 8), "on-arrival": ("continuous", 0), "tur
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_a_rollout_stopped_while_a_tool_has_not_answered_ends(toy_model: Path, tmp_path: Path, schedule: str,
                                                                stop: str) -> None:
-    log = tmp_path / "rollout.log"
-    env = os.environ | {"PYTHONPATH": str(REPO_ROOT), "PREFECT_API_URL": ""}
-    with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", ROLLOUT, str(toy_model), str(tmp_path), *map(str, SCHEDULES[schedule]),
-                                 stop], env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    stage = Stage([sys.executable, "-c", ROLLOUT, str(toy_model), str(tmp_path), *map(str, SCHEDULES[schedule]), stop],
+                  tmp_path, stage_env())
     try:
-        wait_for(lambda: "called" in log.read_text() or proc.poll() is not None, "the first tool call")
-        assert "called" in log.read_text(), log.read_text()[-3000:]
+        stage.wait_for_line("called")
         if stop == "sigterm":
-            proc.send_signal(signal.SIGTERM)
+            stage.proc.send_signal(signal.SIGTERM)
         try:
-            code = proc.wait(EVENT_TIMEOUT_S)
+            code = stage.wait()
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the process stopped mid-rollout ({stop}) did not exit:\n{log.read_text()[-3000:]}")
-        assert code == (143 if stop == "sigterm" else 0), log.read_text()[-3000:]
-        assert stop == "sigterm" or "cancelled" in log.read_text()
+            pytest.fail(f"the process stopped mid-rollout ({stop}) did not exit:\n{stage.output()[-3000:]}")
+        assert code == (143 if stop == "sigterm" else 0), stage.output()[-3000:]
+        assert stop == "sigterm" or "cancelled" in stage.output()
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stage.kill_all()

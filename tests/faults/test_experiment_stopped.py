@@ -1,22 +1,29 @@
 """A stopped `python -m flows.experiment` stops its experiment: whatever signal ends the driver (a scheduler's
 SIGTERM, a Ctrl-C, an OOM kill), the `dvc exp run` it started, that run's stage and whatever the stage started end
 too, the workspace's params.yaml is put back where anything could run, and the next experiment runs in the same
-workspace (no lock left held).
+workspace (no lock left held), also when dvc was killed while it wrote its lock table.
 
 Found stopping an experiment arm with `kill <driver>`: its `dvc exp run` went on training, with the sandbox, the
-search service and Prefect's server beside it, and params.yaml kept the arm's overrides."""
+search service and Prefect's server beside it, and params.yaml kept the arm's overrides. Then, once in a while, the
+run after a SIGKILLed driver failed on ".dvc/tmp/rwlock ... JSON structure is corrupted": the watcher's SIGTERM had
+reached dvc while it rewrote its lock table."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from flows.dvc_state import STATE_PATTERNS, DvcStillRunning, cut_state_files, set_aside_cut_state
 from tests.faults.conftest import Stage, alive, assert_all_gone, stage_env, wait_for
 from tests.orchestration.test_experiment_workspace import sh
 
@@ -95,3 +102,68 @@ def test_a_stopped_experiment_leaves_nothing_running_and_the_workspace_usable(re
     shown = sh(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
     assert [r.rsplit("/", 1)[1] for r in shown if not r.startswith("refs/exps/exec/")] == ["short-s0"]
     wait_for(lambda: (repo / "params.yaml").read_bytes() == committed, "params.yaml put back")
+
+
+def test_a_lock_table_cut_short_is_left_alone_while_its_dvc_runs_and_set_aside_once_it_ended(repo: Path) -> None:
+    driver = experiment(repo, "long")
+    try:
+        driver.wait_for_line("started")
+        table = repo / ".dvc" / "tmp" / "rwlock"
+        whole = table.read_bytes()
+        assert b'"write"' in whole  # the running stage's locks
+        table.write_bytes(whole[: len(whole) // 2])  # as a dvc killed while rewriting it leaves it
+        dvc = next(p for p in psutil.Process(driver.proc.pid).children() if "dvc" in " ".join(p.cmdline()))
+        with pytest.raises(DvcStillRunning, match=f"{dvc.pid} "):
+            set_aside_cut_state(repo)
+        assert table.read_bytes() == whole[: len(whole) // 2]  # may be the running dvc's: untouched
+        driver.proc.send_signal(signal.SIGTERM)
+        assert driver.wait() != 0
+    finally:
+        driver.kill_all()
+    assert cut_state_files(repo)  # dvc could not release its locks through the cut table
+    following = experiment(repo, "short")
+    try:
+        assert following.wait() == 0, following.output()[-3000:]
+    finally:
+        following.kill_all()
+    assert "rwlock was cut short" in following.output() and not cut_state_files(repo)
+    assert (repo / ".dvc" / "tmp" / "rwlock.cut").read_bytes() == whole[: len(whole) // 2]
+
+
+STATE = {  # dvc's state files as they are while `dvc exp run` runs a stage (their shapes, from dvc 3)
+    "rwlock": {"write": {"/r/out": {"pid": 4242, "cmd": "dvc exp run -n a-s0 -S run.seed=0"}},
+               "read": {"/r/params.yaml": [{"pid": 4242, "cmd": "dvc exp run -n a-s0 -S run.seed=0"}]}},
+    "exps/rwlock": {"read": {}},
+    "exps/run/workspace/workspace.run": {"git_url": "file:///r", "baseline_rev": "f" * 40, "location": "workspace",
+                                         "root_dir": "/r", "dvc_dir": ".dvc", "name": "a-s0", "wdir": ".",
+                                         "result_hash": None, "result_ref": None, "result_force": False,
+                                         "status": 2},
+    "exps/run/workspace/workspace.json": {"pid": 4242, "stdin": None, "stdout": None, "stderr": None,
+                                          "returncode": None},
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(STATE)), st.floats(0, 1, exclude_max=True), st.booleans())
+def test_any_state_file_cut_anywhere_is_set_aside_and_nothing_whole_is_touched(name: str, at: float, pad: bool) -> None:
+    from dvc.fs import localfs
+    from dvc.rwlock import _edit_rwlock
+
+    with tempfile.TemporaryDirectory() as root:
+        repo = Path(root)
+        tmp = repo / ".dvc" / "tmp"
+        for rel, content in STATE.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_text(json.dumps(content, indent=1 if pad else None))
+        whole = (tmp / name).read_bytes()
+        (tmp / name).write_bytes(whole[: int(at * len(whole))])
+        assert set(STATE) == {str(p.relative_to(tmp)) for pattern in STATE_PATTERNS for p in tmp.glob(pattern)}
+
+        assert set_aside_cut_state(repo) == [tmp / f"{name}.cut"]
+        assert (tmp / f"{name}.cut").read_bytes() == whole[: int(at * len(whole))]
+        assert all((tmp / rel).read_bytes() == json.dumps(c, indent=1 if pad else None).encode()
+                   for rel, c in STATE.items() if rel != name)
+        for table in ("", "exps"):  # dvc reads its lock tables again (a missing one is an empty one)
+            with _edit_rwlock(str(tmp / table), localfs, False):
+                pass
+        assert set_aside_cut_state(repo) == []

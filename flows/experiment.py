@@ -18,8 +18,8 @@ The driver runs as a stage process does (`flows.common.stage_process`): whatever
 SIGINT / SIGTERM stop the running `dvc exp run`'s stage first, so that dvc sees its stage fail and releases its
 locks, then dvc; params.yaml is put back; the exit is 130 / 143. On SIGKILL the driver's watcher ends every
 process it started (nothing can run in the driver, so params.yaml keeps the run's overrides, and the next run
-names them). A dvc killed while it writes its lock table leaves it cut short; each run first sets such files aside
-(`flows.dvc_state`), so one killed experiment does not stop every later dvc command in the repository.
+names them). A dvc killed while it writes its lock table leaves it cut short (or git's index locked); each run first
+sets such files aside (`flows.dvc_state`), so one killed experiment does not stop every later dvc command there.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from flows.common import stage_process
-from flows.dvc_state import DvcStillRunning, set_aside_cut_state
+from flows.dvc_state import DvcStillRunning, set_aside_broken_state
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
 from pipeline.config.overrides import experiment_overrides, leaf_overrides
 from pipeline.services.reaper import GRACE_S, descendants, end_all
@@ -107,16 +107,15 @@ def run_to_its_end(line: list[str]) -> int:
 
 
 def set_aside_what_dvc_left(repo: Path = Path(".")) -> bool:
-    """Set aside the state files a killed dvc left cut short in `repo`, saying so; False (and why on stderr) when
-    a dvc still running there may own them."""
+    """Set aside the state files a killed dvc left broken in `repo`, saying so; False (and why on stderr) when a
+    dvc or git still running there may own them."""
     try:
-        moved = set_aside_cut_state(repo)
+        moved = set_aside_broken_state(repo)
     except DvcStillRunning as err:
         print(err, file=sys.stderr)
         return False
     for path in moved:
-        print(f"{path.with_suffix('')} was cut short by a dvc that was killed while writing it: set aside as {path}",
-              flush=True)
+        print(f"{path.with_suffix('')} was left by a dvc killed while writing it: set aside as {path}", flush=True)
     return True
 
 

@@ -23,7 +23,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.dvc_state import STATE_PATTERNS, DvcStillRunning, cut_state_files, set_aside_cut_state
+from flows.dvc_state import GIT_LOCK_PATTERNS, STATE_PATTERNS, DvcStillRunning, broken_state_files, set_aside_broken_state
 from tests.faults.conftest import Stage, alive, assert_all_gone, stage_env, wait_for
 from tests.orchestration.test_experiment_workspace import sh
 
@@ -114,19 +114,22 @@ def test_a_lock_table_cut_short_is_left_alone_while_its_dvc_runs_and_set_aside_o
         table.write_bytes(whole[: len(whole) // 2])  # as a dvc killed while rewriting it leaves it
         dvc = next(p for p in psutil.Process(driver.proc.pid).children() if "dvc" in " ".join(p.cmdline()))
         with pytest.raises(DvcStillRunning, match=f"{dvc.pid} "):
-            set_aside_cut_state(repo)
+            set_aside_broken_state(repo)
         assert table.read_bytes() == whole[: len(whole) // 2]  # may be the running dvc's: untouched
         driver.proc.send_signal(signal.SIGTERM)
         assert driver.wait() != 0
     finally:
         driver.kill_all()
-    assert cut_state_files(repo)  # dvc could not release its locks through the cut table
+    assert broken_state_files(repo)  # dvc could not release its locks through the cut table
+    (repo / ".git" / "index.lock").write_bytes(b"")  # and git's index as a dvc killed while committing leaves it
     following = experiment(repo, "short")
     try:
         assert following.wait() == 0, following.output()[-3000:]
     finally:
         following.kill_all()
-    assert "rwlock was cut short" in following.output() and not cut_state_files(repo)
+    for left in ("rwlock", "index.lock"):
+        assert f"{left} was left by a dvc killed while writing it" in following.output(), following.output()
+    assert not broken_state_files(repo) and (repo / ".git" / "index.lock.stale").exists()
     assert (repo / ".dvc" / "tmp" / "rwlock.cut").read_bytes() == whole[: len(whole) // 2]
 
 
@@ -143,27 +146,41 @@ STATE = {  # dvc's state files as they are while `dvc exp run` runs a stage (the
 }
 
 
+GIT_LOCKS = ("index.lock", "HEAD.lock", "refs/exps/f0/abf279/a-s0.lock")  # git's, as an unfinished update leaves them
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(sorted(STATE)), st.floats(0, 1, exclude_max=True), st.booleans())
-def test_any_state_file_cut_anywhere_is_set_aside_and_nothing_whole_is_touched(name: str, at: float, pad: bool) -> None:
+@given(st.sampled_from(sorted(STATE) + [f"git:{lock}" for lock in GIT_LOCKS]), st.floats(0, 1, exclude_max=True),
+       st.booleans())
+def test_any_state_file_a_kill_breaks_is_set_aside_and_nothing_whole_is_touched(name: str, at: float, pad: bool) -> None:
     from dvc.fs import localfs
     from dvc.rwlock import _edit_rwlock
 
     with tempfile.TemporaryDirectory() as root:
         repo = Path(root)
-        tmp = repo / ".dvc" / "tmp"
+        tmp, git = repo / ".dvc" / "tmp", repo / ".git"
         for rel, content in STATE.items():
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             (tmp / rel).write_text(json.dumps(content, indent=1 if pad else None))
-        whole = (tmp / name).read_bytes()
-        (tmp / name).write_bytes(whole[: int(at * len(whole))])
+        (git / "refs" / "exps" / "f0" / "abf279").mkdir(parents=True)
+        (git / "refs" / "exps" / "f0" / "abf279" / "a-s0").write_text("f" * 40)  # a ref, not its lock
         assert set(STATE) == {str(p.relative_to(tmp)) for pattern in STATE_PATTERNS for p in tmp.glob(pattern)}
+        if name.startswith("git:"):
+            broken = git / name.removeprefix("git:")
+            broken.write_text("f" * 40)
+            assert broken in {p for pattern in GIT_LOCK_PATTERNS for p in git.glob(pattern)}
+            left, target = broken.read_bytes(), broken.with_name(broken.name + ".stale")
+        else:
+            broken = tmp / name
+            left, target = broken.read_bytes()[: int(at * broken.stat().st_size)], tmp / f"{name}.cut"
+            broken.write_bytes(left)
 
-        assert set_aside_cut_state(repo) == [tmp / f"{name}.cut"]
-        assert (tmp / f"{name}.cut").read_bytes() == whole[: int(at * len(whole))]
+        assert set_aside_broken_state(repo) == [target]
+        assert target.read_bytes() == left and not broken.exists()
         assert all((tmp / rel).read_bytes() == json.dumps(c, indent=1 if pad else None).encode()
-                   for rel, c in STATE.items() if rel != name)
+                   for rel, c in STATE.items() if tmp / rel != broken)
+        assert (git / "refs" / "exps" / "f0" / "abf279" / "a-s0").exists()
         for table in ("", "exps"):  # dvc reads its lock tables again (a missing one is an empty one)
             with _edit_rwlock(str(tmp / table), localfs, False):
                 pass
-        assert set_aside_cut_state(repo) == []
+        assert set_aside_broken_state(repo) == []

@@ -38,3 +38,11 @@ def backend(tiny_dir: Path) -> Iterator[object]:
 
     with VLLMBackend(tiny_dir, max_batch=8, max_model_len=512, seed=0) as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def trained_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model trained to call the code tool on `tests.vllm.scripted.PROBLEM` (see that module)."""
+    from tests.vllm.scripted import train_scripted
+
+    return train_scripted(tmp_path_factory.mktemp("scripted"))

@@ -12,7 +12,7 @@ from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import RolloutEngine, special_token_ids
 from pipeline.types import ToolResult
 from tests.helpers.tiny import tiny_tokenizer
-from tests.vllm.test_vllm_engine import PROBLEM, SEGMENTS, Multiply, trained_dir  # noqa: F401
+from tests.vllm.scripted import PROBLEM, SEGMENTS, Multiply
 
 
 class Hostile(Multiply):
@@ -39,7 +39,7 @@ def run(model_dir: Path, tool, **cfg):
 
 
 @pytest.mark.slow  # trains the tiny model and starts two engines
-def test_vllm_tool_text_entropies_and_budget(trained_dir: Path) -> None:  # noqa: F811
+def test_vllm_tool_text_entropies_and_budget(trained_dir: Path) -> None:
     tok, traj = run(trained_dir, Hostile())
     (call,) = traj.tool_calls
     o0, o1 = call.output_span

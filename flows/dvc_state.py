@@ -47,20 +47,20 @@ def _parses(path: Path) -> bool:
         return False
 
 
-def dvc_processes(repo: Path) -> list[psutil.Process]:
+def dvc_and_git_processes(repo: Path) -> list[psutil.Process]:
     """Running dvc and git processes whose working directory is `repo` or under it (this process left out)."""
     root = repo.resolve()
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
         cmdline, cwd = proc.info["cmdline"] or [], proc.info["cwd"]
-        if proc.pid == os.getpid() or not cwd or not _runs_dvc(cmdline):
+        if proc.pid == os.getpid() or not cwd or not _runs_dvc_or_git(cmdline):
             continue
         if Path(cwd) == root or root in Path(cwd).parents:
             found.append(proc)
     return found
 
 
-def _runs_dvc(cmdline: list[str]) -> bool:
+def _runs_dvc_or_git(cmdline: list[str]) -> bool:
     """`dvc ...`, `git ...`, `<python> <venv>/bin/dvc ...` or `<python> -m dvc ...`."""
     head = cmdline[:3]
     return any(Path(arg).name in ("dvc", "git") for arg in head) or any(
@@ -74,7 +74,7 @@ def set_aside_broken_state(repo: Path) -> list[Path]:
     broken = broken_state_files(repo)
     if not broken:
         return []
-    running = dvc_processes(repo)
+    running = dvc_and_git_processes(repo)
     if running:
         names = ", ".join(f"{p.pid} ({' '.join(p.info['cmdline'][:4])})" for p in running)
         raise DvcStillRunning(f"{', '.join(map(str, broken))}: cut short or locked while dvc or git still runs in "

@@ -25,20 +25,9 @@ ROLLOUT = textwrap.dedent("""
     from pipeline.model import load_policy
     from pipeline.rollout.engine import RolloutEngine
     from tests.train.toy_task import toy_config, toy_problems
+    from tests.helpers.unanswered import Unanswered
 
     model_dir, root, schedule, readmit, stop = sys.argv[1:]
-
-    class Unanswered:  # the toy task's code tool, never answering
-        name = "code"
-        on_call = staticmethod(lambda: None)
-
-        async def __call__(self, code):
-            print("called", flush=True)
-            self.on_call()
-            await asyncio.Event().wait()
-
-        async def aclose(self):
-            pass
 
     cfg = toy_config(Path(root), Path(model_dir), steps=1).rollout.model_copy(
         update={"schedule": schedule, "readmit_after_steps": int(readmit), "max_batch_sequences": 4})

@@ -24,20 +24,9 @@ ROLLOUT = textwrap.dedent("""
     from pipeline.rollout.engine import RolloutEngine
     from tests.helpers.tiny import tiny_tokenizer
     from tests.vllm.scripted import PROBLEM
+    from tests.helpers.unanswered import Unanswered
 
     model_dir, stop = sys.argv[1:]
-
-    class Unanswered:  # the code tool, never answering
-        name = "code"
-        on_call = staticmethod(lambda: None)
-
-        async def __call__(self, code):
-            print("called", flush=True)
-            self.on_call()
-            await asyncio.Event().wait()
-
-        async def aclose(self):
-            pass
 
     cfg = RolloutConfig(backend="vllm", temperature=0.0, max_policy_tokens=64, max_total_tokens=512)
     engine = RolloutEngine(LlamaForCausalLM.from_pretrained(model_dir), tiny_tokenizer(), {"code": Unanswered()},

@@ -8,62 +8,35 @@ decoder's clock, on arrival, at the end of a turn), so each is stopped both ways
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import Stage, stage_env
+from tests.helpers.stopped_rollout import STOPS, assert_a_stopped_rollout_ends
 
 ROLLOUT = textwrap.dedent("""
-    import asyncio, sys
+    import sys
     from pathlib import Path
-    from flows.common import stage_process
     from pipeline.model import load_policy
     from pipeline.rollout.engine import RolloutEngine
+    from tests.helpers.stopped_rollout import Unanswered, stop_mid_rollout
     from tests.train.toy_task import toy_config, toy_problems
-    from tests.helpers.unanswered import Unanswered
 
     model_dir, root, schedule, readmit, stop = sys.argv[1:]
-
     cfg = toy_config(Path(root), Path(model_dir), steps=1).rollout.model_copy(
         update={"schedule": schedule, "readmit_after_steps": int(readmit), "max_batch_sequences": 4})
     model, tokenizer = load_policy(model_dir)
-    engine = RolloutEngine(model, tokenizer, {"code": Unanswered()}, cfg, seed=0)  # never closed, as by a crash
-    if stop == "sigterm":
-        with stage_process():
-            engine.rollout(toy_problems(2), cfg.group_size)
-    else:
-        async def cancelled_at_the_first_call():
-            task = asyncio.current_task()
-            Unanswered.on_call = staticmethod(lambda: task.cancel())
-            await engine.arollout(toy_problems(2), cfg.group_size)
-        try:
-            asyncio.run(cancelled_at_the_first_call())  # closing the loop joins the threads it started
-        except asyncio.CancelledError:
-            print("cancelled", flush=True)
+    engine = RolloutEngine(model, tokenizer, {"code": Unanswered()}, cfg, seed=0)
+    stop_mid_rollout(engine, toy_problems(2), cfg.group_size, stop)
 """)
 SCHEDULES = {"clocked": ("continuous", 8), "on-arrival": ("continuous", 0), "turn-synchronous": ("turn-synchronous", 0)}
 
 
-@pytest.mark.parametrize("stop", ["sigterm", "cancel"])
+@pytest.mark.parametrize("stop", STOPS)
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_a_rollout_stopped_while_a_tool_has_not_answered_ends(toy_model: Path, tmp_path: Path, schedule: str,
                                                                stop: str) -> None:
-    stage = Stage([sys.executable, "-c", ROLLOUT, str(toy_model), str(tmp_path), *map(str, SCHEDULES[schedule]), stop],
-                  tmp_path, stage_env())
-    try:
-        stage.wait_for_line("called")
-        if stop == "sigterm":
-            stage.proc.send_signal(signal.SIGTERM)
-        try:
-            code = stage.wait()
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the process stopped mid-rollout ({stop}) did not exit:\n{stage.output()[-3000:]}")
-        assert code == (143 if stop == "sigterm" else 0), stage.output()[-3000:]
-        assert stop == "sigterm" or "cancelled" in stage.output()
-    finally:
-        stage.kill_all()
+    assert_a_stopped_rollout_ends([sys.executable, "-c", ROLLOUT, str(toy_model), str(tmp_path),
+                                   *map(str, SCHEDULES[schedule]), stop], tmp_path, stop)

@@ -13,6 +13,7 @@ from pipeline.rollout.engine import RolloutEngine
 from tests.helpers.tiny import tiny_tokenizer
 from tests.vllm.scripted import PROBLEM, SEGMENTS, Multiply, scripted_ids
 
+
 @pytest.mark.slow  # trains the tiny model for ~100 steps and starts its own engine
 def test_tool_round_trip_through_vllm_is_token_exact(trained_dir: Path) -> None:
     from transformers import LlamaForCausalLM

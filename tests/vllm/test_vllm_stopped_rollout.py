@@ -5,63 +5,33 @@ and the engine's step loop waits on it, so this backend's decoder can be stuck w
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.faults.conftest import Stage, assert_all_gone, stage_env
+from tests.helpers.stopped_rollout import STOPS, assert_a_stopped_rollout_ends
 
 ROLLOUT = textwrap.dedent("""
-    import asyncio, sys
+    import sys
     from transformers import LlamaForCausalLM
-    from flows.common import stage_process
     from pipeline.config.rollout import RolloutConfig
     from pipeline.rollout.engine import RolloutEngine
+    from tests.helpers.stopped_rollout import Unanswered, stop_mid_rollout
     from tests.helpers.tiny import tiny_tokenizer
     from tests.vllm.scripted import PROBLEM
-    from tests.helpers.unanswered import Unanswered
 
     model_dir, stop = sys.argv[1:]
-
     cfg = RolloutConfig(backend="vllm", temperature=0.0, max_policy_tokens=64, max_total_tokens=512)
     engine = RolloutEngine(LlamaForCausalLM.from_pretrained(model_dir), tiny_tokenizer(), {"code": Unanswered()},
-                           cfg, seed=0)  # never closed, as by a crash
-    if stop == "sigterm":
-        with stage_process():
-            engine.rollout([PROBLEM], 2)
-    else:
-        async def cancelled_at_the_first_call():
-            task = asyncio.current_task()
-            Unanswered.on_call = staticmethod(lambda: task.cancel())
-            await engine.arollout([PROBLEM], 2)
-        try:
-            asyncio.run(cancelled_at_the_first_call())  # closing the loop joins the threads it started
-        except asyncio.CancelledError:
-            print("cancelled", flush=True)
+                           cfg, seed=0)
+    stop_mid_rollout(engine, [PROBLEM], 2, stop)
 """)
 
 
 @pytest.mark.slow  # one vLLM engine per case
-@pytest.mark.parametrize("stop", ["sigterm", "cancel"])
+@pytest.mark.parametrize("stop", STOPS)
 def test_a_vllm_rollout_stopped_while_a_tool_has_not_answered_ends(trained_dir: Path, tmp_path: Path,
                                                                     stop: str) -> None:
-    stage = Stage([sys.executable, "-c", ROLLOUT, str(trained_dir), stop], tmp_path, stage_env())
-    try:
-        stage.wait_for_line("called")
-        started = psutil.Process(stage.proc.pid).children(recursive=True)  # vLLM's engine process among them
-        if stop == "sigterm":
-            stage.proc.send_signal(signal.SIGTERM)
-        try:
-            code = stage.wait()
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the process stopped mid-rollout ({stop}) did not exit:\n{stage.output()[-3000:]}")
-        assert code == (143 if stop == "sigterm" else 0), stage.output()[-3000:]
-        assert stop == "sigterm" or "cancelled" in stage.output()
-        assert_all_gone(started, f"vLLM's processes after a rollout stopped by {stop}")
-    finally:
-        stage.kill_all()
+    assert_a_stopped_rollout_ends([sys.executable, "-c", ROLLOUT, str(trained_dir), stop], tmp_path, stop)

@@ -21,8 +21,8 @@ import math
 import re
 from pathlib import Path
 
-from flows.experiment import experiment_file, experiment_refs
-from pipeline.config import load_config
+from flows.experiment import experiment_config, experiment_file, experiment_refs
+from pipeline.evaluation.labels import compared_labels
 from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
 from pipeline.tracking.headline import last_quarter
@@ -50,6 +50,9 @@ def with_calls(row: dict) -> dict:
 
 def figures(compare: dict, history: list[dict], sft_label: str, rl_label: str) -> dict:
     """One experiment's held-out figures (RL policy; gain over its SFT model) and last-quarter training means."""
+    missing = [label for label in (sft_label, rl_label) if label not in compare["models"]]
+    if missing:
+        raise ValueError(f"its comparison has no row {missing[0]!r} (its rows: {list(compare['models'])})")
     rl, sft = compare["models"][rl_label], compare["models"][sft_label]
     sources = sorted(k for k, v in rl.items() if isinstance(v, dict) and k != "all")
     out = {"accuracy": rl["all"]["accuracy"], "sft_accuracy": sft["all"]["accuracy"],
@@ -62,6 +65,16 @@ def figures(compare: dict, history: list[dict], sft_label: str, rl_label: str) -
         values = [r[key] for r in tail if key in r]
         out[f"train/{name}"] = sum(values) / len(values) if values else None
     return out
+
+
+def read_experiment(ref: str, repo: Path) -> tuple[dict, list[dict]]:
+    """The figures and the training history of the experiment `ref`, read with its own params (the rows its
+    evaluate stage wrote)."""
+    cfg = experiment_config(ref, repo)
+    compare = json.loads(experiment_file(ref, f"{cfg.evaluate.output_dir}/{COMPARE_FILE}", repo))
+    text = experiment_file(ref, "metrics/train_history.jsonl", repo)
+    history = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return figures(compare, history, *compared_labels(cfg)), history
 
 
 def cell(value: float | None, percent: bool = False) -> str:
@@ -123,16 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--png", type=Path, default=None, help="write the curves and accuracies here")
     args = parser.parse_args(argv)
-    ec = load_config(REPO_ROOT / "params.yaml").evaluate
     found = experiments(args.repo, tuple(args.arms))
     if not found:
         raise SystemExit(f"no experiment named <arm>-s<seed> for {args.arms} in {args.repo}")
     rows, histories = {}, {}
     for name, ref in found.items():
-        compare = json.loads(experiment_file(ref, f"{ec.output_dir}/{COMPARE_FILE}", args.repo))
-        text = experiment_file(ref, "metrics/train_history.jsonl", args.repo)
-        histories[name] = [json.loads(line) for line in text.splitlines() if line.strip()]
-        rows[name] = figures(compare, histories[name], ec.baselines["sft"].label, ec.label)
+        try:
+            rows[name], histories[name] = read_experiment(ref, args.repo)
+        except (LookupError, ValueError) as err:  # ValueError: also params this checkout cannot read
+            raise SystemExit(f"{name}: {err}") from None
     print(table(rows))
     if args.png:
         plot(histories, rows, args.png)

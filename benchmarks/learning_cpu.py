@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from flows import experiment as experiments
-from pipeline.config import load_config
+from pipeline.evaluation.labels import compared_labels
 from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
 
@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     repo = args.repo
     walls = {seed: None if args.collect else run_seed(seed, repo) for seed in args.seeds}
-    ec = load_config(REPO_ROOT / PRESET).evaluate
-    path = str(Path(ec.output_dir) / COMPARE_FILE)
     per_seed = {}
     try:
         for seed, wall in walls.items():
-            compare = read_compare(experiment_ref(seed, repo), path, repo)
-            per_seed[seed] = seed_figures(compare, ec.baselines["sft"].label, ec.label, wall)
+            ref = experiment_ref(seed, repo)
+            cfg = experiments.experiment_config(ref, repo)  # its own params: the rows its evaluate stage wrote
+            compare = read_compare(ref, str(Path(cfg.evaluate.output_dir) / COMPARE_FILE), repo)
+            per_seed[seed] = seed_figures(compare, *compared_labels(cfg), wall)
             print(seed_line(seed, per_seed[seed]), flush=True)
-    except (LookupError, ValueError) as err:
+    except (LookupError, ValueError) as err:  # ValueError: also params this checkout cannot read
         sys.exit(str(err))
     print(json.dumps(summary(per_seed)))
 

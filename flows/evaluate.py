@@ -38,7 +38,7 @@ from pipeline.config import RunConfig
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
-from pipeline.evaluation.evaluate import run_label
+from pipeline.evaluation.labels import run_label
 from pipeline.evaluation.report import TABLE_FILE
 from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.model_source import ModelSourceError, resolve_model
@@ -54,10 +54,13 @@ def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str) -> 
         return evaluate(cfg, urls, model_path=model)
 
 
-def with_overrides(cfg: RunConfig, label: str | None, place: Placement) -> RunConfig:
-    """The row label given, and the output folder where this run writes (ad hoc: under runs/evaluate/<label>/).
+def with_overrides(cfg: RunConfig, label: str | None, place: Placement, model: str | None = None) -> RunConfig:
+    """The row label given (a model given without one: named after it), and the output folder where this run
+    writes (ad hoc: under runs/evaluate/<label>/).
     The DVC stage (written in place) compares with the baselines' evaluations first."""
-    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))} | ({"label": label} if label else {})
+    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))}
+    if label or model:  # params' evaluate.label names the policy, not a model given by hand
+        update["label"] = label or ""
     if place.root is None:
         baselines = tuple(b.output_dir for b in cfg.evaluate.baselines.values())
         update["compare_dirs"] = baselines + tuple(d for d in cfg.evaluate.compare_dirs if d not in baselines)
@@ -89,7 +92,7 @@ def configured(params: str, model: str | None, label: str | None, out: str | Non
     if baseline is not None:
         return as_baseline(load_or_exit(params), baseline), f"evaluate-{baseline}"
     place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
-    return with_overrides(load_or_exit(params), label, place), "evaluate"
+    return with_overrides(load_or_exit(params), label, place, model), "evaluate"
 
 
 @flow(name="evaluate", log_prints=True)

@@ -34,7 +34,8 @@ import yaml
 
 from flows.common import stage_process
 from flows.dvc_state import DvcStillRunning, set_aside_broken_state
-from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
+from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, config_from_dict, load_config
+from pipeline.config.params_file import read_params
 from pipeline.config.overrides import experiment_overrides, leaf_overrides
 from pipeline.services.reaper import GRACE_S, descendants, end_all
 
@@ -66,6 +67,11 @@ def experiment_file(ref: str, path: str, repo: Path = Path(".")) -> str:
     if shown.returncode != 0:
         raise LookupError(f"{ref} holds no {path} (did the stage that writes it run?): {shown.stderr.strip()}")
     return shown.stdout
+
+
+def experiment_config(ref: str, repo: Path = Path(".")) -> RunConfig:
+    """The config the experiment `ref` ran with: its own committed params.yaml (the preset's overrides applied)."""
+    return config_from_dict(read_params(experiment_file(ref, DEFAULT_PARAMS.name, repo)), f"{ref}:{DEFAULT_PARAMS.name}")
 
 
 def changed_since_commit(params: Path) -> list[str]:

@@ -86,7 +86,9 @@ class EvaluateConfig(StageConfig):
     samples: int = Field(1, ge=1, description="Samples per problem (1 with temperature 0 = greedy pass@1).")
     temperature: float = Field(0.0, ge=0.0, le=5.0, description="0 = greedy decoding.")
     output_dir: str = Field("metrics", min_length=1, description="Where eval.json, eval_samples.jsonl, eval_table.md and eval_plots/ go.")
-    label: str = Field("", description="Row name in the comparison table (empty = model name and mode).")
+    label: str = Field("", description=(
+        "Row name in the comparison table (empty = what trained the model, e.g. 'SFT + DAPO (tools)', for the train "
+        "stage's output; else its folder's name; then the mode)."))
     mode: Literal["tools", "no_tools"] = Field("tools", description="tools = TAPO's '+ SE/CI' prompting with services; no_tools = plain reasoning.")
     benchmarks: tuple[BenchmarkConfig, ...] = Field((), description="Benchmarks to evaluate (empty = split_file).")
     pass_k: tuple[int, ...] = Field((1,), min_length=1, description="k values of unbiased pass@k (each <= samples).")

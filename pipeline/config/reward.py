@@ -7,7 +7,7 @@ verifier kind and `type_routing` is the fallback by problem `type`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -52,12 +52,14 @@ DEFAULT_TYPE_ROUTING: dict[str, str] = {
 class TepoOff(StageConfig):
     """No entropy shaping: the reward is the rule-based reward alone."""
 
+    display_name: ClassVar[str] = ""  # in the policy's row of an evaluation table
     kind: Literal["off"] = "off"
 
 
 class TepoSparse(StageConfig):
     """TEPO sparse outcome reward: R = base * m / n (m entropy-reducing calls of n; R = base when n = 0)."""
 
+    display_name: ClassVar[str] = "TEPO sparse"  # in the policy's row of an evaluation table
     kind: Literal["sparse"] = "sparse"
     min_segment_tokens: int = Field(1, ge=1, description="A segment shorter than this has no entropy; its call counts as not entropy-reducing.")
 
@@ -65,6 +67,7 @@ class TepoSparse(StageConfig):
 class TepoDense(StageConfig):
     """TEPO dense process reward: r_k = base * (1 + alpha * 1[dH_k < 0]) per call, advantages over a group's calls."""
 
+    display_name: ClassVar[str] = "TEPO dense"  # in the policy's row of an evaluation table
     kind: Literal["dense"] = "dense"
     alpha: float = Field(0.5, ge=0.0, le=10.0, description="Bonus factor for an entropy-reducing call.")
     min_segment_tokens: int = Field(1, ge=1, description="A segment shorter than this has no entropy; its call counts as not entropy-reducing.")

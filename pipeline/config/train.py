@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,6 +24,7 @@ KL_HELP = "beta of a per-token KL(pi || pi_ref) penalty to the initial model (k3
 class DAPOLoss(StageConfig):
     """DAPO: token-level loss, clip-higher, no KL by default, dynamic sampling."""
 
+    display_name: ClassVar[str] = "DAPO"  # in the policy's row of an evaluation table
     kind: Literal["dapo"] = "dapo"
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the importance ratio.")
     eps_high: float = Field(0.28, ge=0.0, le=1.0, description="Upper clip range (clip-higher keeps entropy up).")
@@ -42,6 +43,7 @@ class GRPOLoss(StageConfig):
     `std_normalize: false` only drops the std division; the per-sequence 1/|o_i| mean stays, and with it
     the length bias Dr.GRPO removes: that is `DrGRPOLoss` (kind dr_grpo), not this."""
 
+    display_name: ClassVar[str] = "GRPO"  # in the policy's row of an evaluation table
     kind: Literal["grpo"] = "grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
     std_normalize: bool = Field(True, description=(
@@ -59,6 +61,7 @@ class DrGRPOLoss(StageConfig):
     token sum is divided by sequences x rollout.max_policy_tokens (a constant, as TRL's dr_grpo divides by
     max_completion_length), so a long sequence's tokens weigh as much as a short one's."""
 
+    display_name: ClassVar[str] = "Dr.GRPO"  # in the policy's row of an evaluation table
     kind: Literal["dr_grpo"] = "dr_grpo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Symmetric clip range.")
     dynamic_sampling: bool = Field(False, description="Drop the groups filter_metric finds uninformative and sample more.")

@@ -35,6 +35,7 @@ from pipeline.config import RunConfig
 from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
+from pipeline.evaluation.labels import run_label
 from pipeline.tracking.model_source import fingerprint, resolve_model
 from pipeline.evaluation.report import comparison_headline, write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
@@ -75,11 +76,6 @@ def tools_needed(benchmarks: list[Benchmark]) -> tuple[ToolName, ...]:
     """The tool services the benchmarks' problem types may call (what the flow starts)."""
     types = {p.type for b in benchmarks for p in b.problems}
     return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))
-
-
-def run_label(cfg: RunConfig, model: str) -> str:
-    ec = cfg.evaluate
-    return ec.label or f"{Path(model.rstrip('/')).name or model} ({'tools' if ec.mode == 'tools' else 'no tools'})"
 
 
 def load_model(cfg: RunConfig, model: str):

@@ -10,18 +10,28 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks import claims
+from pipeline.config import load_config
+from pipeline.paths import REPO_ROOT
 
 SFT, RL = "SFT (tools)", "SFT + DAPO (tools)"
+ARM_RL = {"dapo": RL, "tepo-sparse": "SFT + DAPO + TEPO sparse (tools)"}  # the policy's row, from each arm's params
 
 
-def compare(sft: float, rl: float, calls: float = 1.0) -> dict:
+def params(arm: str) -> str:
+    """The params.yaml an experiment of `arm` commits: the main job's, with the arm's preset applied."""
+    preset = REPO_ROOT / "params.yaml" if arm == "dapo" else REPO_ROOT / "configs" / "experiments" / f"{arm}.yaml"
+    return yaml.safe_dump(load_config(preset).model_dump(mode="json"))
+
+
+def compare(sft: float, rl: float, calls: float = 1.0, rl_label: str = RL) -> dict:
     def model(accuracy: float) -> dict:
         per = {"accuracy": accuracy, "right_tool": 0.9, "n_problems": 10.0, "calls_per_rollout/code": calls / 2,
                "calls_per_rollout/search": calls / 2}
         return {"all": per, "calculator": per | {"accuracy": accuracy - 0.1}, "wiki_facts": per, "mode": "tools"}
-    return {"models": {SFT: model(sft), RL: model(rl)}, "flips": {}}
+    return {"models": {SFT: model(sft), rl_label: model(rl)}, "flips": {}}
 
 
 def history(steps: int, share: bool) -> list[dict]:
@@ -52,8 +62,8 @@ def experiment(repo: Path, ref: str, files: dict[str, str], date: str) -> None:
     git(repo, "update-ref", ref, commit)
 
 
-def files(sft: float, rl: float, steps: int = 8, share: bool = True) -> dict[str, str]:
-    return {"metrics/eval_compare.json": json.dumps(compare(sft, rl)),
+def files(sft: float, rl: float, steps: int = 8, share: bool = True, arm: str = "dapo") -> dict[str, str]:
+    return {"params.yaml": params(arm), "metrics/eval_compare.json": json.dumps(compare(sft, rl, rl_label=ARM_RL[arm])),
             "metrics/train_history.jsonl": "\n".join(json.dumps(r) for r in history(steps, share)) + "\n"}
 
 
@@ -64,8 +74,8 @@ def repo(tmp_path: Path) -> Path:
     git(repo, "init", "-q")
     experiment(repo, "refs/exps/aa/1111/dapo-s0", files(0.4, 0.3), "2026-12-04T12:00:00")  # older: replaced
     experiment(repo, "refs/exps/bb/2222/dapo-s0", files(0.4, 0.45, share=False), "2026-12-05T12:00:00")
-    experiment(repo, "refs/exps/bb/2222/tepo-sparse-s1", files(0.4, 0.5), "2026-12-05T13:00:00")
-    experiment(repo, "refs/exps/bb/2222/tepo-sparse-s0", files(0.4, 0.35), "2026-12-05T14:00:00")
+    experiment(repo, "refs/exps/bb/2222/tepo-sparse-s1", files(0.4, 0.5, arm="tepo-sparse"), "2026-12-05T13:00:00")
+    experiment(repo, "refs/exps/bb/2222/tepo-sparse-s0", files(0.4, 0.35, arm="tepo-sparse"), "2026-12-05T14:00:00")
     experiment(repo, "refs/exps/bb/2222/main-s2", files(0.1, 0.9), "2026-12-05T15:00:00")  # no arm's name
     experiment(repo, "refs/exps/bb/2222/no-code-s0x", files(0.1, 0.9), "2026-12-05T15:00:00")
     return repo
@@ -104,3 +114,21 @@ def test_a_repo_without_any_arm_is_refused(tmp_path: Path) -> None:
     git(tmp_path, "init", "-q")
     with pytest.raises(SystemExit, match="no experiment named"):
         claims.main(["--repo", str(tmp_path)])
+
+
+def test_each_experiment_is_read_with_the_rows_its_own_params_name(tmp_path: Path) -> None:
+    """An experiment whose params name the policy otherwise (an older one, labelled by hand) is read by its own
+    names; one whose comparison has no row by those names, or that holds no params, is refused naming it."""
+    git(tmp_path, "init", "-q")
+    older = yaml.safe_load(params("tepo-sparse"))
+    older["evaluate"]["label"] = "SFT + DAPO (tools)"
+    experiment(tmp_path, "refs/exps/aa/1111/tepo-sparse-s0", files(0.4, 0.5) | {"params.yaml": yaml.safe_dump(older)},
+               "2026-12-05T12:00:00")
+    claims.main(["--repo", str(tmp_path), "--arms", "tepo-sparse"])
+    experiment(tmp_path, "refs/exps/aa/1111/tepo-sparse-s1", files(0.4, 0.5) | {"params.yaml": params("tepo-sparse")},
+               "2026-12-05T13:00:00")
+    with pytest.raises(SystemExit, match=r"tepo-sparse-s1: .*no row 'SFT \+ DAPO \+ TEPO sparse \(tools\)'"):
+        claims.main(["--repo", str(tmp_path), "--arms", "tepo-sparse"])
+    experiment(tmp_path, "refs/exps/aa/1111/tepo-sparse-s1", {"metrics/eval_compare.json": "{}"}, "2026-12-05T14:00:00")
+    with pytest.raises(SystemExit, match="tepo-sparse-s1: .*holds no params.yaml"):
+        claims.main(["--repo", str(tmp_path), "--arms", "tepo-sparse"])

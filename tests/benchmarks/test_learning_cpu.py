@@ -10,11 +10,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks import learning_cpu
 from benchmarks.learning_cpu import experiment_ref, read_compare, seed_figures, seed_line, summary
 from benchmarks.preset_run import PRESET, preset_config, preset_run
 from pipeline.config import load_config
+from pipeline.evaluation.labels import compared_labels
 from pipeline.paths import REPO_ROOT
 
 SFT, RL = "SFT (tools)", "SFT + DAPO (tools)"
@@ -31,8 +33,7 @@ def compare(sft: float, rl: float, right_tool: float = 0.97, up: int = 7, down: 
 
 
 def test_the_labels_are_the_presets() -> None:
-    ec = load_config(REPO_ROOT / learning_cpu.PRESET).evaluate
-    assert (ec.baselines["sft"].label, ec.label) == (SFT, RL)
+    assert compared_labels(load_config(REPO_ROOT / learning_cpu.PRESET)) == (SFT, RL)
 
 
 def test_seed_figures_give_the_gain_in_points_the_policys_right_tool_and_the_flips() -> None:
@@ -91,13 +92,15 @@ def git(repo: Path, *args: str, date: str = "2026-12-05T12:00:00") -> str:
 
 
 def experiment(repo: Path, ref: str, content: dict | None, date: str) -> None:
-    """A commit holding metrics/eval_compare.json (or not, with None), under `ref` only, as DVC keeps experiments."""
+    """A commit holding the preset's params.yaml and metrics/eval_compare.json (or not, with None), under `ref` only,
+    as DVC keeps experiments."""
     git(repo, "checkout", "-q", "--orphan", "tmp")
     git(repo, "rm", "-rq", "--cached", "--ignore-unmatch", ".")
     shutil.rmtree(repo / "metrics", ignore_errors=True)
     (repo / "metrics").mkdir()
     (repo / "metrics" / ("eval_compare.json" if content is not None else "eval.json")).write_text(json.dumps(content))
-    git(repo, "add", "metrics")
+    (repo / "params.yaml").write_text(yaml.safe_dump(load_config(REPO_ROOT / learning_cpu.PRESET).model_dump(mode="json")))
+    git(repo, "add", "metrics", "params.yaml")
     git(repo, "commit", "-qm", ref, date=date)
     git(repo, "update-ref", ref, "HEAD")
     git(repo, "checkout", "-q", "--detach")

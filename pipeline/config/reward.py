@@ -78,6 +78,10 @@ TepoConfig = Annotated[TepoOff | TepoSparse | TepoDense, Field(discriminator="ki
 
 
 class RewardConfig(StageConfig):
+    # Keys that shape how the policy learns (pipeline.rl), not how an answer is scored: an evaluation of a fixed
+    # model neither reads them nor keys its stored samples on them, and its DVC stages leave them out.
+    TRAINING_ONLY: ClassVar[frozenset[str]] = frozenset({"tepo"})
+
     format_penalty: float = Field(-1.0, le=0.0, description="Reward when the format is wrong (TAPO Eq. 7).")
     overlong_buffer: int = Field(64, ge=0, description="L_cache: policy tokens over which the overlong penalty ramps to -1 (TAPO Eq. 9).")
     format_strictness: Literal["strict", "lenient"] = Field(
@@ -113,3 +117,7 @@ class RewardConfig(StageConfig):
     tepo: TepoConfig = Field(default_factory=TepoOff, description=(
         "TEPO entropy shaping (a typed choice: off, sparse or dense). Sparse and dense read the sampling entropies, "
         "which only rollout.backend hf records: refused with vllm."))
+
+    def scoring(self) -> dict:
+        """Every key but the training-only ones: what scores an answer."""
+        return self.model_dump(exclude=set(self.TRAINING_ONLY))

@@ -169,7 +169,7 @@ def _key(cfg: RunConfig, model_id: str) -> str:
     ec = cfg.evaluate
     return run_key({"model": model_id, "mode": ec.mode, "samples": ec.samples,
                     "temperature": ec.temperature, "rollout": cfg.rollout.model_dump(), "seed": cfg.run.seed,
-                    "dtype": cfg.model.dtype, "reward": cfg.reward.model_dump(), "judge": ec.judge.model_dump()})
+                    "dtype": cfg.model.dtype, "reward": cfg.reward.scoring(), "judge": ec.judge.model_dump()})
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | None = None) -> dict[str, float]:

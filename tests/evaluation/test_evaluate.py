@@ -235,3 +235,18 @@ def test_metrics_and_reports_are_logged_to_the_active_mlflow_run(tok, tmp_path) 
     table = json.loads(Path(mlflow.artifacts.download_artifacts(
         run_id=active.info.run_id, artifact_path="evaluation/samples.json", dst_path=str(tmp_path / "dl"))).read_text())
     assert table["columns"][:3] == ["benchmark", "id", "sample"] and len(table["data"]) == 4
+
+
+@pytest.mark.parametrize("tepo", [{"kind": "sparse"}, {"kind": "dense", "alpha": 2.0}])
+def test_how_the_policy_learns_does_not_change_an_evaluation(tok, tmp_path, tepo: dict) -> None:
+    """reward.tepo is left out of the baselines' DVC params (tests/orchestration/test_dvc_deps.py): evaluating a
+    model must give the same samples and metrics whichever TEPO variant the params name."""
+    def evaluated(name: str, cfg: RunConfig) -> tuple[dict, list[dict]]:
+        metrics, _, _ = scripted_run(tok, cfg, [calculator()])
+        rows = [r | {"tool_calls": [c | {"latency_s": 0} for c in r["tool_calls"]]} for r in samples(tmp_path / name)]
+        return metrics, rows
+    plain = make_cfg(tmp_path / "off")
+    shaped = make_cfg(tmp_path / "tepo")
+    shaped = shaped.model_copy(update={"reward": shaped.reward.model_validate(shaped.reward.model_dump() | {"tepo": tepo})})
+    assert shaped.reward.tepo.kind == tepo["kind"]
+    assert evaluated("off", plain) == evaluated("tepo", shaped)

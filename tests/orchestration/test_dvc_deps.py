@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.config.reward import RewardConfig
 from tests.helpers.source_imports import imports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,3 +96,21 @@ def test_the_closure_follows_function_level_imports(tmp_path: Path, monkeypatch:
     (tmp_path / "pipeline" / "c.py").write_text("")
     monkeypatch.setattr(__import__("sys").modules[__name__], "ROOT", tmp_path)
     assert folder_deps(import_closure("pipeline.a.x")) == {"pipeline/__init__.py", "pipeline/a", "pipeline/b"}
+
+
+@pytest.mark.parametrize("name", ["evaluate-base", "evaluate-sft"])
+def test_a_baselines_evaluation_depends_on_every_scoring_key_and_not_on_how_the_policy_learns(name: str) -> None:
+    """So a preset that only trains otherwise (TEPO) reuses the base and SFT evaluations instead of re-running them,
+    and a new reward key is not forgotten here. The training-only keys shape how the policy learns (pipeline.rl),
+    which the evaluation of a fixed model does not run."""
+    params = set(stages()[name]["params"])
+    scoring = {f"reward.{key}" for key in RewardConfig.model_fields} - {f"reward.{k}" for k in RewardConfig.TRAINING_ONLY}
+    assert {p for p in params if p.split(".")[0] == "reward"} == scoring
+    assert not any(d.startswith("pipeline/rl") for d in stages()[name]["deps"])
+
+
+def test_the_policys_evaluation_depends_on_what_names_its_row() -> None:
+    params = set(stages()["evaluate"]["params"])
+    named_after = {"reward", "train.algorithm", "train.init_model", "train.mask_tool_output", "train.output_dir",
+                   "sft.init_model", "sft.output_dir"}  # pipeline.evaluation.labels.policy_label
+    assert named_after <= params

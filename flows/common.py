@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 from flows.tracking import LockFileError, dvc_invocation
 from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.jsonl import read_problems
-from pipeline.services.reaper import watch_this_process
+from pipeline.services.reaper import spare, watch_this_process
 from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.types import ToolName
 
@@ -64,6 +65,18 @@ class _Signalled:
     number: int | None = None  # the SIGINT/SIGTERM that ended the stage, if one did
 
 
+class _Watcher:
+    process: subprocess.Popen | None = None  # this stage process's watcher, while `stage_process` runs
+
+
+def ends_on_its_own(pid: int) -> None:
+    """`pid` (a `dvc exp run` this stage drives) cleans up after what it started itself: if this process dies,
+    its watcher ends everything else first and lets `pid` end on its own (`pipeline.services.reaper.spare`)."""
+    if _Watcher.process is None:
+        raise RuntimeError("ends_on_its_own is for the body of stage_process()")
+    spare(_Watcher.process, pid)
+
+
 def _raise_on_signal(number: int, frame: object) -> None:
     _Signalled.number = number
     raise KeyboardInterrupt if number == signal.SIGINT else SystemExit(128 + number)
@@ -80,7 +93,7 @@ def stage_process() -> Iterator[None]:
       KILLED, services stopped) run; the process then exits 128 + the signal's number, whatever
       exception the signal turned into on its way out (Prefect wraps them)."""
     invocation = dvc_invocation()  # '<host>:<pid>:<start>' of the dvc process above, if any
-    watcher = watch_this_process((int(invocation.split(":")[1]),) if invocation else ())
+    watcher = _Watcher.process = watch_this_process((int(invocation.split(":")[1]),) if invocation else ())
     signal.signal(signal.SIGTERM, _raise_on_signal)
     signal.signal(signal.SIGINT, _raise_on_signal)
     try:
@@ -91,4 +104,5 @@ def stage_process() -> Iterator[None]:
         print(f"stage stopped by {signal.Signals(_Signalled.number).name}", file=sys.stderr, flush=True)
         raise SystemExit(128 + _Signalled.number) from None
     finally:
+        _Watcher.process = None
         watcher.returncode = 0  # not waited for: it ends on its own once this process is gone, after the rest

@@ -17,9 +17,11 @@ keys, unless `--allow-changed-params` says those changes belong in every experim
 The driver runs as a stage process does (`flows.common.stage_process`): whatever ends it ends its experiment.
 SIGINT / SIGTERM stop the running `dvc exp run`'s stage first, so that dvc sees its stage fail and releases its
 locks, then dvc; params.yaml is put back; the exit is 130 / 143. On SIGKILL the driver's watcher ends every
-process it started (nothing can run in the driver, so params.yaml keeps the run's overrides, and the next run
-names them). A dvc killed while it writes its lock table leaves it cut short (or git's index locked); each run first
-sets such files aside (`flows.dvc_state`), so one killed experiment does not stop every later dvc command there.
+process it started, dvc last: dvc's stage first, so that dvc sees it fail and releases its locks on its own
+(nothing can run in the driver, so params.yaml keeps the run's overrides, and the next run names them). A dvc
+killed anyway while it writes its lock table (an OOM kill, a SIGKILL of the whole group) leaves it cut short (or
+git's index locked); each run first sets such files aside (`flows.dvc_state`), so one killed experiment does not
+stop every later dvc command there.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from flows.common import stage_process
+from flows.common import ends_on_its_own, stage_process
 from flows.dvc_state import DvcStillRunning, set_aside_broken_state
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.config.params_file import read_params
@@ -100,6 +102,7 @@ def run_to_its_end(line: list[str]) -> int:
     what dvc started first (its stage and the stage's own processes: dvc ignores SIGINT while a stage runs and
     dies on SIGTERM before releasing its locks), so that dvc sees the stage fail and ends on its own; then dvc."""
     dvc = subprocess.Popen(line)
+    ends_on_its_own(dvc.pid)  # SIGKILLed, this driver's watcher ends dvc's stage and lets dvc see it fail
     try:
         return dvc.wait()
     except BaseException:

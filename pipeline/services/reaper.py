@@ -19,6 +19,11 @@ its children are re-parented to init, so the stage cannot clean up after itself.
   orphaned stage goes on writing outputs that a re-run also writes.
 * No parent-death signal on the stage itself: a stage started by hand (under nohup, say) must
   outlive the shell that started it; only the `dvc` process above it is its anchor.
+* A process the stage names with `spare(watcher, pid)` (a `dvc exp run` it drives) cleans up after what it
+  started itself, and a signal in the middle of that clean-up would cut it short (dvc dies on SIGTERM while
+  rewriting its lock table, and every later dvc command there fails on the cut file). So it is not signalled with
+  the rest: once the rest has ended it is given `2 * GRACE_S` to end on its own, as after its own child failed,
+  and only then ended. The stage names it through the watcher's stdin, one identity a line.
 
 Only a process that both drops the tag from its environment and is orphaned within one poll of
 its parent's death can escape.
@@ -30,9 +35,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import psutil
@@ -101,10 +107,39 @@ def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
     tag = new_tag()
     command = [sys.executable, "-m", "pipeline.services.reaper", tag, identity(os.getpid()),
                *(identity(a) for a in anchors)]
-    watcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+    watcher = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None,
                                start_new_session=True, close_fds=True)
     os.environ[TAGS_VAR] = with_tag(os.environ, tag)[TAGS_VAR]
     return watcher
+
+
+def spare(watcher: subprocess.Popen, pid: int) -> None:
+    """Have `watcher` let `pid` end on its own after the rest of the stage's processes (see the module)."""
+    assert watcher.stdin is not None
+    try:
+        watcher.stdin.write(f"{identity(pid)}\n".encode())
+        watcher.stdin.flush()
+    except OSError as err:  # the watcher is gone: nothing will end pid before its time either
+        print(f"the stage's watcher is gone ({err}): process {pid} is not spared", file=sys.stderr, flush=True)
+
+
+class Spared:
+    """The identities the stage names on this watcher's stdin (read in a thread until the stage is gone)."""
+
+    def __init__(self, lines: Iterable[bytes] = ()) -> None:
+        self._found: set[str] = set()
+        self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
+        self._reader.start()
+
+    def _read(self, lines: Iterable[bytes]) -> None:
+        for line in lines:
+            self._found.add(line.decode().strip())
+
+    def settled(self) -> set[str]:
+        """Every identity named, once the stage's end of the pipe is closed (a process it forked without exec may
+        keep it open: then what was read within a second)."""
+        self._reader.join(timeout=1.0)
+        return set(self._found)
 
 
 def _running(ident: str) -> bool:
@@ -130,12 +165,15 @@ def _signal(ident: str, sig: int) -> None:
             pass
 
 
-def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True) -> None:
-    """SIGTERM every process still running (and its children), SIGKILL what is left after `grace_s`."""
+def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True,
+            keep: frozenset[str] | set[str] = frozenset()) -> None:
+    """SIGTERM every process still running (and its children, but those in `keep`), SIGKILL what is left after
+    `grace_s`."""
     targets = {i for i in idents if _running(i)}
     if children:
         for ident in list(targets):
             targets |= descendants(int(ident.split(":")[0]))
+    targets -= keep
     for ident in targets:
         _signal(ident, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -145,9 +183,19 @@ def end_all(idents: set[str], grace_s: float = GRACE_S, *, children: bool = True
         _signal(ident, signal.SIGKILL)
 
 
-def watch(tag: str, stage: str, anchors: list[str]) -> None:
+def end_sparing(idents: set[str], spared: set[str]) -> None:
+    """End `idents` but the spared ones; give those `2 * GRACE_S` to end on their own, then end them too."""
+    spared = {i for i in spared if _running(i)}
+    end_all(idents - spared, keep=spared)
+    deadline = time.monotonic() + 2 * GRACE_S
+    while any(_running(i) for i in spared) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    end_all(spared)
+
+
+def watch(tag: str, stage: str, anchors: list[str], spared: Spared | None = None) -> None:
     """Note the stage's descendants until it (or an anchor) ends; then end them and every process that carries the
-    stage's tag (see the module)."""
+    stage's tag, the spared last (see the module)."""
     noted: set[str] = set()
     stage_pid = int(stage.split(":")[0])
     while _running(stage):
@@ -156,13 +204,13 @@ def watch(tag: str, stage: str, anchors: list[str]) -> None:
             end_all({stage}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
             break
         time.sleep(POLL_S)
-    end_all(noted | tagged(tag))
+    end_sparing(noted | tagged(tag), spared.settled() if spared else set())
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the stage must not stop its watcher
     tag, stage, *anchors = sys.argv[1:]
-    watch(tag, stage, anchors)
+    watch(tag, stage, anchors, Spared(sys.stdin.buffer))
 
 
 if __name__ == "__main__":

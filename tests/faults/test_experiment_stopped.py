@@ -6,7 +6,8 @@ workspace (no lock left held), also when dvc was killed while it wrote its lock 
 Found stopping an experiment arm with `kill <driver>`: its `dvc exp run` went on training, with the sandbox, the
 search service and Prefect's server beside it, and params.yaml kept the arm's overrides. Then, once in a while, the
 run after a SIGKILLed driver failed on ".dvc/tmp/rwlock ... JSON structure is corrupted": the watcher's SIGTERM had
-reached dvc while it rewrote its lock table."""
+reached dvc while it rewrote its lock table. Now the watcher ends dvc's stage and lets dvc end on its own
+(`flows.common.ends_on_its_own`), and a table cut anyway (an OOM kill) is set aside by the next run."""
 
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def repo(repo_root: Path, tmp_path: Path) -> Path:
     return repo
 
 
+def held_locks(repo: Path) -> dict:
+    """The entries of dvc's lock table (`{}`: dvc released every lock it took, or took none)."""
+    table = repo / ".dvc" / "tmp" / "rwlock"
+    held = json.loads(table.read_text()) if table.exists() else {}
+    return {kind: entries for kind, entries in held.items() if entries}
+
+
 def experiment(repo: Path, preset: str) -> Stage:
     env = stage_env(PATH=f"{Path(sys.executable).parent}:{stage_env()['PATH']}")
     return Stage([sys.executable, "-m", "flows.experiment", f"configs/experiments/{preset}.yaml", "--seeds", "0"],
@@ -86,6 +94,9 @@ def test_a_stopped_experiment_leaves_nothing_running_and_the_workspace_usable(re
         assert_all_gone(tree, f"the experiment of a driver stopped by {signal.Signals(sig).name}")
         written = (repo / "out.txt").stat().st_size
         assert written > 0 and (repo / "out.txt").stat().st_size == written  # nothing writes it any more
+        # dvc saw its stage end and released its locks itself (after a SIGKILL too: the watcher spares it)
+        assert not broken_state_files(repo), broken_state_files(repo)
+        assert held_locks(repo) == {}, held_locks(repo)
     finally:
         driver.kill_all()
     if sig != signal.SIGKILL:  # nothing can run in a SIGKILLed driver: the next run names the keys left instead
@@ -99,6 +110,7 @@ def test_a_stopped_experiment_leaves_nothing_running_and_the_workspace_usable(re
         assert following.wait() == 0, following.output()[-3000:]
     finally:
         following.kill_all()
+    assert "was left by a dvc killed" not in following.output(), following.output()
     shown = sh(repo, "git", "for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
     assert [r.rsplit("/", 1)[1] for r in shown if not r.startswith("refs/exps/exec/")] == ["short-s0"]
     wait_for(lambda: (repo / "params.yaml").read_bytes() == committed, "params.yaml put back")

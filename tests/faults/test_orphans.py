@@ -188,3 +188,46 @@ def test_a_stage_started_by_hand_outlives_its_shell_and_its_helpers_die_with_it(
     finally:
         if alive(stage):
             stage.kill()
+
+
+# A wrapper such as dvc: it waits for the process it started and, once that ends, cleans up (rewrites a file,
+# 0.3 s from first byte to last), then exits; SIGTERM kills it at once, whatever it was doing. `hangs`: it never
+# ends on its own.
+WRAPPER = textwrap.dedent("""
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("child", child.pid, flush=True)
+    child.wait()
+    with open(sys.argv[1], "w") as table:
+        table.write("{"); table.flush(); time.sleep(0.3); table.write("}")
+    while sys.argv[2] == "hangs":
+        time.sleep(1)
+""")
+DRIVER = textwrap.dedent("""
+    import subprocess, sys, time
+    from flows.common import ends_on_its_own, stage_process
+    with stage_process():
+        wrapper = subprocess.Popen([sys.executable, "wrapper.py", "table.json", sys.argv[1]])
+        ends_on_its_own(wrapper.pid)
+        print("started", wrapper.pid, flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.parametrize("wrapper", ["ends", "hangs"])
+def test_a_spared_process_sees_what_it_started_end_and_cleans_up_before_it_is_ended(tmp_path: Path, run_stage,
+                                                                                   wrapper: str) -> None:
+    """The driver of `dvc exp run` is SIGKILLed: its watcher ends dvc's stage first and lets dvc end on its own
+    (it rewrites its lock table then: signalled in the middle, it would leave the table cut); a spared process
+    that does not end on its own is ended after 2 * GRACE_S all the same."""
+    (tmp_path / "wrapper.py").write_text(WRAPPER)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    stage = run_stage([PYTHON, str(tmp_path / "driver.py"), wrapper])
+    stage.wait_for_line("started")
+    spared = psutil.Process(int(stage.output().split("started", 1)[1].split()[0]))
+    wait_for(lambda: len(descendants(spared.pid)) == 1, "the wrapper's child")
+    tree = [spared, *descendants(spared.pid)]
+    stage.proc.kill()
+    assert stage.wait() == -9
+    assert_all_gone(tree, "the tree of a SIGKILLed driver")
+    assert (tmp_path / "table.json").read_text() == "{}"  # its clean-up ran whole: it was not signalled before

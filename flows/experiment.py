@@ -34,12 +34,12 @@ from pathlib import Path
 
 import yaml
 
-from flows.common import ends_on_its_own, stage_process
+from flows.common import stage_process
+from flows.dvc_run import run_dvc
 from flows.dvc_state import DvcStillRunning, set_aside_broken_state
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.config.params_file import read_params
 from pipeline.config.overrides import experiment_overrides, leaf_overrides
-from pipeline.services.reaper import GRACE_S, descendants, end_all
 
 
 def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path = DEFAULT_PARAMS) -> list[list[str]]:
@@ -90,29 +90,11 @@ def run_keeping(params: Path, line: list[str]) -> int:
     """Run one `dvc exp run`, then put `params` back as it was, whatever became of the run."""
     before = params.read_bytes()
     try:
-        return run_to_its_end(line)
+        return run_dvc(line)
     finally:
         if params.read_bytes() != before:
             params.write_bytes(before)
             print(f"{params} put back as it was (the experiment's own: dvc exp apply {line[4]})", flush=True)
-
-
-def run_to_its_end(line: list[str]) -> int:
-    """Run one dvc command; stopped on the way (SIGINT / SIGTERM, turned into exceptions by `stage_process`), end
-    what dvc started first (its stage and the stage's own processes: dvc ignores SIGINT while a stage runs and
-    dies on SIGTERM before releasing its locks), so that dvc sees the stage fail and ends on its own; then dvc."""
-    dvc = subprocess.Popen(line)
-    ends_on_its_own(dvc.pid)  # SIGKILLed, this driver's watcher ends dvc's stage and lets dvc see it fail
-    try:
-        return dvc.wait()
-    except BaseException:
-        end_all(descendants(dvc.pid), grace_s=2 * GRACE_S)  # the stage's own clean-up runs in its grace
-        try:
-            dvc.wait(timeout=2 * GRACE_S)
-        except subprocess.TimeoutExpired:
-            dvc.kill()
-            dvc.wait()
-        raise
 
 
 def set_aside_what_dvc_left(repo: Path = Path(".")) -> bool:

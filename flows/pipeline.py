@@ -35,6 +35,7 @@ from prefect.runtime import flow_run
 
 from flows.build_index import build_index_flow
 from flows.common import load_or_exit
+from flows.dvc_run import run_dvc
 from flows.summary import publish
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
@@ -74,13 +75,14 @@ def dvc_repro(workdir: str, args: tuple[str, ...]) -> None:
     dvc, env = dvc_command()
     logger = get_run_logger()
     tail: deque[str] = deque(maxlen=60)
-    with subprocess.Popen([dvc, *args], cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True) as proc:
-        for line in proc.stdout or ():
-            tail.append(line.rstrip())
-            logger.info(line.rstrip())
-    if proc.returncode != 0:
-        raise RuntimeError(f"dvc {' '.join(args)} failed in {workdir} (exit {proc.returncode}):\n" + "\n".join(tail))
+
+    def log(line: str) -> None:
+        tail.append(line)
+        logger.info(line)
+
+    returncode = run_dvc([dvc, *args], cwd=workdir, env=env, on_line=log)  # stopped, it stops dvc's stage first
+    if returncode != 0:
+        raise RuntimeError(f"dvc {' '.join(args)} failed in {workdir} (exit {returncode}):\n" + "\n".join(tail))
 
 
 def run_stages(params: str) -> dict[str, Any]:

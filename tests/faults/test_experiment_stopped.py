@@ -116,6 +116,29 @@ def test_a_stopped_experiment_leaves_nothing_running_and_the_workspace_usable(re
     wait_for(lambda: (repo / "params.yaml").read_bytes() == committed, "params.yaml put back")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: signal.Signals(s).name)
+def test_a_stopped_pipeline_flow_stops_its_dvc_repro_and_dvc_releases_its_locks(repo: Path, sig: int) -> None:
+    """`python -m flows.pipeline --dvc` (what a Prefect deployment runs; cancelling its flow run sends SIGTERM)
+    runs `dvc repro` as the experiment driver runs `dvc exp run` (`flows.dvc_run`): stopped, it ends, and so
+    does everything dvc started, dvc after it released its locks. (It used to wait for dvc repro to finish.)"""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["steps"] = 3  # the stage that writes until it is stopped
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = stage_env(PATH=f"{Path(sys.executable).parent}:{stage_env()['PATH']}")
+    flow = Stage([sys.executable, "-m", "flows.pipeline", "--dvc"], repo, env)
+    try:
+        flow.wait_for_line("started")
+        helper = psutil.Process(int(flow.output().split("started", 1)[1].split()[0]))
+        tree = [*psutil.Process(flow.proc.pid).children(recursive=True), helper]
+        assert any("dvc" in " ".join(p.cmdline()) and "repro" in p.cmdline() for p in tree if alive(p))
+        flow.proc.send_signal(sig)
+        assert flow.wait() == EXIT_CODES[sig], flow.output()[-3000:]
+        assert_all_gone(tree, f"the dvc repro of a pipeline flow stopped by {signal.Signals(sig).name}")
+        assert not broken_state_files(repo) and held_locks(repo) == {}, held_locks(repo)
+    finally:
+        flow.kill_all()
+
+
 def test_a_lock_table_cut_short_is_left_alone_while_its_dvc_runs_and_set_aside_once_it_ended(repo: Path) -> None:
     driver = experiment(repo, "long")
     try:

@@ -16,7 +16,7 @@ def policy_label(cfg: RunConfig) -> str:
     sparse"), so that a preset's table never names an algorithm other than the one its policy was trained with."""
     tc = cfg.train
     starts = {Path(cfg.sft.output_dir): "SFT", Path(cfg.sft.init_model): "base"}
-    start = starts.get(Path(tc.init_model), Path(tc.init_model.rstrip("/")).name or tc.init_model)
+    start = starts.get(Path(tc.init_model), Path(tc.init_model).name or tc.init_model)
     parts = [start, tc.algorithm.display_name, cfg.reward.tepo.display_name]
     return " + ".join(p for p in parts if p) + ("" if tc.mask_tool_output else ", tool output in the loss")
 
@@ -27,8 +27,10 @@ def run_label(cfg: RunConfig, model: str) -> str:
     ec = cfg.evaluate
     if ec.label:
         return ec.label
-    is_policy = Path(model.rstrip("/")) == Path(cfg.train.output_dir.rstrip("/"))
-    name = policy_label(cfg) if is_policy else Path(model.rstrip("/")).name or model
+    if Path(model) == Path(cfg.train.output_dir):
+        name = policy_label(cfg)
+    else:  # a registry URI (models:/tapo-policy/3) says more whole than its last part
+        name = model if ":/" in model else Path(model).name or model
     return f"{name} ({'tools' if ec.mode == 'tools' else 'no tools'})"
 
 

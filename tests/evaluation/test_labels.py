@@ -46,6 +46,7 @@ def test_a_label_set_by_hand_wins_and_other_models_are_named_after_their_folder(
     assert run_label(cfg, cfg.evaluate.model) == run_label(cfg, "models/other") == "mine"
     cfg = trained("grpo", "dense", True, "models/sft")
     assert run_label(cfg, "runs/train/step8/") == "step8 (tools)"
+    assert run_label(cfg, "models:/tapo-policy/3") == "models:/tapo-policy/3 (tools)"
     no_tools = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"mode": "no_tools"})})
     assert run_label(no_tools, "models/policy") == "SFT + GRPO + TEPO dense (no tools)"
 

@@ -52,6 +52,7 @@ from pipeline.tracking.runs import log_checkpoints
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
 from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint
+from pipeline.trainer.run_inputs import decide_resume, run_inputs
 from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
                                          training_identity)
 
@@ -118,6 +119,16 @@ def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: flo
     return logged
 
 
+def resumes_on_its_own(cfg: RunConfig, run_dir: Path) -> bool:
+    """`train.resume: auto`: an interrupted attempt of this very run (same config, code and data) is continued
+    (`pipeline.trainer.run_inputs.decide_resume`); the decision is printed with its reason."""
+    if cfg.train.resume == "never":
+        return False
+    decision = decide_resume(run_dir, training_identity(cfg), run_inputs(cfg))
+    print(f"train: {decision.reason}", flush=True)
+    return decision.resume
+
+
 def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
     """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
     checkpoints written under another config."""
@@ -136,6 +147,7 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
     name, tools = run_name(place), tools_needed(cfg.train.train_file)
     where = stage_layout(cfg, tools)  # None: train in this process
     run_dir, metrics_dir = run_folder(cfg, name), place.place("metrics")
+    resume = resume or resumes_on_its_own(cfg, run_dir)
     started = time.time() - 1.0  # file times may be rounded down
     with stage_run(cfg, "train", run_id=resumed_run_id(cfg, run_dir) if resume else None) as run_id:
         with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1) as urls:

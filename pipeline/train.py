@@ -82,7 +82,8 @@ from pipeline.trainer.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
 from pipeline.trainer.replicas import OneProcess, Replicas
-from pipeline.trainer.run_folder import check_resumable, run_folder, take, training_identity
+from pipeline.trainer.run_folder import HISTORY, check_resumable, run_folder, take, training_identity
+from pipeline.trainer.run_inputs import changed_inputs, mark_finished, record_inputs, run_inputs
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
@@ -147,6 +148,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
         replicas, rollout_model = placed(cfg, model, optimizer, weights)
         if replicas.is_main:
             take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
+            note_inputs(run_dir, run_inputs(cfg), resume=resume)
         start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
         # the protocol binds here: a chat template it cannot render token-exactly is refused. One seed on every
         # rank: trajectories are keyed by their place in the batch (pipeline.distributed.sharding)
@@ -232,7 +234,8 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     t = set_up(cfg, tool_urls, resume, run_dir)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
-    history = MetricHistory(metrics_dir / "train_history.jsonl", keep_existing=resume and state.step > 0, enabled=main)
+    history = MetricHistory(metrics_dir / "train_history.jsonl", resume_at=state.step, enabled=main,
+                            run_copy=t.run_dir / HISTORY)
     # under a stage flow the run it opened (tagged with DVC's hash of each input) is adopted
     run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=state.mlflow_run_id) \
         if main else contextlib.nullcontext(None)
@@ -266,7 +269,18 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
     register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
+    mark_finished(t.run_dir, state.step)  # `train.resume: auto` trains a finished run again, never resumes it
     return last
+
+
+def note_inputs(run_dir: Path, inputs: dict[str, str], *, resume: bool) -> None:
+    """Record what this run trains on; a resume of checkpoints trained on other inputs (`--resume` insists;
+    `train.resume: auto` never does this) says which changed."""
+    changed = changed_inputs(run_dir, inputs) if resume else []
+    if changed:
+        print(f"train: --resume continues checkpoints trained on other inputs: {'; '.join(changed)}",
+              file=sys.stderr, flush=True)
+    record_inputs(run_dir, inputs)
 
 
 def rank_share(t: Training, step: int, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]) -> str:

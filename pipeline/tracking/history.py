@@ -22,26 +22,38 @@ from pipeline.tracking.runs import log_metrics
 
 
 class MetricHistory:
-    """Appends one JSON line per step; `write_csv` renders the curve file DVC plots."""
+    """Appends one JSON line per step; `write_csv` renders the curve file DVC plots.
 
-    def __init__(self, jsonl_path: Path, *, keep_existing: bool, enabled: bool = True) -> None:
-        self.path, self.enabled, self.rows = jsonl_path, enabled, []
+    Kept twice: at `path` (the stage's output, `metrics/train_history.jsonl`) and at `run_copy`, in the run's own
+    folder beside its checkpoints. DVC removes a stage's outputs before it runs the stage again, so a run resumed
+    by `dvc repro` after a kill reads its earlier steps from the run's copy. A resume at step `resume_at` keeps the
+    rows of the steps before it: later ones were logged after the checkpoint it resumes from and run again."""
+
+    def __init__(self, path: Path, *, resume_at: int = 0, enabled: bool = True, run_copy: Path | None = None) -> None:
+        self.path, self.run_copy, self.enabled, self.rows = path, run_copy, enabled, []
         if not enabled:  # a non-main rank of a data-parallel job records nothing
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = self.path.read_text(encoding="utf-8") if keep_existing and self.path.is_file() else ""
+        source = run_copy if run_copy is not None and run_copy.is_file() else path
+        text = source.read_text(encoding="utf-8") if resume_at > 0 and source.is_file() else ""
         if text and not text.endswith("\n"):  # a kill mid-line: that step has no checkpoint, so it runs again
             text = text[: text.rfind("\n") + 1]
-        self.rows = [_row(self.path, n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-        _write_atomically(self.path, text)
+        rows = [_row(source, n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        self.rows = [row for row in rows if row["step"] < resume_at]
+        text = "".join(json.dumps(row, sort_keys=True) + "\n" for row in self.rows)
+        for target in self._targets():
+            _write_atomically(target, text)
+
+    def _targets(self) -> list[Path]:
+        return [self.path] + ([self.run_copy] if self.run_copy is not None else [])
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.rows = [r for r in self.rows if r["step"] != step] + [row]
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row, sort_keys=True) + "\n")
+        for target in self._targets():
+            with target.open("a") as fh:
+                fh.write(json.dumps(row, sort_keys=True) + "\n")
         log_metrics(metrics, step=step)
 
     def final_metrics(self, steps_done: int) -> dict[str, float]:
@@ -64,10 +76,14 @@ class MetricHistory:
 
 def _row(path: Path, lineno: int, line: str) -> dict:
     try:
-        return json.loads(line)
+        row = json.loads(line)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{lineno}: not a metrics row ({err.msg}); the history was edited or "
                          "damaged, so the resumed run cannot reproduce its metrics") from None
+    if not isinstance(row, dict) or type(row.get("step")) is not int:
+        raise ValueError(f"{path}:{lineno}: not a metrics row (an object with an integer 'step'); the history was "
+                         "edited or damaged, so the resumed run cannot reproduce its metrics")
+    return row
 
 
 def _write_atomically(path: Path, text: str) -> None:

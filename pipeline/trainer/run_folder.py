@@ -5,8 +5,9 @@ Checkpoints belong to one run. Runs of different configs never share a folder (t
 of the config, `cfg-<sha256[:10]>`; the train flow names a DVC experiment's run after the experiment), so
 the retention of the last checkpoints counts only this run's, and `--resume` can only continue this run:
 a folder whose recorded config differs from the one resuming is refused with the differing keys named
-(`ConfigMismatch`). A fresh run (no `--resume`) takes its folder over: checkpoints an earlier attempt left
-there are removed (and named) before the first step, so steps of two attempts never mix.
+(`ConfigMismatch`). A fresh run takes its folder over: checkpoints an earlier attempt left there are removed
+(and named) before the first step, so steps of two attempts never mix. Whether a run resumes or starts afresh
+is decided by `pipeline.trainer.run_inputs` (`train.resume`) or by `--resume`.
 
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
@@ -34,6 +35,10 @@ from pipeline.model import visible_gpus
 
 RUN_CONFIG = "run_config.json"
 CHECKPOINTS = "checkpoints"
+HISTORY = "history.jsonl"  # the run's own copy of its per-step metrics (pipeline.tracking.history)
+INPUTS = "run_inputs.json"  # what the checkpoints were trained on besides the config (pipeline.trainer.run_inputs)
+FINISHED = "finished.json"  # written once the run's final model is saved and registered
+ATTEMPT_FILES = (HISTORY, INPUTS, FINISHED)  # an attempt's own records: a fresh run removes them with its checkpoints
 SECTIONS = ("run", "model", "sandbox", "search", "rollout", "reward", "train", "distributed")
 # Where things go, how fast they run, how much is logged: a resume may change these.
 NOT_IDENTITY = (
@@ -48,7 +53,7 @@ NOT_IDENTITY = (
     "rollout.vllm.enable_sleep_mode", "rollout.vllm.push_chunk_mib",
     "reward.symbolic_workers", "reward.cache_size",
     "train.checkpoint_every", "train.checkpoint_dir", "train.output_dir", "train.log_samples_every",
-    "train.log_samples", "train.log_full_checkpoints",
+    "train.log_samples", "train.log_full_checkpoints", "train.resume",
     "distributed.launcher", "distributed.master_addr", "distributed.python",
     "distributed.offload_optimizer", "distributed.offload_params", "distributed.collectives",
     "distributed.overlap_comm", "distributed.reduce_bucket_size", "distributed.torch_extensions_dir",
@@ -157,14 +162,16 @@ def check_resumable(folder: Path, identity: Mapping[str, Any]) -> None:
 
 def take(folder: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
     """Make `folder` this run's (the main process, before the first step; a resume has passed
-    `check_resumable`): a fresh run removes the checkpoints an earlier attempt left (naming them); the config
-    is recorded beside the checkpoints."""
+    `check_resumable`): a fresh run removes the checkpoints an earlier attempt left (naming them) and that
+    attempt's records (`ATTEMPT_FILES`); the config is recorded beside the checkpoints."""
     stale = [] if resume else saved_checkpoints(folder)
     if stale:
-        print(f"train: a fresh run (no --resume) in {folder} removes the checkpoints an earlier attempt left: "
+        print(f"train: a fresh run in {folder} removes the checkpoints an earlier attempt left: "
               f"{', '.join(p.name for p in stale)}", file=sys.stderr, flush=True)
         shutil.rmtree(folder / CHECKPOINTS)
     folder.mkdir(parents=True, exist_ok=True)
+    for name in () if resume else ATTEMPT_FILES:
+        (folder / name).unlink(missing_ok=True)
     tmp = folder / f"{RUN_CONFIG}.tmp"
     tmp.write_text(json.dumps(dict(identity), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, folder / RUN_CONFIG)

@@ -184,11 +184,11 @@ def test_a_history_line_torn_by_a_kill_is_dropped_and_a_damaged_one_named(tmp_pa
     middle is not a kill's doing and stops the resume, naming file and line."""
     path = tmp_path / "train_history.jsonl"
     path.write_text('{"step": 0, "reward/mean": 0.5}\n{"step": 1, "rew')
-    history = MetricHistory(path, keep_existing=True)
-    assert history.rows == [{"step": 0, "reward/mean": 0.5}] and path.read_text().endswith("0.5}\n")
+    history = MetricHistory(path, resume_at=2)
+    assert history.rows == [{"step": 0, "reward/mean": 0.5}] and path.read_text() == '{"reward/mean": 0.5, "step": 0}\n'
     assert history.final_metrics(1) == {"reward/mean": 0.5}
     with pytest.raises(RuntimeError, match="no metrics for step 1"):
         history.final_metrics(2)
     path.write_text('{"step": 0}\nnot json\n{"step": 1}\n')
     with pytest.raises(ValueError, match=re.escape(f"{path}:2: not a metrics row")):
-        MetricHistory(path, keep_existing=True)
+        MetricHistory(path, resume_at=2)

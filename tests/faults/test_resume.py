@@ -89,7 +89,9 @@ def comparable(row: dict) -> dict:
 
 def history(root: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (root / "metrics" / "train_history.jsonl").read_text().splitlines()]
-    return {r["step"]: comparable(r) for r in rows}  # a step logged twice keeps its last row
+    history = {r["step"]: comparable(r) for r in rows}
+    assert len(history) == len(rows), "a step is logged twice"  # a resume keeps only the steps before its checkpoint
+    return history
 
 
 @pytest.fixture(scope="module")

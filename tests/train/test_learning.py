@@ -16,7 +16,7 @@ STEPS = 40
 
 
 def read_history(path: Path) -> dict[int, dict[str, float]]:
-    """Step -> metrics (a step logged twice, by a killed run and its resumption, keeps the last)."""
+    """Step -> metrics (a resumed run rewrites the history with the steps before its checkpoint: each step once)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return {int(r["step"]): r for r in rows}
 

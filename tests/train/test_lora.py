@@ -92,7 +92,7 @@ def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, mod
     last_checkpoint = load_file(run_folder(cfg) / "checkpoints" / "step-000002" / "model.safetensors")
     run(cfg, {}, resume=True, metrics_dir=metrics)
     rows = [json.loads(line) for line in (metrics / "train_history.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # step 2 ran twice; the history keeps the resumed run's row
     assert_same_metrics(rows[-1], straight[2], exact=True)
     run_id = json.loads((run_folder(cfg) / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
     redone = mlflow.load_table("samples/step-000002.json", run_ids=[run_id])

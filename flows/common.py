@@ -69,6 +69,11 @@ class _Watcher:
     process: subprocess.Popen | None = None  # this stage process's watcher, while `stage_process` runs
 
 
+def watched() -> bool:
+    """Whether this process runs under `stage_process`, whose watcher ends what it leaves behind."""
+    return _Watcher.process is not None
+
+
 def ends_on_its_own(pid: int) -> None:
     """`pid` (a `dvc exp run` this stage drives) cleans up after what it started itself: if this process dies,
     its watcher ends everything else first and lets `pid` end on its own (`pipeline.services.reaper.spare`)."""

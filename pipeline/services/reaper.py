@@ -24,6 +24,8 @@ its children are re-parented to init, so the stage cannot clean up after itself.
   rewriting its lock table, and every later dvc command there fails on the cut file). So it is not signalled with
   the rest: once the rest has ended it is given `2 * GRACE_S` to end on its own, as after its own child failed,
   and only then ended. The stage names it through the watcher's stdin, one identity a line.
+* A process with no watcher of its own (a flow run that a Prefect worker started) gets one for each dvc command
+  it runs (`watch_child`): while the command runs, the process is watched as a stage, the command spared.
 
 Only a process that both drops the tag from its environment and is orphaned within one poll of
 its parent's death can escape.
@@ -113,6 +115,19 @@ def watch_this_process(anchors: tuple[int, ...] = ()) -> subprocess.Popen:
     return watcher
 
 
+def watch_child(child: int, tag: str) -> subprocess.Popen:
+    """A watcher for one child of a process that has no watcher of its own (a flow run in a Prefect worker):
+    should this process die while `child` runs, everything carrying `tag` (the child's environment holds it) and
+    everything this process started is ended, `child` spared as by `spare`; once `child` ends, so does the watch,
+    ending nothing."""
+    command = [sys.executable, "-m", "pipeline.services.reaper", "--while", identity(child), tag,
+               identity(os.getpid())]
+    watcher = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=None,
+                               start_new_session=True, close_fds=True)
+    spare(watcher, child)
+    return watcher
+
+
 def spare(watcher: subprocess.Popen, pid: int) -> None:
     """Have `watcher` let `pid` end on its own after the rest of the stage's processes (see the module)."""
     assert watcher.stdin is not None
@@ -193,12 +208,16 @@ def end_sparing(idents: set[str], spared: set[str]) -> None:
     end_all(spared)
 
 
-def watch(tag: str, stage: str, anchors: list[str], spared: Spared | None = None) -> None:
+def watch(tag: str, stage: str, anchors: list[str], spared: Spared | None = None,
+          while_running: str | None = None) -> None:
     """Note the stage's descendants until it (or an anchor) ends; then end them and every process that carries the
-    stage's tag, the spared last (see the module)."""
+    stage's tag, the spared last (see the module). With `while_running`, a watch that ends quietly once that
+    process has ended while the stage still runs (`watch_child`)."""
     noted: set[str] = set()
     stage_pid = int(stage.split(":")[0])
     while _running(stage):
+        if while_running is not None and not _running(while_running):
+            return
         noted |= descendants(stage_pid)
         if not all(_running(a) for a in anchors):  # e.g. the dvc repro above the stage was killed
             end_all({stage}, grace_s=2 * GRACE_S, children=False)  # the stage first: it cleans up
@@ -209,8 +228,11 @@ def watch(tag: str, stage: str, anchors: list[str], spared: Spared | None = None
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the stage must not stop its watcher
-    tag, stage, *anchors = sys.argv[1:]
-    watch(tag, stage, anchors, Spared(sys.stdin.buffer))
+    args, while_running = sys.argv[1:], None
+    if args[:1] == ["--while"]:
+        while_running, args = args[1], args[2:]
+    tag, stage, *anchors = args
+    watch(tag, stage, anchors, Spared(sys.stdin.buffer), while_running)
 
 
 if __name__ == "__main__":

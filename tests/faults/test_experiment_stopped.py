@@ -139,6 +139,44 @@ def test_a_stopped_pipeline_flow_stops_its_dvc_repro_and_dvc_releases_its_locks(
         flow.kill_all()
 
 
+WORKER_FLOW_RUN = "from flows.pipeline import pipeline_flow; pipeline_flow('params.yaml', use_dvc=True)"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: signal.Signals(s).name)
+def test_a_deployments_flow_run_killed_mid_repro_stops_its_dvc_repro_too(repo: Path, sig: int, prefect_server: str) -> None:
+    """A Prefect worker runs the flow function in a process of its own, outside `stage_process` (no watcher, no
+    signal handlers of ours; it reports to the worker's Prefect server). Its `dvc repro` used to run on, orphaned, holding the
+    repository's locks until the training ended. Now `run_dvc` gives dvc a watcher of its own
+    (`pipeline.services.reaper.watch_child`), and a flow run that ended normally leaves no watcher behind."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"]["steps"] = 3  # the stage that writes until it is stopped
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    env = stage_env(PATH=f"{Path(sys.executable).parent}:{stage_env()['PATH']}", PREFECT_API_URL=prefect_server)
+    flow = Stage([sys.executable, "-c", WORKER_FLOW_RUN], repo, env)
+    try:
+        flow.wait_for_line("started")
+        helper = psutil.Process(int(flow.output().split("started", 1)[1].split()[0]))
+        tree = [*psutil.Process(flow.proc.pid).children(recursive=True), helper]
+        assert any("dvc" in " ".join(p.cmdline()) and "repro" in p.cmdline() for p in tree if alive(p))
+        assert any("pipeline.services.reaper" in p.cmdline() for p in tree if alive(p)), "dvc has no watcher"
+        flow.proc.send_signal(sig)
+        assert flow.wait() == -sig
+        assert_all_gone(tree, f"the dvc repro of a worker's flow run killed by {signal.Signals(sig).name}")
+        assert not broken_state_files(repo) and held_locks(repo) == {}, held_locks(repo)
+    finally:
+        flow.kill_all()
+    params["train"]["steps"] = 1  # a stage that ends: the flow run ends normally, and so does the watcher
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    finished = Stage([sys.executable, "-c", WORKER_FLOW_RUN], repo, env)
+    try:
+        assert finished.wait() == 0, finished.output()[-3000:]
+        assert json.loads((repo / "seen.json").read_text()) == {"epochs": params["sft"]["epochs"]}
+        assert not [p for p in psutil.process_iter(["cmdline"]) if "pipeline.services.reaper" in (p.info["cmdline"] or [])
+                    and "--while" in p.info["cmdline"] and str(finished.proc.pid) in " ".join(p.info["cmdline"])]
+    finally:
+        finished.kill_all()
+
+
 def test_a_lock_table_cut_short_is_left_alone_while_its_dvc_runs_and_set_aside_once_it_ended(repo: Path) -> None:
     driver = experiment(repo, "long")
     try:

@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 from flows.quiet import quiet_libraries
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
+from pipeline.paths import REPO_ROOT
 
 Option = Callable[[argparse.ArgumentParser], None]
 
 
 def _resume(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--resume", action="store_true", help="continue this run from its latest checkpoint "
-                        "(refused when its checkpoints were written under another config)")
+    parser.add_argument("--resume", action="store_true", help="continue this run from its latest checkpoint, "
+                        "whatever train.resume would decide (refused when its checkpoints were written under another "
+                        "config; inputs that changed since are named)")
 
 
 def _label(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +78,33 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+def project_prefect_settings(cwd: Path | None = None) -> dict[str, str]:
+    """The checkout's prefect.toml as the environment variables Prefect reads, for a stage started elsewhere.
+
+    Prefect reads prefect.toml from the working directory only, so a stage started from another folder (a params
+    file kept elsewhere, a scratch directory) ran with Prefect's defaults, among them a 20 s limit on the start of
+    its temporary API server, which a loaded 2-core machine overruns. An explicit variable still wins; returns
+    what was set."""
+    here = Path.cwd() if cwd is None else cwd
+    source = REPO_ROOT / "prefect.toml"
+    if (here / "prefect.toml").is_file() or not source.is_file():
+        return {}
+    flat: dict[str, str] = {}
+
+    def walk(table: dict, prefix: str) -> None:
+        for key, value in table.items():
+            name = f"{prefix}_{key}".upper()
+            if isinstance(value, dict):
+                walk(value, name)
+            else:
+                flat[name] = str(value).lower() if isinstance(value, bool) else str(value)
+
+    walk(tomllib.loads(source.read_text()), "PREFECT")
+    added = {name: value for name, value in flat.items() if name not in os.environ}
+    os.environ.update(added)
+    return added
+
+
 def parser_for(module: str) -> argparse.ArgumentParser:
     command = COMMANDS[module]
     parser = argparse.ArgumentParser(prog=f"python -m flows.{module}", description=command.description)
@@ -93,6 +125,7 @@ def main(module: str, argv: list[str] | None = None) -> NoReturn:
     if module == "pipeline":
         args["use_dvc"] = args.pop("dvc")
     quiet_libraries()  # before the libraries load: they read these settings at import
+    project_prefect_settings()
     # Imported here, once the command line is known to be good: these imports take seconds.
     common, flows = importlib.import_module("flows.common"), importlib.import_module(f"flows.{module}")
     common.run_flow(module, getattr(flows, COMMANDS[module].flow), args,

@@ -120,3 +120,37 @@ def test_library_noise_is_silenced_at_the_source(tmp_path: Path) -> None:
              "gradient_checkpointing_enable")
     assert not [n for n in noise if n in done.stdout + done.stderr], done.stdout + done.stderr
     assert f"bm25s level {logging.WARNING}" in done.stdout
+
+
+def test_a_stage_started_outside_the_checkout_gets_the_projects_prefect_settings(tmp_path: Path, monkeypatch) -> None:
+    """Prefect reads prefect.toml from the working directory only: a stage started elsewhere ran with Prefect's
+    20 s limit on its temporary server's start, which a loaded machine overran ("Timed out while attempting to
+    connect to ephemeral Prefect API server"). Every key of the checkout's prefect.toml reaches such a stage, as the
+    setting Prefect reads; a variable the user set wins, and in the checkout prefect.toml itself is read."""
+    import tomllib
+
+    from prefect.settings import Settings
+
+    from flows.cli import project_prefect_settings
+
+    table = tomllib.loads((REPO / "prefect.toml").read_text())
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    monkeypatch.setattr(os, "environ", environ | {"PREFECT_LOGGING_LEVEL": "DEBUG"})  # the user's own choice
+    assert project_prefect_settings(REPO) == {}
+    monkeypatch.chdir(tmp_path)
+    added = project_prefect_settings()
+    assert added["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "120" and "PREFECT_LOGGING_LEVEL" not in added
+    settings = Settings()
+    assert settings.logging.level == "DEBUG"
+
+    def leaves(node: dict, path: tuple[str, ...] = ()):
+        for key, value in node.items():
+            yield from leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)]
+
+    for path, value in leaves(table):
+        if path == ("logging", "level"):
+            continue
+        got = settings
+        for part in path:
+            got = getattr(got, part)
+        assert got == value, (path, got, value)

@@ -131,9 +131,8 @@ def watch_child(child: int, tag: str) -> subprocess.Popen:
 def spare(watcher: subprocess.Popen, pid: int) -> None:
     """Have `watcher` let `pid` end on its own after the rest of the stage's processes (see the module)."""
     assert watcher.stdin is not None
-    try:
-        watcher.stdin.write(f"{identity(pid)}\n".encode())
-        watcher.stdin.flush()
+    try:  # unbuffered: a line a dead watcher could not take must not stay behind, to fail the pipe's close later
+        os.write(watcher.stdin.fileno(), f"{identity(pid)}\n".encode())
     except OSError as err:  # the watcher is gone: nothing will end pid before its time either
         print(f"the stage's watcher is gone ({err}): process {pid} is not spared", file=sys.stderr, flush=True)
 

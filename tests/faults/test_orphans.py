@@ -231,3 +231,15 @@ def test_a_spared_process_sees_what_it_started_end_and_cleans_up_before_it_is_en
     assert stage.wait() == -9
     assert_all_gone(tree, "the tree of a SIGKILLed driver")
     assert (tmp_path / "table.json").read_text() == "{}"  # its clean-up ran whole: it was not signalled before
+
+
+def test_sparing_through_a_watcher_that_is_gone_says_so_and_does_not_fail_the_stage(capsys) -> None:
+    """The watcher died first (an OOM kill takes the biggest, not the oldest): naming a process to it must not raise
+    in the stage (a BrokenPipeError there would fail a healthy experiment), and the stage's log says what is lost."""
+    from pipeline.services.reaper import spare
+
+    gone = subprocess.Popen([PYTHON, "-c", "pass"], stdin=subprocess.PIPE)
+    gone.wait()
+    spare(gone, gone.pid)
+    assert "the stage's watcher is gone" in capsys.readouterr().err
+    gone.stdin.close()  # nothing the dead watcher could not take is left to fail the close (or the stage's exit)

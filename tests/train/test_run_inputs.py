@@ -16,7 +16,7 @@ import pytest
 from pipeline.config import config_from_dict
 from pipeline.tracking.history import MetricHistory
 from pipeline.trainer.checkpoint import FILES
-from pipeline.trainer.run_folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, RUN_CONFIG, take,
+from pipeline.trainer.run_folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, take,
                                          training_identity)
 from pipeline.trainer.run_inputs import (code_digest, decide_resume, mark_finished, record_inputs, run_inputs,
                                          tree_digest)
@@ -165,3 +165,18 @@ def test_a_history_row_that_is_no_step_record_is_named(tmp_path: Path, line: str
     path.write_text('{"step": 0}\n' + line + "\n")
     with pytest.raises(ValueError, match=f"{path}:2: not a metrics row"):
         MetricHistory(path, resume_at=3)
+
+
+def test_an_insisted_resume_names_the_inputs_that_changed_and_records_the_new_ones(tmp_path: Path, capsys) -> None:
+    from pipeline.train import note_inputs
+
+    folder = tmp_path / "run"
+    make_folder(folder, "complete", False, "same", "same")
+    changed = INPUTS_NOW | {"code": "c1", "train_file": "t1"}
+    note_inputs(folder, changed, resume=True)  # --resume: continues, but says what changed under it
+    err = capsys.readouterr().err
+    assert "--resume continues checkpoints trained on other inputs" in err
+    assert 'code: "c0" then, "c1" now' in err and 'train_file: "t0" then, "t1" now' in err and "init_model" not in err
+    assert json.loads((folder / INPUTS).read_text()) == changed  # later checkpoints are trained on these
+    note_inputs(folder, INPUTS_NOW, resume=False)  # a fresh run has nothing to compare
+    assert capsys.readouterr().err == "" and json.loads((folder / INPUTS).read_text()) == INPUTS_NOW

@@ -17,8 +17,9 @@ transformers. It resumes when
   re-run of a finished run (`dvc repro -f`) trains again, as asked.
 
 Otherwise it trains afresh and says why. `--resume` (the command line) still insists: it resumes whatever the
-inputs, naming those that changed. verl and TRL resume only when told (`resume_mode`, `resume_from_checkpoint`);
-their runs are launched by hand, ours by DVC, which re-runs a failed stage with the same command.
+inputs, naming those that changed. verl's `trainer.resume_mode: auto` resumes whatever is latest in its checkpoint
+folder, with no check that the config or the code still match; TRL resumes only when told
+(`resume_from_checkpoint`). Ours is re-run by DVC with the same command, after changes DVC itself detected.
 """
 
 from __future__ import annotations

@@ -27,12 +27,12 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import RunConfig
+from pipeline.jsonl import write_json
 from pipeline.paths import REPO_ROOT
 from pipeline.trainer.checkpoint import latest_checkpoint
 from pipeline.trainer.run_folder import FINISHED, INPUTS, RUN_CONFIG, differences, recorded_identity
@@ -86,9 +86,7 @@ def run_inputs(cfg: RunConfig) -> dict[str, str]:
 
 def record_inputs(folder: Path, inputs: Mapping[str, str]) -> None:
     """Written by a run that takes its folder (fresh or resumed): the inputs its checkpoints are trained on."""
-    tmp = folder / f"{INPUTS}.tmp"
-    tmp.write_text(json.dumps(dict(inputs), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, folder / INPUTS)
+    write_json(folder / INPUTS, dict(inputs))
 
 
 def recorded_inputs(folder: Path) -> dict[str, str] | None:
@@ -99,7 +97,7 @@ def recorded_inputs(folder: Path) -> dict[str, str] | None:
 
 
 def mark_finished(folder: Path, step: int) -> None:
-    (folder / FINISHED).write_text(json.dumps({"step": step}) + "\n")
+    write_json(folder / FINISHED, {"step": step})
 
 
 def changed_inputs(folder: Path, inputs: Mapping[str, str]) -> list[str]:

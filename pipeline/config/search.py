@@ -21,7 +21,9 @@ class SearchConfig(StageConfig):
     passage_words: int = Field(100, ge=10, le=2000, description="Long texts are cut into passages of about this many words.")
     index_dir: str = Field("data/search/index", description="Where the build-index stage writes the BM25 index and the service reads it.")
     cache_ttl_s: int = Field(604800, ge=1, description="Seconds a cached result lives in Redis (TAPO: 7 days).")
-    fuzzy: bool = Field(True, description="Serve guarded fuzzy cache hits; false = exact hits only.")
+    fuzzy: bool = Field(False, description=(
+        "Also serve guarded fuzzy cache hits (TAPO's cache; saves paid API calls). A fuzzy hit answers with a similar "
+        "query's cached results, so answers then depend on which similar query came first: not reproducible."))
     fuzzy_threshold: float = Field(0.9, ge=0.5, le=1.0, description="Minimum Indel similarity (difflib-style ratio) of a fuzzy hit.")
     max_query_chars: int = Field(512, ge=8, le=10000, description="Longer queries are refused with HTTP 413.")
     provider_timeout_s: float = Field(10.0, gt=0, le=300, description="Timeout of one provider call.")

@@ -6,11 +6,14 @@ its default parameters (k1=0.9, b=0.4); we use bm25s's "lucene" method with the 
 the same English stop-word list at index and query time, without stemming.
 
 An index directory holds the bm25s matrices plus `passages.jsonl` (our Passage rows, in index order)
-and `manifest.json` (corpus source, passage count, build parameters).
+and `manifest.json` (corpus source, passage count, build parameters, the passages' digest).
+`index_fingerprint` names what a search over it is a function of; the search cache keeps its entries
+under it, so a rebuilt index with other passages never answers from the old one's cache.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -26,6 +29,8 @@ logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to
 
 PASSAGES_FILE = "passages.jsonl"
 MANIFEST_FILE = "manifest.json"
+BM25S_PARAMS_FILE = "params.index.json"  # written by bm25s: its method, k1, b, delta, vocabulary size
+PASSAGES_DIGEST = "passages_sha256"
 K1, B = 0.9, 0.4
 
 
@@ -50,6 +55,7 @@ class BM25Index:
         directory.mkdir(parents=True, exist_ok=True)
         self.retriever.save(str(directory), show_progress=False)
         write_json_lines(directory / PASSAGES_FILE, [p.to_dict() for p in self.passages])
+        manifest = {**manifest, PASSAGES_DIGEST: file_sha256(directory / PASSAGES_FILE)}
         (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
     @classmethod
@@ -76,6 +82,27 @@ class BM25Index:
 
     def search(self, query: str, k: int) -> list[Passage]:
         return self.search_many([query], k)[0]
+
+
+def index_fingerprint(directory: Path) -> str:
+    """A short digest of everything a search over the index in `directory` depends on: the manifest (corpus
+    digest, format, passage size, the passages' own digest), bm25s's parameters, the scoring constants and
+    the bm25s version. Two indexes with the same fingerprint answer every query alike."""
+    manifest = json.loads((directory / MANIFEST_FILE).read_text())
+    if PASSAGES_DIGEST not in manifest:  # built before the manifest recorded it
+        manifest[PASSAGES_DIGEST] = file_sha256(directory / PASSAGES_FILE)
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode())
+    digest.update((directory / BM25S_PARAMS_FILE).read_bytes())
+    digest.update(f"k1={K1} b={B} bm25s={bm25s.__version__}".encode())
+    return digest.hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def index_vocabulary(directory: Path) -> frozenset[str]:

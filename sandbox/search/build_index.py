@@ -7,7 +7,6 @@ Reads `search.corpus_path`, `search.corpus_format`, `search.passage_words`; writ
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shutil
 import time
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 from pipeline.config import load_config
 from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT
-from sandbox.search.bm25 import BM25Index
+from sandbox.search.bm25 import BM25Index, file_sha256
 from pipeline.paths import embedded_wiki_dump
 from sandbox.search.corpus import load_corpus
 
@@ -29,14 +28,6 @@ class IndexReport:
     seconds: float
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def build_index(cfg: SearchConfig, root: Path = REPO_ROOT) -> IndexReport:
     """Load the corpus, index it, and replace `cfg.index_dir` atomically (a half-built index never shows)."""
     started = time.perf_counter()
@@ -45,7 +36,7 @@ def build_index(cfg: SearchConfig, root: Path = REPO_ROOT) -> IndexReport:
     index_dir = Path(cfg.index_dir) if Path(cfg.index_dir).is_absolute() else root / cfg.index_dir
     staging = index_dir.with_name(index_dir.name + ".building")
     shutil.rmtree(staging, ignore_errors=True)
-    manifest = {"corpus": corpus.name, "corpus_sha256": _sha256(corpus), "corpus_format": cfg.corpus_format,
+    manifest = {"corpus": corpus.name, "corpus_sha256": file_sha256(corpus), "corpus_format": cfg.corpus_format,
                 "passage_words": cfg.passage_words, "n_passages": len(passages)}
     BM25Index.build(passages).save(staging, manifest)
     shutil.rmtree(index_dir, ignore_errors=True)

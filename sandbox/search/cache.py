@@ -1,11 +1,13 @@
 """The search cache: exact then guarded fuzzy lookups in Redis, degrading to "off" when Redis is down.
 
-Layout in Redis (all keys under `namespace`, default "tapo:search:v1"):
-- `{ns}:r:{sha1(provider, top_k, normalised query)}` -> JSON `{"query", "results"}` with a TTL;
-- `{ns}:z:{provider}:{top_k}` sorted set: member = normalised query, score = its expiry time (epoch s).
+Layout in Redis (all keys under `namespace`, default "tapo:search:v2"), where `scope` names what the
+provider's answers are a function of (`local-bm25@<index fingerprint>`, `serper@<endpoint digest>`), so
+entries of another index or API are never served:
+- `{ns}:r:{sha1(scope, top_k, normalised query)}` -> JSON `{"query", "results"}` with a TTL;
+- `{ns}:z:{scope}:{top_k}` sorted set: member = normalised query, score = its expiry time (epoch s).
 
 The sorted set is what makes the fuzzy index survive a restart: after the first successful connect
-the live members are loaded into an in-process `FuzzyIndex` per (provider, top_k) (in the background
+the live members are loaded into an in-process `FuzzyIndex` per (scope, top_k) (in the background
 in the service), and expired ones are pruned. Writes go to Redis and to the local index. Entries written by another service process
 are found by the exact lookup at once and by the fuzzy lookup after this process's next reload.
 
@@ -56,7 +58,7 @@ class SearchCache:
     """Exact + guarded fuzzy cache in Redis. Create, then `await connect()`; never raises on Redis failures."""
 
     def __init__(self, redis_url: str, *, ttl_s: int, fuzzy_threshold: float, fuzzy: bool = True,
-                 namespace: str = "tapo:search:v1", retry_s: float = 1.0, timeout_s: float = 1.0,
+                 namespace: str = "tapo:search:v2", retry_s: float = 1.0, timeout_s: float = 1.0,
                  known_words: frozenset[str] = frozenset()) -> None:
         self.known_words = known_words
         self.ttl_s = ttl_s
@@ -81,15 +83,17 @@ class SearchCache:
     def size(self) -> int:
         return sum(len(index) for index in self._indexes.values())
 
-    def _result_key(self, provider: str, top_k: int, normalized: str) -> str:
-        digest = hashlib.sha1(f"{provider}\x00{top_k}\x00{normalized}".encode()).hexdigest()
+    def _result_key(self, scope: str, top_k: int, normalized: str) -> str:
+        digest = hashlib.sha1(f"{scope}\x00{top_k}\x00{normalized}".encode()).hexdigest()
         return f"{self.namespace}:r:{digest}"
 
-    def _index_key(self, provider: str, top_k: int) -> str:
-        return f"{self.namespace}:z:{provider}:{top_k}"
+    def _index_key(self, scope: str, top_k: int) -> str:
+        if ":" in scope:  # the reload splits the key at its last two colons
+            raise ValueError(f"cache scope {scope!r} must not contain ':'")
+        return f"{self.namespace}:z:{scope}:{top_k}"
 
-    def _index(self, provider: str, top_k: int) -> FuzzyIndex:
-        key = (provider, top_k)
+    def _index(self, scope: str, top_k: int) -> FuzzyIndex:
+        key = (scope, top_k)
         if key not in self._indexes:
             self._indexes[key] = FuzzyIndex(self.fuzzy_threshold, known_words=self.known_words)
         return self._indexes[key]
@@ -149,9 +153,9 @@ class SearchCache:
             self._went_down(err)
 
     async def _load_index(self, key: str) -> int:
-        provider, top_k = key.rsplit(":", 2)[-2:]
+        scope, top_k = key.rsplit(":", 2)[-2:]
         await self._redis.zremrangebyscore(key, "-inf", time.time())
-        index = self._index(provider, int(top_k))
+        index = self._index(scope, int(top_k))
         start = 0
         while members := await self._redis.zrange(key, start, start + RELOAD_PAGE - 1):
             for member in members:  # paged, so no reply outlasts the socket timeout and requests interleave
@@ -167,12 +171,12 @@ class SearchCache:
             return False
         return await self.connect()
 
-    async def get(self, provider: str, top_k: int, normalized: str) -> CacheHit:
+    async def get(self, scope: str, top_k: int, normalized: str) -> CacheHit:
         if not await self._available():
             self.counters.off += 1
             return CacheHit("off")
         try:
-            hit = await self._lookup(provider, top_k, normalized)
+            hit = await self._lookup(scope, top_k, normalized)
         except (RedisError, OSError) as err:
             self._went_down(err)
             self.counters.off += 1
@@ -185,37 +189,37 @@ class SearchCache:
             self.counters.misses += 1
         return hit
 
-    async def _lookup(self, provider: str, top_k: int, normalized: str) -> CacheHit:
-        stored = await self._redis.get(self._result_key(provider, top_k, normalized))
+    async def _lookup(self, scope: str, top_k: int, normalized: str) -> CacheHit:
+        stored = await self._redis.get(self._result_key(scope, top_k, normalized))
         if stored is not None:
             return CacheHit("exact", _decode(stored), normalized)
         if not self.fuzzy:
             return CacheHit("miss")
-        index = self._index(provider, top_k)
+        index = self._index(scope, top_k)
         index.remove(normalized)  # it expired in Redis, or was never here
         matched = index.lookup(normalized)
         if matched is None:
             return CacheHit("miss")
-        stored = await self._redis.get(self._result_key(provider, top_k, matched))
+        stored = await self._redis.get(self._result_key(scope, top_k, matched))
         if stored is None:
             index.remove(matched)  # expired since it was indexed
             return CacheHit("miss")
         return CacheHit("fuzzy", _decode(stored), matched)
 
-    async def put(self, provider: str, top_k: int, normalized: str, results: tuple[Passage, ...]) -> None:
+    async def put(self, scope: str, top_k: int, normalized: str, results: tuple[Passage, ...]) -> None:
         """Store results (empty ones are not cached, as in TAPO); a Redis failure only switches the cache off."""
         if not self._online or not results:
             return
         payload = json.dumps({"query": normalized, "results": [p.to_dict() for p in results]})
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(self._result_key(provider, top_k, normalized), payload, ex=self.ttl_s)
-                pipe.zadd(self._index_key(provider, top_k), {normalized: time.time() + self.ttl_s})
+                pipe.set(self._result_key(scope, top_k, normalized), payload, ex=self.ttl_s)
+                pipe.zadd(self._index_key(scope, top_k), {normalized: time.time() + self.ttl_s})
                 await pipe.execute()
         except (RedisError, OSError) as err:
             self._went_down(err)
             return
-        self._index(provider, top_k).add(normalized)
+        self._index(scope, top_k).add(normalized)
 
     async def aclose(self) -> None:
         if self._loader is not None:

@@ -75,7 +75,7 @@ def search(service: ServiceProcess, query: str, top_k: int = 3) -> httpx.Respons
 def local_service(hotpot_index: Path, redis_server: ServiceProcess,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     tmp = tmp_path_factory.mktemp("local-service")
-    params = write_params(tmp / "params.yaml", index_dir=str(hotpot_index))
+    params = write_params(tmp / "params.yaml", index_dir=str(hotpot_index), fuzzy=True)  # TAPO's cache, both lookups
     service = start_search(params, redis_server.url, tmp)
     yield service
     service.stop()

@@ -31,6 +31,7 @@ def test_health_search_and_stats(local_service: ServiceProcess) -> None:
     stats = httpx.get(f"{local_service.url}/stats").json()
     assert stats["exact_hits"] >= 1 and stats["fuzzy_hits"] >= 1 and stats["misses"] >= 2
     assert stats["provider_errors"] == 0 and stats["cache_size"] >= 2 and stats["cache"] == "on"
+    assert stats["scope"].startswith("local-bm25@") and stats["fuzzy"] is True
 
 
 def test_retrieve_is_search_r1_compatible(local_service: ServiceProcess) -> None:
@@ -60,7 +61,7 @@ def test_long_query_is_413(local_service: ServiceProcess) -> None:
 
 
 def test_persisted_cache_served_after_restart(hotpot_index: Path, redis_server: ServiceProcess, tmp_path: Path) -> None:
-    params = write_params(tmp_path / "params.yaml", index_dir=str(hotpot_index))
+    params = write_params(tmp_path / "params.yaml", index_dir=str(hotpot_index), fuzzy=True)
     with start_search(params, redis_server.url, tmp_path) as first:
         assert search(first, "Who founded the Bauhaus art school in Weimar?").json()["cache"] == "miss"
     with start_search(params, redis_server.url, tmp_path) as second:

@@ -1,7 +1,9 @@
-"""Where things are: the repository root, the shared benchmark data beside it, the embedded Wikipedia dump."""
+"""Where things are: the repository root, the shared benchmark data beside it, the embedded Wikipedia dump;
+and `file_sha256`, what a file holds, for records that name their inputs."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -30,3 +32,12 @@ def embedded_wiki_dump() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: gensim's Wikipedia test dump is missing from this gensim install")
     return path
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

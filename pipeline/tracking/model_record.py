@@ -4,19 +4,11 @@ so a version in the registry says what it is without opening its run."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
-
-
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from pipeline.paths import file_sha256
 
 
 def training_record(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:

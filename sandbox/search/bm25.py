@@ -23,6 +23,7 @@ import bm25s
 import numpy as np
 
 from pipeline.jsonl import iter_json_lines, write_json_lines
+from pipeline.paths import file_sha256
 from sandbox.search.results import Passage
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG at import
@@ -95,14 +96,6 @@ def index_fingerprint(directory: Path) -> str:
     digest.update((directory / BM25S_PARAMS_FILE).read_bytes())
     digest.update(f"k1={K1} b={B} bm25s={bm25s.__version__}".encode())
     return digest.hexdigest()[:16]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def index_vocabulary(directory: Path) -> frozenset[str]:

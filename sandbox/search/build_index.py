@@ -15,8 +15,8 @@ from pathlib import Path
 from pipeline.config import load_config
 from pipeline.config.search import SearchConfig
 from pipeline.paths import REPO_ROOT
-from sandbox.search.bm25 import BM25Index, file_sha256
-from pipeline.paths import embedded_wiki_dump
+from sandbox.search.bm25 import BM25Index
+from pipeline.paths import embedded_wiki_dump, file_sha256
 from sandbox.search.corpus import load_corpus
 
 

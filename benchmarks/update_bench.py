@@ -20,9 +20,12 @@ from pipeline.paths import REPO_ROOT
 from pipeline.types import TrainBatch
 
 
-def args_and_base_model(description: str) -> tuple[argparse.Namespace, torch.nn.Module, object]:
-    """`--reps` (alternations of the two sides) and `--threads`; SmolLM2-135M-Instruct from models/base, fp32."""
+def args_and_base_model(description: str, groups: int | None = None) -> tuple[argparse.Namespace, torch.nn.Module, object]:
+    """`--reps` (alternations of the two sides), `--threads`, and `--groups` where a default is given;
+    SmolLM2-135M-Instruct from models/base, fp32."""
     parser = argparse.ArgumentParser(description=description)
+    if groups is not None:
+        parser.add_argument("--groups", type=int, default=groups)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

@@ -38,6 +38,7 @@ from pipeline.data.answerable import shows_answer
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device
 from pipeline.tracking.progress import progress
+from pipeline.repeatable import make_repeatable
 from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_of
 from pipeline.reward import route, verify
 from pipeline.rollout.backends.decoding import eos_ids
@@ -175,7 +176,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = P
 
 def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str]) -> dict[str, float]:
     sc = cfg.sft
-    torch.manual_seed(cfg.run.seed)
+    make_repeatable(cfg.run.seed, cfg.run.deterministic)
     tools = make_tools(cfg, tool_urls)
     problems = read_problems(sc.train_file)
     traces = scripted_traces(problems, tokenizer, protocol_of(cfg.rollout), tools, cfg.reward,

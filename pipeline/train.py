@@ -43,7 +43,6 @@ import argparse
 import contextlib
 import copy
 import os
-import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -51,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from pipeline.config import RunConfig, load_config
@@ -59,6 +57,7 @@ from pipeline.config.train import LoraFinetune
 from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.jsonl import write_json
 from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
+from pipeline.repeatable import make_repeatable
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
@@ -117,14 +116,8 @@ class Training:
     run_dir: Path  # this run's own folder: its checkpoints and the config they are written under
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_dir: Path | None = None) -> Training:
-    seed_everything(cfg.run.seed)
+    make_repeatable(cfg.run.seed, cfg.run.deterministic)  # before the model loads
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
     tc, identity, run_dir = cfg.train, training_identity(cfg), run_dir or run_folder(cfg)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. A part may import the parts of any lower layer; within a layer, only what IN_LAYER names.
 LAYERS: list[set[str]] = [
-    {"pipeline.types"},
+    {"pipeline.types", "pipeline.repeatable"},
     {"pipeline.paths", "pipeline.outputs", "pipeline.jsonl", "pipeline.config"},
     {"pipeline.tools", "pipeline.protocols", "pipeline.model", "pipeline.services"},
     {"pipeline.reward", "pipeline.rollout", "pipeline.tracking"},

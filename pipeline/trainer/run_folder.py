@@ -42,7 +42,7 @@ ATTEMPT_FILES = (HISTORY, INPUTS, FINISHED)  # an attempt's own records: a fresh
 SECTIONS = ("run", "model", "sandbox", "search", "rollout", "reward", "train", "distributed")
 # Where things go, how fast they run, how much is logged: a resume may change these.
 NOT_IDENTITY = (
-    "run.experiment", "run.tracking_uri", "run.torch_threads",
+    "run.experiment", "run.tracking_uri", "run.torch_threads", "run.deterministic",
     "model.path", "model.base_dir", "model.device",
     "sandbox.url", "sandbox.port", "sandbox.workers", "sandbox.queue_size", "sandbox.concurrency",
     "sandbox.retries", "sandbox.recover_s",

@@ -18,6 +18,8 @@ GPU, where dense masks behave differently, not measured). The output head runs o
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
 Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.autocast`) the
 forward runs in bf16 mixed precision with the head and all state in float32 (`forward_precision`).
+Rows are gathered with index_select, never advanced indexing: a repeated index would sum its gradients in
+thread order on CPU, and the same batch would give other weights run to run (`pipeline.repeatable`).
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Te
     through the model's own forward: DeepSpeed's engine (ZeRO-3 gathers the head's weights there),
     peft's adapters, and model-specific logit post-processing (e.g. soft-capping) all apply."""
     head = model.get_output_embeddings()
-    handle = head.register_forward_pre_hook(lambda _head, args: (args[0][rows_N, cols_N], *args[1:]))
+    handle = head.register_forward_pre_hook(lambda _head, args: (_rows_at(args[0], rows_N, cols_N), *args[1:]))
     head_outside_autocast = torch.is_autocast_enabled(rows_N.device.type)
     if head_outside_autocast:
         own_forward = head.__dict__.get("forward")  # e.g. accelerate's device hook, which wraps the class's
@@ -131,6 +133,13 @@ def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Te
             del head.forward
             if own_forward is not None:
                 head.forward = own_forward
+
+
+def _rows_at(hidden_BKH: torch.Tensor, rows_N: torch.Tensor, cols_N: torch.Tensor) -> torch.Tensor:
+    """hidden_BKH[rows_N, cols_N] as [N, H], by index_select: its backward sums in a fixed order (advanced
+    indexing's backward accumulates with atomic adds, in thread order, wherever an index repeats)."""
+    B, K, H = hidden_BKH.shape
+    return hidden_BKH.reshape(B * K, H).index_select(0, rows_N * K + cols_N)
 
 
 def _outside_autocast(head: torch.nn.Module) -> Callable[..., torch.Tensor]:
@@ -211,7 +220,9 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: 
         logits = model(input_ids=ids_P[None], position_ids=packed.positions_P[None].to(device),
                        attention_mask=blocked[None, None].to(device), use_cache=False,
                        logits_to_keep=len(ids_P)).logits
-    return logits[torch.tensor([slot[p] for p in wanted], dtype=torch.long, device=device)]
+    # index_select, not logits[index]: rows through one node repeat its index, and the backward of advanced
+    # indexing adds repeated rows' gradients in whatever order the threads run (not reproducible on CPU)
+    return logits.index_select(0, torch.tensor([slot[p] for p in wanted], dtype=torch.long, device=device))
 
 
 def _hidden_size(model: torch.nn.Module) -> int:

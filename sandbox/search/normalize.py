@@ -74,8 +74,8 @@ def normalize_query(query: str) -> str:
     text = _THOUSANDS.sub("", text)
     for pattern, expand in _CONTRACTIONS:
         text = pattern.sub(expand, text)
+    text = _SEPARATORS.sub(" ", text)  # first: "&_" must meet the "&" rule as the "& " it becomes (idempotence)
     text = _AMPERSAND.sub(" and ", text)
-    text = _SEPARATORS.sub(" ", text)
     text = _drop_punctuation(text)
     return " ".join(text.split())
 

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from pipeline.config import RunConfig
 from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import checkpointing, weight_sync
+from pipeline.distributed.build_locks import build_locks_cleared
 from pipeline.distributed.ds_config import deepspeed_config
 from pipeline.distributed.sharding import assign_groups
 from pipeline.rollout.engine import RolloutEngine
@@ -52,12 +53,20 @@ def init_process_group(cfg: DistributedConfig) -> None:
     if missing:
         raise RuntimeError(f"distributed.enabled is true but {', '.join(missing)} is not set: run the train stage "
                            "(`python -m flows.train` or `dvc repro`), which launches the ranks")
-    # DeepSpeed builds a C++ op on first use; keep the build where later runs find it.
+    # DeepSpeed builds a C++ op on first use; keep the build where later runs find it, and clear the build lock
+    # of a rank that died building it (it would hang this start for ever).
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(cfg.torch_extensions_dir).resolve()))
     import deepspeed
 
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=resolve_collectives(cfg.collectives))
+        with build_locks_cleared(Path(os.environ["TORCH_EXTENSIONS_DIR"]), shared=_spans_nodes()):
+            deepspeed.init_distributed(dist_backend=resolve_collectives(cfg.collectives))
+
+
+def _spans_nodes() -> bool:
+    """Whether this rank's job has ranks on other machines (torchrun's and DeepSpeed's launchers say so)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
+    return local is None or int(local) != int(os.environ["WORLD_SIZE"])
 
 
 def _device() -> torch.device:

@@ -90,7 +90,7 @@ class RewardConfig(StageConfig):
     math_mode: Literal["equivalent", "strict"] = Field(
         "equivalent", description="equivalent: numeric/symbolic equivalence; strict: TAPO's normalised string equality."
     )
-    verify_timeout_s: float = Field(2.0, gt=0.0, le=60.0, description="Time limit of one symbolic equivalence check; over it counts as not equivalent.")
+    verify_timeout_s: float = Field(2.0, gt=0.0, le=60.0, description="CPU-time limit of one symbolic equivalence check (the checking process's own CPU seconds, so a verdict does not depend on how busy the machine is; 30x it in wall time if the check gets no CPU); over it counts as not equivalent.")
     symbolic_workers: int = Field(2, ge=1, le=16, description="Processes that run symbolic checks (each killable on time-out).")
     cache_size: int = Field(65536, ge=0, description="Verified (kind, prediction, gold) results kept in memory (0 = no cache).")
     wrong_answer_reward: float = Field(

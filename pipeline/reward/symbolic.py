@@ -3,9 +3,16 @@
 math-verify's own time limit uses SIGALRM, which works only in the main thread, and a
 running sympy call cannot be interrupted from inside its process. So every check runs in
 a worker process (`symbolic_worker.py`): the caller writes (prediction, gold) to its stdin
-and waits at most `timeout_s` for the verdict line; a worker that misses the deadline is
-killed and replaced, and the check counts as "not equivalent". Callers in any thread or
-event loop therefore get a bounded wait.
+and waits for the verdict line; a worker that runs over the limit is killed and replaced, and
+the check counts as "not equivalent". Callers in any thread or event loop get a bounded wait.
+
+The limit is the *worker's CPU time* for the check, not the caller's wall clock: a verdict is a
+reward, and a reward must not depend on how busy the machine is (on a loaded or memory-starved
+machine a check that needs 0.3 s of CPU can take seconds of wall time, and a wall-clock limit then
+turned a correct answer into a wrong one in one run and not in its repeat). CPU time still varies
+a little with the machine's state (caches), so a check within a few percent of the limit may
+still go either way. A worker that spends no CPU (stopped, starved of memory) is given up after
+`wall_factor` times the limit in wall time, counted apart in `stalls`.
 
 Workers start lazily on first use (about a second each) and are killed at exit.
 """
@@ -23,9 +30,13 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 WORKER_SCRIPT = Path(__file__).with_name("symbolic_worker.py")
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take seconds
 MAX_INPUT_CHARS = 2000  # longer "answers" are not answers; never feed them to sympy
+POLL_S = 0.02  # how often a waiting caller reads the worker's CPU time (a verdict wakes it at once)
+WALL_FACTOR = 30.0  # wall-clock backstop, in multiples of the CPU-time limit
 
 
 class _Worker:
@@ -39,20 +50,30 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        self._ps = psutil.Process(self._process.pid)
         self._buffer = b""
+        self.gave_up: str | None = None  # which limit the last wait ran over: "cpu" or "wall"
         if self._read_line(_STARTUP_TIMEOUT_S) != "ready":
             self.kill()
             raise RuntimeError(f"symbolic checker worker ({WORKER_SCRIPT.name}) did not start")
 
-    def _read_line(self, timeout_s: float) -> str | None:
-        """The next stdout line, or None when none arrives before the deadline."""
+    def _read_line(self, timeout_s: float, cpu_limit_s: float | None = None) -> str | None:
+        """The next stdout line, or None when none arrives within `timeout_s` of wall time or, with
+        `cpu_limit_s`, before the worker has spent that much CPU time from now."""
         assert self._process.stdout is not None
         fd = self._process.stdout.fileno()
         deadline = time.monotonic() + timeout_s
+        cpu_start = self.cpu_seconds()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0:
+                self.gave_up = "wall"
                 return None
+            if not select.select([fd], [], [], left if cpu_limit_s is None else min(left, POLL_S))[0]:
+                if cpu_limit_s is not None and self.cpu_seconds() - cpu_start > cpu_limit_s:
+                    self.gave_up = "cpu"
+                    return None
+                continue
             chunk = os.read(fd, 4096)
             if not chunk:  # the worker died (e.g. killed by the memory limit)
                 return None
@@ -60,15 +81,23 @@ class _Worker:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode()
 
-    def check(self, pred: str, gold: str, timeout_s: float) -> bool | None:
-        """The verdict, or None when the worker missed the deadline or died."""
+    def cpu_seconds(self) -> float:
+        """The worker's CPU time so far (user and system); infinite once it is gone."""
+        try:
+            times = self._ps.cpu_times()
+        except psutil.Error:
+            return float("inf")
+        return times.user + times.system
+
+    def check(self, pred: str, gold: str, cpu_limit_s: float, wall_limit_s: float) -> bool | None:
+        """The verdict, or None when the worker ran over a limit (`gave_up` says which) or died."""
         assert self._process.stdin is not None
         try:
             self._process.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
             self._process.stdin.flush()
         except BrokenPipeError:
             return None
-        line = self._read_line(timeout_s)
+        line = self._read_line(wall_limit_s, cpu_limit_s)
         return None if line is None else line == "1"
 
     def kill(self) -> None:
@@ -82,9 +111,11 @@ class _Worker:
 class SymbolicChecker:
     """A small pool of killable math-verify workers; `equivalent` is safe from any thread."""
 
-    def __init__(self, timeout_s: float, workers: int = 1) -> None:
-        self.timeout_s = timeout_s
-        self.timeouts = 0  # checks that hit the limit (or crashed the worker), for logging
+    def __init__(self, timeout_s: float, workers: int = 1, wall_factor: float = WALL_FACTOR) -> None:
+        self.timeout_s = timeout_s  # of the worker's CPU time (see the module)
+        self.wall_limit_s = timeout_s * wall_factor
+        self.timeouts = 0  # checks that hit a limit (or crashed the worker), for logging
+        self.stalls = 0  # of those, the ones given up in wall time while the worker spent too little CPU
         self._size = workers
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._started = 0
@@ -123,11 +154,12 @@ class SymbolicChecker:
         if len(pred) > MAX_INPUT_CHARS or len(gold) > MAX_INPUT_CHARS:
             return False
         worker = self._acquire()
-        verdict = worker.check(pred, gold, self.timeout_s)
+        verdict = worker.check(pred, gold, self.timeout_s, self.wall_limit_s)
         if verdict is None:
             worker.kill()
             with self._lock:
                 self.timeouts += 1
+                self.stalls += worker.gave_up == "wall"
                 self._started -= 1
             return False
         self._release(worker)

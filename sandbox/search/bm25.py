@@ -48,8 +48,14 @@ class BM25Index:
 
     @classmethod
     def build(cls, passages: list[Passage]) -> BM25Index:
+        """The same passages give the same index, byte for byte: bm25s numbers the words in the order of a
+        `set` of them, which follows the interpreter's string hashing (random per process), and the word
+        numbers order the matrices and the sums of a query's scores. So the words are numbered here, in the
+        order they first occur."""
         retriever = bm25s.BM25(method="lucene", k1=K1, b=B)
-        retriever.index(_tokenize([f"{p.title} {p.text}" for p in passages]), show_progress=False)
+        documents = _tokenize([f"{p.title} {p.text}" for p in passages])
+        vocabulary = {word: i for i, word in enumerate(dict.fromkeys(w for doc in documents for w in doc))}
+        retriever.index(([[vocabulary[w] for w in doc] for doc in documents], vocabulary), show_progress=False)
         return cls(retriever, passages)
 
     def save(self, directory: Path, manifest: dict) -> None:

@@ -16,7 +16,10 @@ import asyncio
 import json
 import logging
 import random
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -168,3 +171,25 @@ def test_fuzzy_hits_are_the_one_history_dependence(hotpot_index: Path, redis_ser
     typo_first, right_first = asyncio.run(answer([typo, right])), asyncio.run(answer([right, typo]))
     assert typo_first != right_first
     assert right_first == _cold(BM25Index.load(hotpot_index), right)
+
+
+BUILD = """
+import sys
+from pipeline.config.search import SearchConfig
+from sandbox.search.build_index import build_index
+build_index(SearchConfig(corpus_path=sys.argv[1], corpus_format="jsonl", index_dir=sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("hash_seed", ["0", "1", "4242"])
+def test_the_same_passages_build_the_same_index_byte_for_byte(hash_seed: str, hotpot_index: Path,
+                                                              shared_data: Path, tmp_path: Path) -> None:
+    """Every process hashes strings with its own random seed: bm25s numbered the words in the order of a set of
+    them, so two builds of one corpus (two clones, a rebuild) numbered them differently, and the same query summed
+    its words' scores in another order (ties ranked apart at the last bit)."""
+    rebuilt = tmp_path / "index"
+    subprocess.run([sys.executable, "-c", BUILD, str(shared_data / HOTPOT_PARAGRAPHS), str(rebuilt)], check=True,
+                   env=os.environ | {"PYTHONHASHSEED": hash_seed}, timeout=600)
+    files = sorted(p.name for p in hotpot_index.iterdir())
+    assert files == sorted(p.name for p in rebuilt.iterdir())
+    assert [name for name in files if (hotpot_index / name).read_bytes() != (rebuilt / name).read_bytes()] == []

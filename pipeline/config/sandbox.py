@@ -20,6 +20,10 @@ class SandboxConfig(StageConfig):
     max_memory_mb: int = Field(2048, ge=32, le=65536, description="Server-side cap on any request's memory_mb.")
     concurrency: int = Field(8, ge=1, le=1024, description="Client: requests in flight at once; more wait in the client.")
     retries: int = Field(2, ge=0, le=10, description="Client: retries after connection errors and 429/502/503/504.")
+    seed: int | None = Field(0, ge=0, description=(
+        "Client: a snippet's random generators (random, numpy's global one, sympy's) start from a seed made of this "
+        "and its code, so the same call prints the same thing in every run (a repeated run repeats its tool "
+        "answers); null = fresh randomness per snippet, as SandboxFusion."))
     recover_s: float = Field(20.0, ge=0.0, le=600.0, description=(
         "Client: keep retrying a refused connection this long (a sandbox the services flow is restarting) before "
         "the call counts as an outage; 0 = no waiting."))

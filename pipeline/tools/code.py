@@ -9,6 +9,10 @@ counted in `counts`, never the policy's. A snippet that ran past its own limit i
 verdict "timeout", the policy's. Empty stdout on success stays empty: the rollout engine decides
 how to word it.
 
+Seeded (`seed`, params `sandbox.seed`): every snippet's random generators (random, numpy's global one,
+sympy's) start from a seed made of the client's seed and the code (`snippet_seed`), so a run's code answers
+repeat in the next run; SandboxFusion and TAPO's sandbox give fresh randomness instead (`sandbox.seed: null`).
+
 Retries: connection failures and 429/502/503/504 are retried (with the server's
 Retry-After, else exponential backoff) up to `retries` times; a snippet that ran is never
 re-run. A refused connection is also retried for up to `recover_s` seconds (the time the
@@ -19,6 +23,7 @@ server's bounded queue.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 
 import httpx
@@ -45,7 +50,7 @@ class CodeSandboxClient:
     name: ToolName = "code"
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, memory_mb: int = 512, concurrency: int = 8,
-                 retries: int = 2, recover_s: float = 0.0) -> None:
+                 retries: int = 2, recover_s: float = 0.0, seed: int | None = None) -> None:
         if not url:
             raise ValueError("CodeSandboxClient needs the sandbox URL (e.g. http://127.0.0.1:PORT)")
         if concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0 or recover_s < 0:
@@ -56,6 +61,7 @@ class CodeSandboxClient:
         self.memory_mb = memory_mb
         self.retries = retries
         self.recover_s = recover_s
+        self.seed = seed
         self._slots = asyncio.Semaphore(concurrency)
         self.counts = CallCounts()
         self._http = httpx.AsyncClient(
@@ -66,7 +72,7 @@ class CodeSandboxClient:
     @classmethod
     def from_config(cls, cfg: SandboxConfig, url: str) -> CodeSandboxClient:
         return cls(url, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, concurrency=cfg.concurrency,
-                   retries=cfg.retries, recover_s=cfg.recover_s)
+                   retries=cfg.retries, recover_s=cfg.recover_s, seed=cfg.seed)
 
     async def __call__(self, call_input: str) -> ToolResult:
         return self.counts.count(await self._run(call_input))
@@ -86,6 +92,8 @@ class CodeSandboxClient:
 
     async def _post_with_retries(self, code: str) -> dict:
         payload = {"code": code, "timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
+        if self.seed is not None:
+            payload["seed"] = snippet_seed(self.seed, code)
         # Not a 500: the snippet may have run (a re-run would be a second sample of its side effects and cost).
         response = await post_with_retries(self._http, f"{self.url}/run", payload, retries=self.retries,
                                            recover_s=self.recover_s, retry_status=_RETRYABLE_STATUS.__contains__)
@@ -100,6 +108,13 @@ class CodeSandboxClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def snippet_seed(seed: int, code: str) -> int:
+    """The seed of one snippet's random generators: a function of the client's seed and the code alone, so a
+    call prints the same thing in every run, whichever worker runs it and whatever ran before."""
+    digest = hashlib.sha256(f"{seed}\0{code}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
 class CodeRefused(Exception):

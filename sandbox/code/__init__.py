@@ -28,7 +28,11 @@ Isolated (enforced by the kernel, not by Python):
     holds; exit statuses pass through a C buffer that is zeroed again), so a snippet's
     memory holds no frame, object or freed buffer of another request. Random generators a
     child would inherit (numpy's global one, sympy's) are reseeded by each child before it
-    locks down, and `random` reseeds itself in each child. The private /tmp is replaced by a
+    locks down, and `random` reseeds itself in each child: from fresh entropy, or all three from
+    the request's own `seed` (the same code and seed print the same thing: a trainer's runs repeat;
+    the seed is the request's, so it carries nothing between requests). Every worker hashes strings
+    with one fixed key (`PYTHONHASHSEED=0`): constant, not state, so no channel, and a set of
+    words prints in the same order on every worker and start. The private /tmp is replaced by a
     fresh tmpfs unless its free inode and block counts and its directory times are exactly
     those of a fresh one (no name is exempt), which also resets its inode numbers; it has no
     access times, and O_TMPFILE (an inode no directory shows) is refused. Monkeypatching builtins, modules or atexit

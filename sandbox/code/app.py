@@ -44,6 +44,9 @@ class RunRequest(BaseModel):
     code: str = Field(..., description="Python source to run as a fresh program.")
     timeout_s: float = Field(5.0, gt=0, allow_inf_nan=False, description="Wall-clock limit; capped by the server.")
     memory_mb: int = Field(512, gt=0, description="Memory the snippet may add; capped by the server.")
+    seed: int | None = Field(None, ge=0, lt=1 << 64, strict=True, description=(
+        "Seeds the snippet's random generators (random, numpy, sympy): the same code and seed print the same "
+        "thing in every run. None: fresh entropy for each snippet."))
 
 
 def _json(body: dict, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -99,7 +102,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         size = _text_size(request.code)
         if size > MAX_CODE_BYTES:
             return _too_large("code", size, MAX_CODE_BYTES)
-        outcome = await execute(capped(request.code, request.timeout_s, request.memory_mb))
+        outcome = await execute(capped(request.code, request.timeout_s, request.memory_mb, seed=request.seed))
         return outcome if isinstance(outcome, Response) else _json(outcome.public())
 
     app.router.add_route("/run", run, methods=["POST"])
@@ -119,7 +122,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
                 return _too_large(what, size, MAX_CODE_BYTES)
         memory_mb = request.memory_limit_MB if request.memory_limit_MB > 0 else settings.max_memory_mb
         job = capped(request.code, request.run_timeout, memory_mb, stdin=request.stdin or "",
-                     files=input_files, fetch_files=fetch_files)
+                     files=input_files, fetch_files=fetch_files, seed=request.seed)
         outcome = await execute(job)
         return outcome if isinstance(outcome, Response) else _json(fusion.response(outcome))
 

@@ -18,6 +18,7 @@ import json
 import linecache
 import marshal
 import os
+import random
 import sys
 import traceback
 from dataclasses import dataclass
@@ -43,9 +44,10 @@ class ChildJob:
     source: str
     timeout_s: float
     memory_mb: int
+    seed: int | None = None
 
     def dumps(self) -> bytes:
-        return marshal.dumps((self.code, self.source, self.timeout_s, self.memory_mb))
+        return marshal.dumps((self.code, self.source, self.timeout_s, self.memory_mb, self.seed))
 
     @classmethod
     def loads(cls, data: bytes) -> ChildJob:
@@ -122,15 +124,22 @@ def _run(setup: ChildJob, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
     return report
 
 
-def reseed_inherited_generators() -> None:
+def reseed_inherited_generators(seed: int | None = None) -> None:
     """Fresh entropy for the generators this child inherited from the zygote: numpy's global one and
-    sympy's (`random` reseeds itself in every child through CPython's at-fork hook).
+    sympy's (`random` reseeds itself in every child through CPython's at-fork hook); with the request's
+    `seed`, all three start from it instead, so the same snippet and seed print the same thing in every run
+    (a trainer's tool answers then repeat; the seed is the request's own, so it carries nothing between requests).
 
     Done here, in the child, because reseeding in the zygote between children cost more although the
     calls take ~20 us: 0.27 against 0.10 CPU ms a request over no reseeding at all, in the same runs of
     `benchmarks/sandbox_throughput.py` (the zygote's writes land in pages every later child shares). numpy's legacy generator takes a 32-bit integer seed
     without building an array (an array seed runs numpy's conversion machinery in every child): two requests
     share a numpy stream with probability 2**-32, and no request can choose or learn another's seed."""
+    if seed is not None:
+        random.seed(seed)
+        numpy.random.seed(seed & 0xFFFF_FFFF)
+        sympy.core.random.seed(seed)
+        return
     numpy.random.seed(int.from_bytes(os.urandom(4), "little"))
     sympy.core.random.seed(int.from_bytes(os.urandom(16), "little"))
 
@@ -140,10 +149,10 @@ def child_main(setup: ZygoteSetup, fds: list[int], status_fd: int) -> None:
     try:
         job_fd, stdin_fd, stdout_fd, stderr_fd, report_fd = fds
         os.setsid()  # own session and process group, apart from the zygote's
-        reseed_inherited_generators()
         if setup.cgroup_procs_fd >= 0:  # into the slot's cgroup before any snippet code (fd closed below)
             cgroup.join(setup.cgroup_procs_fd)
         job = _read_job(job_fd)
+        reseed_inherited_generators(job.seed)
         limits = limits_for(job, _virtual_memory_bytes(status_fd), setup.tmp_size_mib)
         _wire_fds(stdin_fd, stdout_fd, stderr_fd, report_fd)
         os.chdir(setup.workdir)

@@ -33,6 +33,7 @@ class RunCodeRequest(BaseModel):
     memory_limit_MB: int = Field(-1, description="Memory budget; -1 = the server's maximum.")
     stdin: str | None = Field(None, description="Text fed to standard input (at most 64 KiB).")
     files: dict[str, str | None] = Field(default_factory=dict, description="Relative path -> base64 content, written before the run (at most 64 files).")
+    seed: int | None = Field(None, ge=0, lt=1 << 64, strict=True, description="Our extension: seeds the snippet's random generators (as `POST /run`).")
     fetch_files: list[str] = Field(default_factory=list, description="Relative paths returned base64 after the run (at most 64; one per normalised path, 1 MiB each, 4 MiB in all).")
 
 

@@ -30,6 +30,7 @@ class Job:
     stdin: str = ""
     files: dict[str, str] = field(default_factory=dict)  # relative path -> base64 content
     fetch_files: tuple[str, ...] = ()
+    seed: int | None = None  # the snippet's random generators start from it; None: fresh entropy
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,10 @@ def worker_environment() -> dict[str, str]:
         # shared by many snippets gain nothing from more.
         "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
         "MALLOC_ARENA_MAX": "2",  # each arena reserves 64 MiB of address space against RLIMIT_AS
+        # One string-hash key for every worker of every start: a set of strings prints in the same order in every
+        # run (a random key per worker made a snippet's output depend on which worker, in which start, ran it).
+        # Every snippet of a worker shares its key anyway; a known key only lets a snippet slow its own dicts.
+        "PYTHONHASHSEED": "0",
     }
 
 

@@ -153,7 +153,7 @@ class Worker:
         with contextlib.ExitStack() as opened:
             job_fd = os.memfd_create("job", os.MFD_CLOEXEC)
             opened.callback(os.close, job_fd)
-            os.write(job_fd, ChildJob(code, job.code, job.timeout_s, job.memory_mb).dumps())
+            os.write(job_fd, ChildJob(code, job.code, job.timeout_s, job.memory_mb, job.seed).dumps())
             if self._memory_max_fd >= 0:  # every page the child charges, memfd and tmpfs included
                 cgroup.set_memory_max(self._memory_max_fd, job.memory_mb)
             pipes = supervise.ChildPipes.open(job.stdin.encode("utf-8", "surrogatepass"))

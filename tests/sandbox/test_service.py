@@ -206,5 +206,6 @@ def test_snippets_see_only_a_minimal_environment(sandbox: Sandbox) -> None:
     code = "import fractions\nprint(sorted(fractions.sys.modules['os'].environ))"
     names = ast.literal_eval(sandbox.run(code)["stdout"])
     assert set(names) <= {"PATH", "LANG", "HOME", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED",
-                          "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_ARENA_MAX"}
+                          "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_ARENA_MAX",
+                          "PYTHONHASHSEED"}
     assert "PATH" in names

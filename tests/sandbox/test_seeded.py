@@ -1,0 +1,73 @@
+"""A snippet's output is a function of its request, not of the worker or the server start that runs it: with a
+seed, every random generator it inherits starts from that seed, and every worker of every start hashes strings
+with one key (a set of words prints in one order). Without a seed, each request gets fresh entropy
+(`test_between_requests`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.tools.code import CodeSandboxClient, snippet_seed
+from tests.sandbox.support import Sandbox
+
+DRAWS = ("import random, numpy, sympy\nimport sympy.core.random as sr\n"
+         "print(sympy.randprime(1, 10**12), sr.random(), random.random(), random.randrange(10**9), "
+         "numpy.random.rand(), numpy.random.randint(10**9))")
+WORDS = "print(list({'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta'}), hash('tapo'), hash(('a', 1)))"
+
+
+def _run(sandbox: Sandbox, code: str, **extra) -> str:
+    result = sandbox.run(code, timeout_s=30.0, **extra)
+    assert result["status"] == "ok", result
+    return result["stdout"]
+
+
+def test_a_seeded_snippet_prints_the_same_on_every_worker_and_server(sandbox: Sandbox, lone_sandbox: Sandbox) -> None:
+    """Two servers (two starts), three workers, requests in between: one output per seed, every generator
+    moving with the seed."""
+    first = _run(sandbox, DRAWS, seed=7)
+    again = [_run(sandbox, DRAWS, seed=7) for _ in range(4)] + [_run(lone_sandbox, DRAWS, seed=7) for _ in range(2)]
+    assert set(again) == {first}
+    other = _run(lone_sandbox, DRAWS, seed=8)
+    assert all(a != b for a, b in zip(first.split(), other.split(), strict=True)), (first, other)
+
+
+def test_strings_hash_alike_on_every_worker_and_server(sandbox: Sandbox, lone_sandbox: Sandbox) -> None:
+    outputs = {_run(sandbox, WORDS) for _ in range(4)} | {_run(lone_sandbox, WORDS) for _ in range(2)}
+    assert len(outputs) == 1, outputs
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(min_value=0, max_value=(1 << 64) - 1))
+def test_any_seed_repeats_its_draws(lone_sandbox: Sandbox, seed: int) -> None:
+    assert _run(lone_sandbox, DRAWS, seed=seed) == _run(lone_sandbox, DRAWS, seed=seed)
+
+
+@pytest.mark.parametrize("seed", [-1, 1 << 64, 1.5, "7", True])
+def test_a_seed_that_is_no_64_bit_integer_is_refused(sandbox: Sandbox, seed: object) -> None:
+    for path, body in (("/run", {"code": "print(1)", "seed": seed}),
+                       ("/run_code", {"code": "print(1)", "language": "python", "seed": seed})):
+        response = httpx.post(f"{sandbox.url}{path}", json=body, timeout=30)
+        assert response.status_code == 422, (path, seed, response.text)
+
+
+def test_the_client_seeds_each_snippet_from_its_seed_and_code(sandbox: Sandbox) -> None:
+    """The trainer's client: the same call repeats in a fresh client (a new run); another code or seed draws anew."""
+    async def call(seed: int | None, code: str) -> str:
+        client = CodeSandboxClient(sandbox.url, timeout_s=30.0, seed=seed)
+        try:
+            return (await client(code)).output
+        finally:
+            await client.aclose()
+
+    first = asyncio.run(call(0, DRAWS))
+    assert asyncio.run(call(0, DRAWS)) == first
+    assert asyncio.run(call(1, DRAWS)) != first
+    assert asyncio.run(call(0, DRAWS + "\n")) != first
+    assert asyncio.run(call(None, DRAWS)) != asyncio.run(call(None, DRAWS))
+    assert snippet_seed(0, DRAWS) == snippet_seed(0, DRAWS) < 1 << 64

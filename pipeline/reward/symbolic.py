@@ -64,6 +64,7 @@ class _Worker:
         fd = self._process.stdout.fileno()
         deadline = time.monotonic() + timeout_s
         cpu_start = self.cpu_seconds()
+        self.gave_up = None
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -10,8 +10,11 @@ verdict "timeout", the policy's. Empty stdout on success stays empty: the rollou
 how to word it.
 
 Seeded (`seed`, params `sandbox.seed`): every snippet's random generators (random, numpy's global one,
-sympy's) start from a seed made of the client's seed and the code (`snippet_seed`), so a run's code answers
-repeat in the next run; SandboxFusion and TAPO's sandbox give fresh randomness instead (`sandbox.seed: null`).
+sympy's) start from a seed made of the client's seed and the code (`snippet_seed`), and the object addresses
+that default reprs print (`<generator object <genexpr> at 0x7f...>`, a small policy's common mistake) are
+numbered canonically (`canonical_addresses`): the worker's memory layout is randomised, and keeping it so is
+worth more than repeating an address. So a run's code answers repeat in the next run; SandboxFusion and TAPO's
+sandbox give fresh randomness and real addresses instead (`sandbox.seed: null`).
 
 Retries: connection failures and 429/502/503/504 are retried (with the server's
 Retry-After, else exponential backoff) up to `retries` times; a snippet that ran is never
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 
 import httpx
@@ -88,6 +92,8 @@ class CodeSandboxClient:
                 return ToolResult.failure(f"code sandbox unavailable: {type(exc).__name__}: {exc}",
                                           status="unavailable", latency_s=time.perf_counter() - started,
                                           infrastructure=True)
+        if self.seed is not None:
+            body = body | {key: canonical_addresses(body[key]) for key in ("stdout", "error") if body.get(key)}
         return self._to_result(body, time.perf_counter() - started)
 
     async def _post_with_retries(self, code: str) -> dict:
@@ -108,6 +114,17 @@ class CodeSandboxClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+_ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{6,16}(?=>)")  # default reprs: <generator object f at 0x7f...>
+
+
+def canonical_addresses(text: str) -> str:
+    """`text` with each memory address of an object's default repr replaced by a canonical one, numbered in order of
+    first appearance (one object, one address; two objects, two): addresses come from the sandbox worker's
+    randomised memory layout, so `print(x for x in xs)` printed another text in every run."""
+    seen: dict[str, str] = {}
+    return _ADDRESS.sub(lambda m: seen.setdefault(m.group(), f"0x{0x7F0000000000 + 16 * len(seen):x}"), text)
 
 
 def snippet_seed(seed: int, code: str) -> int:

@@ -63,7 +63,7 @@ class _Worker:
         assert self._process.stdout is not None
         fd = self._process.stdout.fileno()
         deadline = time.monotonic() + timeout_s
-        cpu_start = self.cpu_seconds()
+        cpu_start = self.cpu_seconds() if cpu_limit_s is not None else 0.0
         self.gave_up = None
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()

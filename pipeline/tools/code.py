@@ -92,8 +92,9 @@ class CodeSandboxClient:
                 return ToolResult.failure(f"code sandbox unavailable: {type(exc).__name__}: {exc}",
                                           status="unavailable", latency_s=time.perf_counter() - started,
                                           infrastructure=True)
-        if self.seed is not None:
-            body = body | {key: canonical_addresses(body[key]) for key in ("stdout", "error") if body.get(key)}
+        if self.seed is not None:  # one numbering over both fields: an object shown in each keeps one address
+            seen: dict[str, str] = {}
+            body = body | {key: canonical_addresses(body[key], seen) for key in ("stdout", "error") if body.get(key)}
         return self._to_result(body, time.perf_counter() - started)
 
     async def _post_with_retries(self, code: str) -> dict:
@@ -119,11 +120,12 @@ class CodeSandboxClient:
 _ADDRESS = re.compile(r"(?<= at )0x[0-9a-f]{6,16}(?=>)")  # default reprs: <generator object f at 0x7f...>
 
 
-def canonical_addresses(text: str) -> str:
+def canonical_addresses(text: str, seen: dict[str, str] | None = None) -> str:
     """`text` with each memory address of an object's default repr replaced by a canonical one, numbered in order of
     first appearance (one object, one address; two objects, two): addresses come from the sandbox worker's
-    randomised memory layout, so `print(x for x in xs)` printed another text in every run."""
-    seen: dict[str, str] = {}
+    randomised memory layout, so `print(x for x in xs)` printed another text in every run. `seen` carries the
+    numbering on from an earlier text of the same answer."""
+    seen = {} if seen is None else seen
     return _ADDRESS.sub(lambda m: seen.setdefault(m.group(), f"0x{0x7F0000000000 + 16 * len(seen):x}"), text)
 
 

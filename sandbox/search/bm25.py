@@ -50,8 +50,8 @@ class BM25Index:
     def build(cls, passages: list[Passage]) -> BM25Index:
         """The same passages give the same index, byte for byte: bm25s numbers the words in the order of a
         `set` of them, which follows the interpreter's string hashing (random per process), and the word
-        numbers order the matrices and the sums of a query's scores. So the words are numbered here, in the
-        order they first occur."""
+        numbers order the matrices' columns (rankings came out the same; the files, and so DVC's hash, did not).
+        So the words are numbered here, in the order they first occur."""
         retriever = bm25s.BM25(method="lucene", k1=K1, b=B)
         documents = _tokenize([f"{p.title} {p.text}" for p in passages])
         vocabulary = {word: i for i, word in enumerate(dict.fromkeys(w for doc in documents for w in doc))}

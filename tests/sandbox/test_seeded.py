@@ -111,3 +111,11 @@ def test_canonical_addresses_forget_the_layout_and_keep_identity(addresses: list
     assert canonical_addresses(text(0)) == canonical_addresses(text(layout))
     shown = [word for word in canonical_addresses(text(0)).split() if word.startswith("0x")]
     assert len(set(shown)) == len(set(addresses))
+
+
+def test_one_numbering_runs_over_the_answer_s_output_and_error() -> None:
+    seen: dict[str, str] = {}
+    out = canonical_addresses("<object at 0x7fbeafce4ad0>", seen)
+    err = canonical_addresses("TypeError: <object at 0x7fbeafce4ad0> and <object at 0x7fbeafce4b10>", seen)
+    assert out == "<object at 0x7f0000000000>"
+    assert err == "TypeError: <object at 0x7f0000000000> and <object at 0x7f0000000010>"

@@ -185,8 +185,8 @@ build_index(SearchConfig(corpus_path=sys.argv[1], corpus_format="jsonl", index_d
 def test_the_same_passages_build_the_same_index_byte_for_byte(hash_seed: str, hotpot_index: Path,
                                                               shared_data: Path, tmp_path: Path) -> None:
     """Every process hashes strings with its own random seed: bm25s numbered the words in the order of a set of
-    them, so two builds of one corpus (two clones, a rebuild) numbered them differently, and the same query summed
-    its words' scores in another order (ties ranked apart at the last bit)."""
+    them, so two builds of one corpus (two clones, a rebuild) wrote different files: DVC took each rebuild for a new
+    index and re-ran every stage after it."""
     rebuilt = tmp_path / "index"
     subprocess.run([sys.executable, "-c", BUILD, str(shared_data / HOTPOT_PARAGRAPHS), str(rebuilt)], check=True,
                    env=os.environ | {"PYTHONHASHSEED": hash_seed}, timeout=600)

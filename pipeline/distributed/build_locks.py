@@ -11,7 +11,9 @@ until just before removing it. One narrow window is not a holder: a holder that 
 to remove the file. So a lock counts as abandoned only when it is still the same file (inode and modification time)
 and still unheld after `SETTLE_S`. Holders are looked for in this machine's `/proc`: a lock directory shared with
 other machines (a checkout on a network file system, several nodes) could be held from elsewhere, so there a lock
-must also be older than `SHARED_MIN_AGE_S` (a build takes minutes, not an hour) before it is cleared.
+must also be older than `SHARED_MIN_AGE_S` (a build takes minutes, not an hour) before it is cleared. On a machine
+shared by several users, a lock another user owns is left alone unless we are root (their processes may be hidden
+from us), and a process of the lock's owner whose descriptors we may not read counts as holding it.
 
 A rank clears them before it loads its ops and keeps watching while it does (`build_locks_cleared`): a lock can
 also be abandoned while this rank waits on it (another run of the checkout killed in the middle of its build).
@@ -36,12 +38,21 @@ log = logging.getLogger(__name__)
 
 
 def held_open(path: Path, proc: Path = Path("/proc")) -> bool:
-    """Whether a process on this machine (that we may look at) has `path` open."""
+    """Whether a process on this machine has `path` open, or may have: a process running as the file's owner
+    whose descriptors we may not look at (another user's, seen from an unprivileged rank) counts as a holder."""
     target = os.path.realpath(path)
+    try:
+        owner = os.stat(target).st_uid
+    except FileNotFoundError:
+        return False
     for fd_dir in proc.glob("[0-9]*/fd"):
         try:
             fds = list(fd_dir.iterdir())
-        except OSError:  # gone, or another user's
+        except PermissionError:
+            if _runs_as(fd_dir.parent, owner):
+                return True
+            continue
+        except OSError:  # gone
             continue
         for fd in fds:
             try:
@@ -50,6 +61,22 @@ def held_open(path: Path, proc: Path = Path("/proc")) -> bool:
             except OSError:
                 continue
     return False
+
+
+def _runs_as(process_dir: Path, uid: int) -> bool:
+    try:
+        return process_dir.stat().st_uid == uid
+    except OSError:  # gone
+        return False
+
+
+def ours_to_judge(path: Path) -> bool:
+    """Only root, or the lock's owner, can see every process that could hold it (another user's processes may be
+    hidden from us altogether, /proc mounted with `hidepid`): another user's lock is never ours to remove."""
+    try:
+        return os.geteuid() == 0 or path.stat().st_uid == os.geteuid()
+    except FileNotFoundError:
+        return False
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -62,7 +89,8 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def abandoned(locks: Iterable[Path], *, settle_s: float = SETTLE_S, min_age_s: float = 0.0) -> list[Path]:
     """The `locks` that exist, are older than `min_age_s`, and no process held over `settle_s`."""
-    first = {p: ident for p in locks if (ident := _identity(p)) is not None and not held_open(p)}
+    first = {p: ident for p in locks
+             if (ident := _identity(p)) is not None and ours_to_judge(p) and not held_open(p)}
     first = {p: ident for p, ident in first.items() if time.time() - ident[1] / 1e9 >= min_age_s}
     if not first:
         return []
@@ -81,6 +109,10 @@ def clear_abandoned_build_locks(extensions_dir: Path, *, shared: bool = False, s
         try:
             lock.unlink()
         except FileNotFoundError:  # another rank cleared it first
+            continue
+        except PermissionError:  # its directory is not ours to write: say so rather than fail the rank
+            log.warning("%s is a build lock that no process holds, but this user may not remove it; runs will wait "
+                        "on it until its owner does", lock)
             continue
         log.warning("removed %s: a build lock that no process holds (its builder died); without this every run "
                     "would wait on it forever", lock)

@@ -4,14 +4,20 @@ by real processes that are then killed, or kept alive to show a live holder's lo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
+from torch.utils.file_baton import FileBaton
 
 from pipeline.distributed.build_locks import (SHARED_MIN_AGE_S, build_locks_cleared, clear_abandoned_build_locks,
                                               held_open)
@@ -28,17 +34,18 @@ HOLD = textwrap.dedent("""
 """)
 
 
-def hold(lock: Path, seconds: float) -> subprocess.Popen:
+def hold(lock: Path, seconds: float, user: int | None = None) -> subprocess.Popen:
     """A process holding `lock` as torch's extension loader does, for `seconds` (then it releases it)."""
     lock.parent.mkdir(parents=True, exist_ok=True)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), str(seconds)], stdout=subprocess.PIPE, text=True,
+                              user=user)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
 
 
-def abandon(lock: Path) -> None:
+def abandon(lock: Path, user: int | None = None) -> None:
     """A holder killed mid-build: its lock stays."""
-    holder = hold(lock, 600)
+    holder = hold(lock, 600, user)
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert lock.exists() and not held_open(lock)
@@ -74,6 +81,87 @@ def test_a_shared_directory_clears_only_old_locks(tmp_path: Path) -> None:
     old = time.time() - SHARED_MIN_AGE_S - 60
     os.utime(lock, (old, old))
     assert clear_abandoned_build_locks(tmp_path, shared=True, settle_s=0.05) == [lock]
+
+
+def _forked_as(uid: int, work: Callable[[int], None]) -> tuple[int, int]:
+    """Fork a child that switches to `uid` and runs `work(pipe)`; the interpreter here may not be one other users
+    can start. Returns the child's pid and the pipe's read end."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            work(write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    return pid, read_end
+
+
+def hold_as(lock: Path, uid: int) -> int:
+    """A process of user `uid` holding `lock` as torch's extension loader does, until killed; returns its pid."""
+    def work(pipe: int) -> None:
+        assert FileBaton(str(lock)).try_acquire()
+        os.write(pipe, b"held")
+        time.sleep(600)
+
+    pid, answer = _forked_as(uid, work)
+    with os.fdopen(answer, "rb") as reply:
+        assert reply.read(4) == b"held"
+    return pid
+
+
+def clear_as(extensions_dir: Path, uid: int) -> list[str]:
+    """What an unprivileged rank of user `uid` removes."""
+    def work(pipe: int) -> None:
+        cleared = clear_abandoned_build_locks(extensions_dir, settle_s=0.05)
+        os.write(pipe, json.dumps([str(p) for p in cleared]).encode())
+
+    pid, answer = _forked_as(uid, work)
+    with os.fdopen(answer, "rb") as reply:
+        text = reply.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and text, "the rank failed"
+    return json.loads(text)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs two other users: holders and a rank run as uids 65534, 65533")
+def test_another_users_lock_is_left_to_them_unless_we_are_root() -> None:
+    """On a machine shared by several users, an unprivileged rank may not see another user's processes (nor their
+    descriptors): their lock, held or abandoned, must survive it, even where the directory would let it be removed.
+    Root sees every process and clears the abandoned one."""
+    shared = Path(tempfile.mkdtemp(prefix="shared_torch_extensions_"))
+    holders = []
+    try:
+        shared.chmod(0o777)
+        held, dead = shared / "held_op" / "lock", shared / "dead_op" / "lock"
+        for lock in (held, dead):
+            lock.parent.mkdir()
+            lock.parent.chmod(0o777)  # a team's build cache (umask 002): anyone could remove the lock
+            holders.append(hold_as(lock, 65534))
+        os.kill(holders[1], signal.SIGKILL)
+        os.waitpid(holders.pop(), 0)
+        assert dead.exists()
+        assert clear_as(shared, 65533) == [] and held.exists() and dead.exists()
+        assert clear_abandoned_build_locks(shared, settle_s=0.05) == [dead]  # root sees every process
+        assert held.exists()
+        # the rank's own abandoned lock in a directory it may not write: left, with a warning, and the rank goes on
+        own = shared / "own_op" / "lock"
+        own.parent.mkdir()
+        own.parent.chmod(0o777)
+        holders.append(hold_as(own, 65533))
+        os.kill(holders[-1], signal.SIGKILL)
+        os.waitpid(holders.pop(), 0)
+        own.parent.chmod(0o755)
+        assert clear_as(shared, 65533) == [] and own.exists()
+    finally:
+        for pid in holders:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        shutil.rmtree(shared)
 
 
 def test_a_lock_abandoned_while_a_rank_waits_is_cleared_by_its_watch(tmp_path: Path) -> None:

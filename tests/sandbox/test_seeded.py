@@ -119,3 +119,34 @@ def test_one_numbering_runs_over_the_answer_s_output_and_error() -> None:
     err = canonical_addresses("TypeError: <object at 0x7fbeafce4ad0> and <object at 0x7fbeafce4b10>", seen)
     assert out == "<object at 0x7f0000000000>"
     assert err == "TypeError: <object at 0x7f0000000000> and <object at 0x7f0000000010>"
+
+
+@pytest.mark.parametrize("with_stdin", [False, True])
+@pytest.mark.parametrize("with_files", [False, True])
+def test_run_code_with_files_and_stdin_repeats_under_a_seed(sandbox: Sandbox, lone_sandbox: Sandbox,
+                                                             with_stdin: bool, with_files: bool) -> None:
+    """The seed composes with everything else `/run_code` takes: uploaded files, stdin and fetched files give one
+    answer, to the byte, on every worker and server; another seed draws anew."""
+    code = ("import random, numpy\n"
+            "try:\n    extra = open('in.txt').read()\nexcept FileNotFoundError:\n    extra = ''\n"
+            "try:\n    line = input()\nexcept EOFError:\n    line = ''\n"
+            "open('out.txt', 'w').write(f'{random.random()} {numpy.random.rand()} {extra} {line}')\n"
+            "print(random.randrange(10**9), line, extra)")
+    body: dict = {"code": code, "language": "python", "fetch_files": ["out.txt"]}
+    if with_stdin:
+        body["stdin"] = "from stdin\n"
+    if with_files:
+        body["files"] = {"in.txt": "aW5wdXQ="}  # base64 of "input"
+
+    def answer(url: str, seed: int) -> dict:
+        response = httpx.post(f"{url}/run_code", json=body | {"seed": seed}, timeout=60)
+        assert response.status_code == 200, response.text
+        reply = response.json()
+        assert reply["status"] == "Success", reply
+        reply["run_result"].pop("execution_time", None)
+        reply["compile_result"] = None
+        return reply
+
+    first = answer(sandbox.url, 11)
+    assert all(answer(url, 11) == first for url in (sandbox.url, sandbox.url, sandbox.url, lone_sandbox.url))
+    assert answer(lone_sandbox.url, 12)["files"] != first["files"]

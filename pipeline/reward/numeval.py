@@ -2,7 +2,7 @@
 
 A small recursive-descent parser over numbers, + - * / ^, `\\frac`, `\\sqrt` (and
 `\\sqrt[n]`), `\\pi`, `\\cdot`, `\\times`, `\\div`, parentheses, braces and implicit
-multiplication. Anything else (a variable, a set, a function name) makes it give up
+multiplication (but not before `\\frac`: `1\\frac{1}{2}` may be a mixed number). Anything else (a variable, a set, a function name) makes it give up
 (None), and so does an exponent large enough to be a denial of service (9^{9^{9^9}}):
 those go to the symbolic checker under its time limit.
 
@@ -80,7 +80,11 @@ class _Parser:
                 if divisor == 0:
                     raise _GiveUp
                 value /= divisor
-            elif token is not None and (token[0].isalnum() or token in ("(", "{", "\\frac", "\\sqrt", "\\pi")):
+            elif token == "\\frac":
+                # `2\frac{1}{2}` is a mixed number to math-verify (5/2), a product to a literal reading: the
+                # symbolic checker decides, so the two never disagree
+                raise _GiveUp
+            elif token is not None and (token[0].isalnum() or token in ("(", "{", "\\sqrt", "\\pi")):
                 value *= self.factor()  # implicit multiplication: 2\sqrt{3}, 3\pi
             else:
                 return value

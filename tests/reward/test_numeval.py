@@ -34,7 +34,8 @@ def test_values(text: str, value: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["x+1", "(1,2)", "\\{1,2\\}", "\\sqrt{-1}", "\\frac{1}{0}", "1/0", "", "2^{", "\\sin(1)", "10!", "3i"]
+    "text", ["x+1", "(1,2)", "\\{1,2\\}", "\\sqrt{-1}", "\\frac{1}{0}", "1/0", "", "2^{", "\\sin(1)", "10!", "3i",
+             "1\\frac{1}{2}", "-2\\frac{3}{4}"]
 )
 def test_gives_up_outside_its_grammar(text: str) -> None:
     assert evaluate(text) is None

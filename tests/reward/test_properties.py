@@ -42,6 +42,18 @@ def test_a_fraction_equals_itself_written_as_latex_and_slash(value: Fraction) ->
     assert verify("math", slash, latex) == 1.0
 
 
+@settings(max_examples=40)
+@given(st.integers(1, 99), st.integers(2, 20), st.data(), st.booleans())
+def test_a_mixed_number_is_its_whole_plus_its_fraction(whole: int, denominator: int, data, negative: bool) -> None:  # noqa: ANN001
+    """`w\\frac{n}{d}` is w + n/d (as competition answers write it), never the product w * n/d."""
+    numerator = data.draw(st.integers(1, denominator - 1))
+    sign = -1 if negative else 1
+    mixed = f"{'-' if negative else ''}{whole}\\frac{{{numerator}}}{{{denominator}}}"
+    value, product = sign * (whole + Fraction(numerator, denominator)), sign * whole * Fraction(numerator, denominator)
+    assert verify("math", mixed, f"{value.numerator}/{value.denominator}") == 1.0
+    assert verify("math", f"{product.numerator}/{product.denominator}", mixed) == 0.0
+
+
 @given(st.integers(-(10**9), 10**9), st.integers(1, 10**6))
 def test_distinct_integers_never_match(a: int, offset: int) -> None:
     assert fast_math_equal(str(a), str(a + offset)) is False

@@ -48,6 +48,15 @@ MATH_CASES = [
     ("\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", 1.0),
     ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", 1.0),
     ("2\\sqrt{3}", "\\sqrt{12}", 1.0),
+    # a whole number before a fraction is a mixed number, as competition answers write them (and math-verify reads
+    # them); the fast evaluator used to read a product and decide alone (1\frac{1}{2} "equal" to 1/2)
+    ("1\\frac{1}{2}", "1.5", 1.0),
+    ("1\\frac{1}{2}", "\\frac{3}{2}", 1.0),
+    ("1\\frac{1}{2}", "1/2", 0.0),
+    ("1.5", "2\\frac{1}{2}", 0.0),
+    ("-2\\frac{1}{4}", "-2.25", 1.0),
+    ("3 \\dfrac{2}{3}", "\\frac{11}{3}", 1.0),
+    ("2\\frac{\\sqrt{3}}{2}", "\\sqrt{3}", 1.0),  # not a fraction of whole numbers: a product
     ("(x+1)^2", "x^2+2x+1", 1.0),
     ("2^{10}", "1024", 1.0),
     ("\\pi/2", "\\frac{\\pi}{2}", 1.0),

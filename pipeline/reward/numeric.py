@@ -69,14 +69,17 @@ def normalize_math(text: str) -> str:
     return s.replace(" ", "")
 
 
+_DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", "wrong", "incorrect"})
+
+
 def _strip_unit_words(text: str) -> str:
     """`540 meters` -> `540`; single letters (`2 x`) and math words (`2 pi`) are kept."""
     match = _UNIT_WORDS_RE.match(text)
     if match is None:
         return text
     words = match.group(2).lower().replace(".", " ").replace("/", " ").split()
-    if any(len(w) < 2 or w in _MATH_WORDS for w in words):
-        return text
+    if any(len(w) < 2 or w in _MATH_WORDS or w in _DENIALS for w in words):
+        return text  # "98 is not the answer" is no unit
     return match.group(1)
 
 

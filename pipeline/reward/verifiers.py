@@ -53,6 +53,8 @@ VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em"
 
 PairScore = Callable[[str, str, bool], float]  # (predicted, gold, percent asked) -> score
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
+_NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+")
+_NEGATION_RE = re.compile(r"\b(?:not|no|never|neither|nor|isn't|except|wrong|incorrect)\b|n't\b", re.IGNORECASE)
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _FUNCTION_NAMES = frozenset(
     {"sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "inf", "infty", "arcsin", "arccos", "arctan"}
@@ -81,8 +83,13 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
     p_num, g_num = parse_number(p), parse_number(g)
     if p_num is not None and g_num is not None:
         return numbers_equal(p_num, g_num, percent_asked)
-    if (p_num is None) != (g_num is None) and _has_plain_word(p if g_num is not None else g):
-        return False  # words against a number ("Paris" or "March 2016" vs 48) need no sympy
+    wordy, as_written = (p, pred) if g_num is not None else (g, gold)
+    if (p_num is None) != (g_num is None) and _has_plain_word(wordy) and (
+            len(_NUMBER_RE.findall(as_written)) != 1 or _NEGATION_RE.search(as_written)):
+        # words against a number: "Paris" is not 48, nor is a sentence naming several numbers ("97 is wrong, the
+        # answer is 98": math-verify would credit whichever it reads, a channel for hedges) or denying its number
+        # ("the answer is not 48"); a sentence around one number ("the answer is 48") goes to the symbolic checker
+        return False
     p_val, g_val = evaluate(p), evaluate(g)
     if p_val is not None and g_val is not None:
         scale = max(abs(p_val), abs(g_val))  # relative: 10^{-12} is not 2*10^{-12}

@@ -54,6 +54,25 @@ def test_a_mixed_number_is_its_whole_plus_its_fraction(whole: int, denominator: 
     assert verify("math", f"{product.numerator}/{product.denominator}", mixed) == 0.0
 
 
+AFFIRMING = ("The answer is {}", "Final answer: {}", "{} apples", "So the result is {}.", "The answer is \\boxed{{{}}}")
+DENYING = ("the answer is not {}", "{} is not the answer", "{} is wrong", "it can't be {}", "never {}")
+NAMING_TWO = ("{} or {}", "answer: {}, {}", "{} is wrong, the answer is {}", "the answer is {}. the answer is {}",
+              "between {} and {}")
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 10**6), st.integers(1, 10**6), st.data())
+def test_a_sentence_scores_its_one_number_and_never_a_denied_or_second_one(n: int, offset: int, data) -> None:  # noqa: ANN001
+    """A math answer written as a sentence earns what its one number earns; a sentence that denies its number, or
+    names two, earns nothing against either (else a policy could hedge in prose)."""
+    other = n + offset
+    assert verify("math", data.draw(st.sampled_from(AFFIRMING)).format(n), str(n)) == 1.0
+    assert verify("math", data.draw(st.sampled_from(DENYING)).format(n), str(n)) == 0.0
+    two = data.draw(st.sampled_from(NAMING_TWO))
+    for first, second in ((n, other), (other, n)):
+        assert verify("math", two.format(first, second), str(n)) == 0.0
+
+
 @given(st.integers(-(10**9), 10**9), st.integers(1, 10**6))
 def test_distinct_integers_never_match(a: int, offset: int) -> None:
     assert fast_math_equal(str(a), str(a + offset)) is False

@@ -116,6 +116,16 @@ MATH_CASES = [
     ("\\frac{\\pi}{6}+1", "\\frac{\\pi}{6}", 0.0),
     ("Karl Malone", "187", 0.0),
     ("March 2016", "98", 0.0),
+    ("The answer is 98", "98", 1.0),  # a sentence around the number (math-verify's reading); it used to score 0
+    ("the answer is 97", "98", 0.0),
+    ("97 is wrong, the answer is 98", "98", 0.0),  # a sentence naming two numbers: either could be read
+    ("answer: 97, 98", "97", 0.0),
+    ("the answer is 98. the answer is 97", "97", 0.0),
+    ("The answer is \\boxed{98}", "98", 1.0),
+    ("the answer is not 98", "98", 0.0),
+    ("98 isn't the answer", "98", 0.0),
+    ("98 is not the answer", "98", 0.0),  # no unit words: a denial
+    ("The answer is 1,000", "1000", 1.0),
     ("\\sqrt{2}", "1.4142135623730951", 1.0),
     ("11\\sqrt2", "200", 0.0),
     ("p - q+1", "p - q", 0.0),

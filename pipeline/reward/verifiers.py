@@ -12,7 +12,9 @@ Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
   word such as "million"). TAPO's code instead deletes every non-digit character, which
   turns "3.5 million (2020)" into 3.52020; this reads the number that was written.
 
-Two rules hold for every kind:
+Three rules hold for every kind:
+- Invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped from
+  answers and golds before anything else (`visible`).
 - No credit for hedging (hedging.py): an answer that names several different candidate values
   ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that names
   one, whatever the kind would read out of it.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import cmath
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from functools import lru_cache, partial
@@ -173,6 +176,12 @@ def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol:
     return float(any(x == y if y == 0 else abs(x - y) / abs(y) < rel_tol for x, y in _pairs(p, g, percent_asked)))
 
 
+def visible(text: str) -> str:
+    """`text` without invisible format characters (zero-width space and joiners, soft hyphen, byte-order and
+    direction marks: Unicode category Cf), which change no answer a reader sees but every comparison."""
+    return text if text.isascii() else "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+
+
 class Verifier:
     """All verifier kinds with one config, resolved once; `score` is cached and thread-safe."""
 
@@ -199,12 +208,13 @@ class Verifier:
         golds = (gold,) if isinstance(gold, str) else tuple(gold)
         if not golds:
             raise ValueError("no gold answer given")
-        return self._cached(kind, predicted, tuple(sorted(set(golds))), percent_asked)
+        return self._cached(kind, visible(predicted), tuple(sorted({visible(g) for g in golds})), percent_asked)
 
     def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str], percent_asked: bool = False) -> bool:
         """Whether scoring this answer would call the symbolic checker (the slow path)."""
         if kind != "math" or not self._symbolic_math:
             return False
+        predicted, golds = visible(predicted), [visible(gold) for gold in golds]
         verdicts = [fast_math_equal(predicted, gold, percent_asked) for gold in golds if not is_hedged(predicted, gold, kind)]
         return True not in verdicts and None in verdicts
 

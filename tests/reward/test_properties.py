@@ -73,6 +73,27 @@ def test_a_sentence_scores_its_one_number_and_never_a_denied_or_second_one(n: in
         assert verify("math", two.format(first, second), str(n)) == 0.0
 
 
+INVISIBLE = "\u200b\u200c\u200d\u2060\u00ad\ufeff\u200e\u200f\u202a\u202c\u2066\u2069"
+SCORED_PAIRS = [("math", "\\frac{1}{2}", "0.5"), ("math", "98", "98"), ("math", "97", "98"), ("calculator", "3.14", "3.14"),
+                ("fact", "Paris", "Paris"), ("fact", "Pari", "Paris"), ("em", "The Eiffel Tower", "eiffel tower"),
+                ("f1", "quick brown fox", "quick fox"), ("complex", "3.5 million", "3500000")]
+
+
+@given(st.sampled_from(SCORED_PAIRS), st.lists(st.tuples(st.integers(0, 40), st.sampled_from(INVISIBLE)), max_size=4),
+       st.booleans())
+def test_invisible_characters_change_no_score(pair: tuple[str, str, str], inserts: list[tuple[int, str]],
+                                              in_gold: bool) -> None:
+    """Zero-width spaces, joiners, soft hyphens and direction marks, anywhere in an answer or a gold, change no
+    score (a policy must not lose, nor a gold file gain, credit by what no reader can see)."""
+    kind, predicted, gold = pair
+    text = gold if in_gold else predicted
+    for position, char in inserts:
+        position %= len(text) + 1
+        text = text[:position] + char + text[position:]
+    marked = (predicted, text) if in_gold else (text, gold)
+    assert verify(kind, *marked) == verify(kind, predicted, gold)
+
+
 @given(st.integers(-(10**9), 10**9), st.integers(1, 10**6))
 def test_distinct_integers_never_match(a: int, offset: int) -> None:
     assert fast_math_equal(str(a), str(a + offset)) is False

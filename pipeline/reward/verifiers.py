@@ -14,7 +14,9 @@ Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
 
 Three rules hold for every kind:
 - Invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped from
-  answers and golds before anything else (`visible`).
+  answers and golds before anything else (`visible`); the numeric kinds (math, calculator, complex) then read
+  Unicode math notation (`−5`, `3 × 10⁴`, `√16`, `½`, `≈ 3.14`) as the ASCII/LaTeX their parsers read
+  (`unicode_math.ascii_math`).
 - No credit for hedging (hedging.py): an answer that names several different candidate values
   ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that names
   one, whatever the kind would read out of it.
@@ -51,6 +53,7 @@ from pipeline.reward.numeric import (
 from pipeline.reward.numeval import evaluate
 from pipeline.reward.symbolic import SymbolicChecker
 from pipeline.reward.textmatch import exact_match, fact_score, token_f1
+from pipeline.reward.unicode_math import ascii_math
 
 VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em", "f1")
 
@@ -93,7 +96,8 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
         # answer is 98": math-verify would credit whichever it reads, a channel for hedges) or denying its number
         # ("the answer is not 48"); a sentence around one number ("the answer is 48") goes to the symbolic checker
         return False
-    p_val, g_val = evaluate(p), evaluate(g)
+    # a number already read stays read: `1e-3` is no expression to the evaluator (nor to math-verify: 1*e - 3)
+    p_val, g_val = _value_of(p_num, p), _value_of(g_num, g)
     if p_val is not None and g_val is not None:
         scale = max(abs(p_val), abs(g_val))  # relative: 10^{-12} is not 2*10^{-12}
         if abs(p_val - g_val) <= 1e-9 * scale:
@@ -114,6 +118,15 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
     return None
 
 
+def _value_of(number: Number | None, text: str) -> float | None:
+    if number is None:
+        return evaluate(text)
+    try:
+        return float(number.value)
+    except OverflowError:
+        return None
+
+
 def _differ_at_some_point(p: str, g: str) -> bool:
     """Two expressions in variables whose values differ at a fixed point are not equivalent."""
     for point in (0, 1):
@@ -126,14 +139,16 @@ def _differ_at_some_point(p: str, g: str) -> bool:
 
 
 def _exact_or_complex(text: str) -> Fraction | complex | None:
-    """An exact real (our parser), else a complex number Python can read ("3+4i"), else None."""
+    """An exact real (our parser), else a complex number Python can read ("3+4i"), else the value of a constant
+    expression (`numeval`), else None."""
     number = parse_number(normalize_math(text))
     if number is not None:
         return number.value
     try:
         value = complex(normalize_math(text).replace("i", "j"))
     except ValueError:
-        return None
+        constant = evaluate(normalize_math(text))  # 3 \times 10^{4}, 2^{10}, \sqrt{2}: a constant expression
+        return Fraction(constant) if constant is not None else None
     return value if cmath.isfinite(value) else None
 
 
@@ -182,6 +197,14 @@ def visible(text: str) -> str:
     return text if text.isascii() else "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
 
 
+def _math_readable(text: str) -> str:
+    return ascii_math(visible(text))
+
+
+# what each kind reads: numeric kinds read Unicode math notation as ASCII/LaTeX (`unicode_math`)
+_READERS = {"math": _math_readable, "calculator": _math_readable, "complex": _math_readable}
+
+
 class Verifier:
     """All verifier kinds with one config, resolved once; `score` is cached and thread-safe."""
 
@@ -208,13 +231,14 @@ class Verifier:
         golds = (gold,) if isinstance(gold, str) else tuple(gold)
         if not golds:
             raise ValueError("no gold answer given")
-        return self._cached(kind, visible(predicted), tuple(sorted({visible(g) for g in golds})), percent_asked)
+        readable = _READERS.get(kind, visible)
+        return self._cached(kind, readable(predicted), tuple(sorted({readable(g) for g in golds})), percent_asked)
 
     def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str], percent_asked: bool = False) -> bool:
         """Whether scoring this answer would call the symbolic checker (the slow path)."""
         if kind != "math" or not self._symbolic_math:
             return False
-        predicted, golds = visible(predicted), [visible(gold) for gold in golds]
+        predicted, golds = _math_readable(predicted), [_math_readable(gold) for gold in golds]
         verdicts = [fast_math_equal(predicted, gold, percent_asked) for gold in golds if not is_hedged(predicted, gold, kind)]
         return True not in verdicts and None in verdicts
 

@@ -1,8 +1,8 @@
 """Answer matching for text answers: TAPO's f_fact (Eq. 8), exact match and token F1.
 
 All three compare normalised strings: Unicode NFKC, case-folded, optionally without
-accents, punctuation (any Unicode P* character) and the articles a/an/the dropped,
-whitespace collapsed (the SQuAD normaliser that Search-R1 and ARPO use, made
+accents, punctuation (any Unicode P* character; but digit-group commas, apostrophes and abbreviation points
+are joined, decimal points and a leading minus kept) and the articles a/an/the dropped, whitespace collapsed (the SQuAD normaliser that Search-R1 and ARPO use, made
 Unicode-aware). The score against a list of gold aliases is the max over them, so alias
 order never matters.
 
@@ -25,6 +25,8 @@ from rapidfuzz.distance import Levenshtein
 
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
+_GROUPED_DIGITS_RE = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_JOINING = frozenset(".'\u2019\u02bc")  # inside a word: U.S., O'Neil, 1990's
 
 
 @lru_cache(maxsize=65536)
@@ -34,10 +36,31 @@ def normalize_text(text: str, fold_diacritics: bool = True) -> str:
     if fold_diacritics:
         decomposed = unicodedata.normalize("NFKD", text)
         text = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    # Punctuation becomes a space, so "Jean-Paul" and "Jean Paul" agree.
-    text = "".join(" " if unicodedata.category(ch).startswith("P") else ch for ch in text)
+    text = _without_punctuation(text.replace("\u2212", "-"))
     text = _ARTICLES_RE.sub(" ", text)
     return " ".join(text.split())
+
+
+def _without_punctuation(text: str) -> str:
+    """Punctuation becomes a space, so "Jean-Paul" and "Jean Paul" agree, except where it is part of a word or a
+    number: digit-group commas and apostrophes and abbreviation points are dropped ("1,000" is "1000", "U.S." is
+    "us", "O'Neil" is "oneil"), and a decimal point or a leading minus is kept ("3.5" is not "35", "-5" not "5")."""
+    text = _GROUPED_DIGITS_RE.sub(lambda m: m.group().replace(",", ""), text)
+    kept = []
+    for i, ch in enumerate(text):
+        if not unicodedata.category(ch).startswith("P"):
+            kept.append(ch)
+            continue
+        before, after = text[i - 1] if i else " ", text[i + 1] if i + 1 < len(text) else " "
+        if ch == "." and before.isdigit() and after.isdigit():
+            kept.append(ch)
+        elif ch == "-" and after.isdigit() and not before.isalnum():
+            kept.append(ch)
+        elif ch in _JOINING and before.isalnum():
+            continue
+        else:
+            kept.append(" ")
+    return "".join(kept)
 
 
 def levenshtein_ratio(a: str, b: str) -> float:

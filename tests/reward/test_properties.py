@@ -94,6 +94,15 @@ def test_invisible_characters_change_no_score(pair: tuple[str, str, str], insert
     assert verify(kind, *marked) == verify(kind, predicted, gold)
 
 
+@given(st.integers(1, 10**12), st.integers(1, 99), st.sampled_from(["em", "fact", "f1"]))
+def test_text_kinds_keep_what_a_number_means(n: int, decimals: int, kind: str) -> None:
+    """Digit groups are presentation; a sign and a decimal point are not."""
+    assert verify(kind, f"{n:,}", str(n)) == 1.0
+    assert verify(kind, f"about {n:,} people", f"about {n} people") == 1.0
+    assert verify(kind, f"-{n}", str(n)) < 1.0
+    assert verify(kind, f"{n}.{decimals}", f"{n}{decimals}") < 1.0
+
+
 @given(st.integers(-(10**9), 10**9), st.integers(1, 10**6))
 def test_distinct_integers_never_match(a: int, offset: int) -> None:
     assert fast_math_equal(str(a), str(a + offset)) is False

@@ -5,11 +5,15 @@ the complex verifier read the first number, so "1000 or 5000" and "between 960 a
 1 for gold 1000, and token F1 gives "Paris or London" 0.5 for gold Paris. RL finds such a hack.
 
 Candidates are found two ways, for every verifier kind:
-- alternatives in words: parts joined by " or " / " nor " (also `\\text{ or }`, `\\lor`, `\\vee`),
-  or an answer of the form "between A and B";
+- alternatives in words: parts joined by " or " / " nor " / " vs " / " and/or " (also `\\text{ or }`, `\\lor`,
+  `\\vee`, "∨", "oder", "ou"), or an answer "between A and B"; in the text kinds (fact, em, f1) also parts joined
+  by "/" or "|" or set on separate lines;
 - numbers as alternatives: two numbers joined only by a connective: "or", "to", "and" after
-  "between", "nor", "/", "~", and for the numeric-text kinds (complex, calculator) also a comma,
-  a semicolon or a dash ("960-5000"; in math "x-1" is an expression, so not there). A number in
+  "between", "nor", "vs", "~", "|", "?", an ellipsis or an en or em dash ("98 – 99"), and for the numeric-text
+  kinds (complex, calculator, which read one number) also "and", a comma, a semicolon, "±", an ASCII dash
+  ("960-5000"; in math "x-1" is an expression, so not there), "/" for the complex kind (which reads the first
+  number of "98/99"; to the others it is a fraction), a gap of separating punctuation alone ("98? 99?"), or
+  a line break. A number in
   parentheses after another ("3.5 million (2020)") is a qualifier, not a candidate, unless a
   connective opens the parentheses ("1000 (or 5000)").
 Candidates that are equal ("1000 or 1,000") are one value. A gold answer that itself names
@@ -24,32 +28,45 @@ from fractions import Fraction
 
 NUMERIC_TEXT_KINDS = frozenset({"complex", "calculator"})
 
-_WORD_ALTERNATIVE_RE = re.compile(r"\s+(?:or|nor)\s+|\\text\{\s*or\s*\}|\\lor\b|\\vee\b", re.IGNORECASE)
+_WORD_ALTERNATIVE_RE = re.compile(
+    r"\s*\(?\s+(?:or|nor|vs\.?|versus|and/or|oder|ou)\s+|\s*\((?:or|nor)\s+|\s*∨\s*|\\text\{\s*or\s*\}|\\lor\b|\\vee\b", re.IGNORECASE)
+# in text answers also "Paris/London", "Paris | London" and one per line; in math these are 1/2, |x| and layout
+_TEXT_ALTERNATIVE_RE = re.compile(_WORD_ALTERNATIVE_RE.pattern + r"|\s*[/|\n]\s*", re.IGNORECASE)
+TEXT_KINDS = frozenset({"fact", "em", "f1"})
 _BETWEEN_RE = re.compile(r"^\W*(?:somewhere\s+)?between\s+(.+?)\s+and\s+(.+?)\W*$", re.IGNORECASE | re.DOTALL)
 _NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?![\d,]*\d)",
                         re.ASCII)
 _SCALE_RE = re.compile(r"\s*(?:%|\\%|thousand|million|billion|trillion)?", re.IGNORECASE)
-_CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so"}
-_NUMERIC_TEXT_CONNECTIVES = {",", ";", "-", "–", "—", "and/or"}
+_CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so", "or else",
+                "and/or", "vs", "vs.", "versus", "oder", "ou", "o", "|", "||", "∨", "\\lor", "\\vee", "?", "…", "...",
+                "–", "—"}  # fmt: skip
+_NUMERIC_TEXT_CONNECTIVES = {",", ";", "-", "and"}
+_SEPARATING = frozenset("?!…:|;,\"'")
+_PLUS_MINUS_RE = re.compile(r"±|∓|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])")  # 98 ± 1 is an interval: two candidates to a reader of one number
 _MAX_NUMBERS = 64  # an answer with more numbers than this is judged on its first ones
 
 
 def is_hedged(predicted: str, gold: str, kind: str) -> bool:
     """Whether `predicted` names several different candidate values where `gold` names one."""
-    if _names_several(gold):
+    if _names_several(gold, kind):
         return False
     return _several_candidates(predicted, kind)
 
 
-def _names_several(gold: str) -> bool:
-    """A gold that lists values itself (alternatives, a comma or semicolon list, "a and b")."""
-    return _several_candidates(gold, "complex") or len(re.split(r"[,;]|\s+and\s+", gold.strip())) > 1
+def _names_several(gold: str, kind: str) -> bool:
+    """A gold that lists values itself (alternatives, a comma or semicolon list, "a and b"), read as broadly as
+    the kind reads answers ("AC/DC" names two to a text kind: its own spelling must not be a hedge)."""
+    return (_several_candidates(gold, "complex") or _several_candidates(gold, kind)
+            or len(re.split(r"[,;]|\s+and\s+", gold.strip())) > 1)
 
 
 def _several_candidates(text: str, kind: str) -> bool:
     between = _BETWEEN_RE.match(text)
-    parts = [_canonical(p) for p in (between.groups() if between else _WORD_ALTERNATIVE_RE.split(text))]
+    splitter = _TEXT_ALTERNATIVE_RE if kind in TEXT_KINDS else _WORD_ALTERNATIVE_RE
+    parts = [_canonical(p) for p in (between.groups() if between else splitter.split(text))]
     if len({p for p in parts if p}) > 1:
+        return True
+    if kind in NUMERIC_TEXT_KINDS and _PLUS_MINUS_RE.search(text):
         return True
     return len(set(_alternative_numbers(text, kind))) > 1
 
@@ -63,15 +80,29 @@ def _alternative_numbers(text: str, kind: str) -> list[Fraction]:
     """The values of numbers that stand as alternatives to a neighbour (empty when none do)."""
     matches = list(_NUMBER_RE.finditer(text))[:_MAX_NUMBERS]
     connectives = _CONNECTIVES | (_NUMERIC_TEXT_CONNECTIVES if kind in NUMERIC_TEXT_KINDS else set())
+    if kind == "complex":  # reads the first number of "98/99"; to the calculator kind it is a fraction
+        connectives = connectives | {"/"}
     found: list[Fraction] = []
     for left, right in zip(matches, matches[1:]):
         after_left = _SCALE_RE.match(text, left.end()).end()
         gap = " ".join(text[after_left:right.start()].casefold().split())
         between = gap == "and" and re.search(r"\bbetween\s*$", text[:left.start()], re.IGNORECASE)
         opens_alternative = gap.startswith("(") and gap[1:].strip() in connectives
-        if gap in connectives or between or opens_alternative or _signed_range(gap, right.group(), kind):
+        if (gap in connectives or between or opens_alternative or _signed_range(gap, right.group(), kind)
+                or _side_by_side(text[left.end():right.start()], gap, kind)):
             found += [_value(left.group()), _value(right.group())]
     return [v for v in found if v is not None]
+
+
+def _side_by_side(raw_gap: str, gap: str, kind: str) -> bool:
+    """In numeric text (which reads one number), two numbers with nothing but separating punctuation between them
+    ("98? 99?", "98! 99") or on separate lines are two candidates; operators ("3 \\times 10^{4}", "1/3") and an
+    opening parenthesis ("3.5 million (2020)", a qualifier) are not separators."""
+    if kind not in NUMERIC_TEXT_KINDS:
+        return False
+    if "\n" in raw_gap:
+        return True
+    return bool(gap) and all(ch in _SEPARATING or ch.isspace() for ch in gap)
 
 
 def _signed_range(gap: str, right: str, kind: str) -> bool:

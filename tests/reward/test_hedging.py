@@ -17,8 +17,13 @@ from pipeline.types import Problem, Trajectory
 
 HEDGES = ["{a} or {b}", "{b} or {a}", "between {a} and {b}", "between {b} and {a}", "{a} (or {b})",
           "{a} to {b}", "from {a} to {b}", "either {a} or {b}", "{a} or maybe {b}", "x = {a} or x = {b}",
-          "\\boxed{{{a}}} or \\boxed{{{b}}}", "{a} \\text{{ or }} {b}"]
-NUMERIC_TEXT_HEDGES = ["{a}, {b}", "{a}-{b}", "{a} – {b}", "{a}; {b}"]
+          "\\boxed{{{a}}} or \\boxed{{{b}}}", "{a} \\text{{ or }} {b}",
+          # separators found by an outside audit: each was credited by some kind
+          "{a} vs {b}", "{a} versus {b}", "{a} and/or {b}", "{a} | {b}", "{a} ∨ {b}", "{a} \\lor {b}", "{a}? {b}?",
+          "{a} … {b}", "{a} – {b}", "{a}—{b}", "{a} oder {b}", "{a} ou {b}"]
+NUMERIC_TEXT_HEDGES = ["{a}, {b}", "{a}-{b}", "{a} – {b}", "{a}; {b}", "{a} and {b}", "{a}\n{b}", "{a}! {b}!",
+                       "{a} ± {b}", "{a}\\pm{b}"]
+TEXT_HEDGES = ["{a}/{b}", "{a} | {b}", "{a}\n{b}", "{a} vs. {b}", "{a} (or {b})"]
 
 numbers = st.one_of(st.integers(-10**6, 10**6).map(str),
                     st.decimals(-10**4, 10**4, places=2, allow_nan=False, allow_infinity=False).map(str))
@@ -56,6 +61,20 @@ def test_naming_a_second_answer_earns_nothing_in_any_kind(gold: str, other: str,
     assert verify(kind, form.format(a=gold, b=other), gold) == 0.0
 
 
+@settings(max_examples=100, deadline=None)
+@given(gold=words, other=words, form=st.sampled_from(TEXT_HEDGES), kind=st.sampled_from(["fact", "em", "f1"]))
+def test_text_answers_listed_with_slashes_bars_or_lines_earn_nothing(gold: str, other: str, form: str,
+                                                                     kind: str) -> None:
+    assume(gold != other)
+    assert verify(kind, form.format(a=gold, b=other), gold) == 0.0
+
+
+@pytest.mark.parametrize(("kind", "answer"), [("fact", "AC/DC"), ("em", "AC/DC"), ("f1", "AC/DC"),
+                                              ("math", "1/2"), ("math", "|x|"), ("calculator", "1/3")])
+def test_a_gold_written_with_a_separator_is_its_own_answer(kind: str, answer: str) -> None:
+    assert verify(kind, answer, answer) == 1.0
+
+
 @pytest.mark.parametrize(("predicted", "gold"), [("1000 or 5000", "1000"), ("between 960 and 5000", "1000"),
                                                  ("1000 (or 5000)", "1000"), ("960-5000", "1000")])
 def test_the_complex_verifier_reads_no_first_number_out_of_a_hedge(predicted: str, gold: str) -> None:
@@ -65,7 +84,9 @@ def test_the_complex_verifier_reads_no_first_number_out_of_a_hedge(predicted: st
 @pytest.mark.parametrize(("kind", "predicted", "gold"), [
     ("complex", "3.5 million (2020)", "3500000"), ("complex", "8,104.4 people/km²", "8104.4"),
     ("complex", "1000 or 1,000", "1000"), ("math", "(1, 2]", "(1,2]"), ("math", "x^2-1", "x^2-1"),
-    ("math", "\\frac{1}{2}", "0.5"), ("fact", "Paris", "Paris")])
+    ("math", "\\frac{1}{2}", "0.5"), ("fact", "Paris", "Paris"), ("calculator", "3 \\times 10^{4}", "30000"),
+    ("calculator", "1/3", "0.3333333"), ("complex", "98 million people in 2020", "98000000"),
+    ("math", "|-3|", "3")])
 def test_one_value_with_qualifiers_or_repeats_is_not_a_hedge(kind: str, predicted: str, gold: str) -> None:
     assert not is_hedged(predicted, gold, kind)
     assert verify(kind, predicted, gold) == 1.0

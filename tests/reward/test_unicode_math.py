@@ -47,7 +47,7 @@ def test_minus_signs_and_superscript_powers_score_as_ascii(kind: str, mantissa: 
     unicode_form = f"{mantissa}".replace("-", "−") + " × 10" + str(exponent).translate(SUPERSCRIPT)
     value = str(mantissa * 10**exponent) if exponent >= 0 else f"{mantissa}e{exponent}"
     for wrong in (False, True):
-        gold = value if not wrong else str(2 * mantissa * 10 ** abs(exponent) + 1)
+        gold = value if not wrong else str(3 * abs(mantissa) * 10 ** abs(exponent) + 7)
         expected = verify(kind, ascii_form, gold)
         got = verify(kind, gold, unicode_form) if gold_is_unicode else verify(kind, unicode_form, gold)
         if gold_is_unicode:

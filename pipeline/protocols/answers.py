@@ -24,33 +24,36 @@ _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-def _matching_brace(text: str, open_at: int) -> int | None:
-    """Index of the `}` closing the `{` at `open_at`, skipping escaped braces; None if unbalanced."""
-    depth = 0
-    i = open_at
+def _closing_braces(text: str) -> dict[int, int]:
+    """For every `{` that is closed, the index of its `}`, skipping escaped braces; one pass, so finding the
+    last box stays linear in the text (one scan per box was quadratic on a run of unclosed boxes)."""
+    closing: dict[int, int] = {}
+    open_at: list[int] = []
+    i = 0
     while i < len(text):
         ch = text[i]
         if ch == "\\":
             i += 2  # `\{` and `\}` are literal braces, not grouping
             continue
         if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
+            open_at.append(i)
+        elif ch == "}" and open_at:
+            closing[open_at.pop()] = i
         i += 1
-    return None
+    return closing
 
 
 def last_boxed_span(text: str) -> tuple[int, int] | None:
     """(start, end) of the content of the last complete `\\boxed{...}`; text[end] is its `}`."""
-    span: tuple[int, int] | None = None
-    for match in _BOX_RE.finditer(text):
-        close = _matching_brace(text, match.end() - 1)
+    boxes = list(_BOX_RE.finditer(text))
+    if not boxes:
+        return None
+    closing = _closing_braces(text)
+    for match in reversed(boxes):
+        close = closing.get(match.end() - 1)
         if close is not None:
-            span = (match.end(), close)
-    return span
+            return match.end(), close
+    return None
 
 
 def last_boxed(text: str) -> str | None:

@@ -28,14 +28,20 @@ from fractions import Fraction
 
 NUMERIC_TEXT_KINDS = frozenset({"complex", "calculator"})
 
+# Every pattern here reads text a policy wrote, so none may backtrack more than linearly: runs of whitespace are
+# taken whole (possessive `++`, and `(?<!\s)` so that a match starts only where a run does); "between" is split
+# in code. The former patterns took hours on an answer of a few thousand spaces.
 _WORD_ALTERNATIVE_RE = re.compile(
-    r"\s*\(?\s+(?:or|nor|vs\.?|versus|and/or|oder|ou)\s+|\s*\((?:or|nor)\s+|\s*∨\s*|\\text\{\s*or\s*\}|\\lor\b|\\vee\b", re.IGNORECASE)
+    r"(?<!\s)\s++(?:or|nor|vs\.?|versus|and/or|oder|ou)\s++|(?<!\s)\s*+\((?:or|nor)\s++|(?<!\s)\s*+∨\s*+"
+    r"|\\text\{\s*+or\s*+\}|\\lor\b|\\vee\b", re.IGNORECASE)
 # in text answers also "Paris/London", "Paris | London" and one per line; in math these are 1/2, |x| and layout
-_TEXT_ALTERNATIVE_RE = re.compile(_WORD_ALTERNATIVE_RE.pattern + r"|\s*[/|\n]\s*", re.IGNORECASE)
+_TEXT_ALTERNATIVE_RE = re.compile(_WORD_ALTERNATIVE_RE.pattern + r"|(?<![ \t])[ \t]*+[/|\n][ \t\n]*+", re.IGNORECASE)
 TEXT_KINDS = frozenset({"fact", "em", "f1"})
-_BETWEEN_RE = re.compile(r"^\W*(?:somewhere\s+)?between\s+(.+?)\s+and\s+(.+?)\W*$", re.IGNORECASE | re.DOTALL)
-_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?![\d,]*\d)",
+_BETWEEN_START_RE = re.compile(r"\W*+(?:somewhere\s++)?between\s++", re.IGNORECASE)
+_AND_RE = re.compile(r"(?<!\s)\s++and\s++", re.IGNORECASE)
+_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?!,*+\d)",
                         re.ASCII)
+_LIST_RE = re.compile(r"[,;]|(?<!\s)\s++and\s++")
 _SCALE_RE = re.compile(r"\s*(?:%|\\%|thousand|million|billion|trillion)?", re.IGNORECASE)
 _CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so", "or else",
                 "and/or", "vs", "vs.", "versus", "oder", "ou", "o", "|", "||", "∨", "\\lor", "\\vee", "?", "…", "...",
@@ -57,18 +63,37 @@ def _names_several(gold: str, kind: str) -> bool:
     """A gold that lists values itself (alternatives, a comma or semicolon list, "a and b"), read as broadly as
     the kind reads answers ("AC/DC" names two to a text kind: its own spelling must not be a hedge)."""
     return (_several_candidates(gold, "complex") or _several_candidates(gold, kind)
-            or len(re.split(r"[,;]|\s+and\s+", gold.strip())) > 1)
+            or len(_LIST_RE.split(gold.strip())) > 1)
 
 
 def _several_candidates(text: str, kind: str) -> bool:
-    between = _BETWEEN_RE.match(text)
+    between = _between(text)
     splitter = _TEXT_ALTERNATIVE_RE if kind in TEXT_KINDS else _WORD_ALTERNATIVE_RE
-    parts = [_canonical(p) for p in (between.groups() if between else splitter.split(text))]
+    parts = [_canonical(p) for p in (between or splitter.split(text))]
     if len({p for p in parts if p}) > 1:
         return True
     if kind in NUMERIC_TEXT_KINDS and _PLUS_MINUS_RE.search(text):
         return True
     return len(set(_alternative_numbers(text, kind))) > 1
+
+
+def _between(text: str) -> tuple[str, str] | None:
+    """The two ends of an answer "between A and B" (A up to the first " and "), or None."""
+    start = _BETWEEN_START_RE.match(text)
+    if start is None:
+        return None
+    ends = _AND_RE.split(text[start.end():], maxsplit=1)
+    if len(ends) != 2:
+        return None
+    low, high = ends[0], _without_trailing_non_word(ends[1])
+    return (low, high) if low and high else None
+
+
+def _without_trailing_non_word(text: str) -> str:
+    end = len(text)
+    while end and not (text[end - 1].isalnum() or text[end - 1] == "_"):
+        end -= 1
+    return text[:end]
 
 
 def _canonical(text: str) -> str:
@@ -86,7 +111,8 @@ def _alternative_numbers(text: str, kind: str) -> list[Fraction]:
     for left, right in zip(matches, matches[1:]):
         after_left = _SCALE_RE.match(text, left.end()).end()
         gap = " ".join(text[after_left:right.start()].casefold().split())
-        between = gap == "and" and re.search(r"\bbetween\s*$", text[:left.start()], re.IGNORECASE)
+        before = text[max(0, left.start() - 40):left.start()].rstrip().casefold()
+        between = gap == "and" and before.endswith("between") and not before[:-7][-1:].isalnum()
         opens_alternative = gap.startswith("(") and gap[1:].strip() in connectives
         if (gap in connectives or between or opens_alternative or _signed_range(gap, right.group(), kind)
                 or _side_by_side(text[left.end():right.start()], gap, kind)):

@@ -36,7 +36,8 @@ _FRAC_SHORT_RE = re.compile(r"^([-+]?)\\[dt]?frac(\d)(\d)$")
 _PLAIN_NUMBER_RE = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?$", re.IGNORECASE)
 _MAX_NUMBER_CHARS = 400
 _MAX_EXPONENT = 400
-_UNIT_WORDS_RE = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+([A-Za-z][A-Za-z\s./]*)$")
+# atomic and possessive parts: the former `[\d,]*\.?\d+\s+` backtracked quadratically on a long run of digits
+_UNIT_WORDS_RE = re.compile(r"^([-+]?(?>[\d,]*)(?>\.\d+)?)(?<=\d)\s++([A-Za-z][A-Za-z\s./]*+)$")
 _MATH_WORDS = frozenset({"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "exp", "inf", "infinity"})
 _NUMBER_TOKEN_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", re.ASCII)
 

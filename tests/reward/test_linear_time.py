@@ -1,0 +1,73 @@
+"""Reading an answer costs time linear in its length, whatever the policy writes.
+
+Found by an audit: an answer of 1,000 spaces took 13 s to check for hedges and 4,000 took 14 minutes (the
+alternatives' pattern backtracked cubically), and a run of digits took normalize_math seconds (quadratic): a
+policy that degenerates into repetition stalls every reward call of the trainer. Every text reader of the
+verifiers runs here on 100,000-character answers made of the pieces such patterns trip on, each call limited to
+4 s of the process's CPU time (a CPU-time timer, not wall time, so a busy machine does not fail it): linear
+readers need well under a second, a quadratic one minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", "the answer is ", "1.", "\u200b", ",000",
+          "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{"]
+ENDINGS = ["", "!"]
+SIZE = 100_000
+CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers need < 1 s, quadratic ones minutes
+
+READ_ALL = textwrap.dedent("""
+    import json, signal, sys
+    from pipeline.reward import hedging, numeric, numeval, textmatch, unicode_math, verifiers
+    readers = {
+        "visible": verifiers.visible, "ascii_math": unicode_math.ascii_math,
+        "normalize_math": numeric.normalize_math.__wrapped__, "number_in_text": numeric.number_in_text,
+        "split_top_level": numeric.split_top_level, "evaluate": numeval.evaluate, "tapo_normalize": numeric.tapo_normalize,
+        "normalize_text": textmatch.normalize_text.__wrapped__, "asks_for_percentage": verifiers.asks_for_percentage,
+        "is_hedged": lambda s: [hedging.is_hedged(s, "1", kind) for kind in ("math", "complex", "fact")],
+        "is_hedged (gold)": lambda s: hedging.is_hedged("1", s, "fact"),
+        "fast_math_equal": lambda s: verifiers.fast_math_equal(s, "1"),
+        "fast_math_equal (gold)": lambda s: verifiers.fast_math_equal("1", s),
+        "calculator_score": lambda s: verifiers.calculator_score(s, "1", abs_tol=1e-6, rel_tol=1e-6),
+        "complex_score": lambda s: verifiers.complex_score(s, "1", rel_tol=0.05),
+        "fact_score": lambda s: textmatch.fact_score(s, "1"), "token_f1": lambda s: textmatch.token_f1(s, "1"),
+    }
+    pieces, endings, size, limit = json.loads(sys.argv[1])
+
+    class TooSlow(Exception):
+        pass
+
+    def too_slow(*_):
+        raise TooSlow
+
+    signal.signal(signal.SIGPROF, too_slow)
+    slow = []
+    for piece in pieces:
+        for ending in endings:
+            answer = piece * (size // len(piece)) + ending
+            for name, read in readers.items():
+                signal.setitimer(signal.ITIMER_PROF, limit)  # counts this process's CPU time only
+                try:
+                    read(answer)
+                except TooSlow:
+                    slow.append(f"{name} on {piece!r} * {size // len(piece)} + {ending!r}")
+                finally:
+                    signal.setitimer(signal.ITIMER_PROF, 0)
+    print(json.dumps(slow))
+""")
+
+
+def test_every_reader_is_linear_in_the_answer(repo_root: Path) -> None:
+    child = subprocess.run([sys.executable, "-c", READ_ALL, json.dumps([PIECES, ENDINGS, SIZE, CALL_LIMIT_S])],
+                           cwd=repo_root, env=dict(os.environ, PYTHONPATH=str(repo_root)), capture_output=True,
+                           text=True, timeout=3600)
+    assert child.returncode == 0, child.stderr[-2000:]
+    slow = json.loads(child.stdout.strip().splitlines()[-1])
+    assert slow == [], f"past {CALL_LIMIT_S} s of CPU on a {SIZE:,}-character answer: {slow}"

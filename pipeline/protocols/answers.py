@@ -21,7 +21,7 @@ import re
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_OPEN, _CLOSE = "<answer>", "</answer>"
 
 
 def _closing_braces(text: str) -> dict[int, int]:
@@ -70,5 +70,9 @@ def last_boxed(text: str) -> str | None:
 
 def last_answer_tag(text: str) -> str | None:
     """Content of the last `<answer>...</answer>` block, stripped, else None."""
-    matches = _ANSWER_RE.findall(text)
-    return matches[-1].strip() if matches else None
+    # the blocks a lazy `<answer>(.*?)</answer>` finds, found with str.find: once an `<answer>` has no `</answer>`
+    # after it, neither has any later one (the pattern scanned to the end from each: quadratic on repeated tags)
+    last, pos = None, 0
+    while (start := text.find(_OPEN, pos)) >= 0 and (end := text.find(_CLOSE, start + len(_OPEN))) >= 0:
+        last, pos = text[start + len(_OPEN):end], end + len(_CLOSE)
+    return last.strip() if last is not None else None

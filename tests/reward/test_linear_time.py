@@ -12,21 +12,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.protocols.answers import last_answer_tag
+
 PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", "the answer is ", "1.", "\u200b", ",000",
-          "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{"]
+          "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{",
+          "<answer>", "<answer>1", "<think>", "</answer>"]
 ENDINGS = ["", "!"]
 SIZE = 100_000
 CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers need < 1 s, quadratic ones minutes
 
 READ_ALL = textwrap.dedent("""
     import json, signal, sys
-    from pipeline.reward import hedging, numeric, numeval, textmatch, unicode_math, verifiers
+    from pipeline.protocols import protocol_for
+    from pipeline.reward import check_format, hedging, numeric, numeval, textmatch, unicode_math, verifiers
+    tags = protocol_for("tapo")
     readers = {
+        "extract_answer (tapo)": tags.extract_answer, "check_format (tapo)": lambda s: check_format(s, tags, []),
         "visible": verifiers.visible, "ascii_math": unicode_math.ascii_math,
         "normalize_math": numeric.normalize_math.__wrapped__, "number_in_text": numeric.number_in_text,
         "split_top_level": numeric.split_top_level, "evaluate": numeval.evaluate, "tapo_normalize": numeric.tapo_normalize,
@@ -71,3 +81,14 @@ def test_every_reader_is_linear_in_the_answer(repo_root: Path) -> None:
     assert child.returncode == 0, child.stderr[-2000:]
     slow = json.loads(child.stdout.strip().splitlines()[-1])
     assert slow == [], f"past {CALL_LIMIT_S} s of CPU on a {SIZE:,}-character answer: {slow}"
+
+
+ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@given(st.lists(st.sampled_from(["<answer>", "</answer>", "a", " 1 ", "\n", "<answer", "answer>", "</"]), max_size=14))
+def test_the_last_answer_block_is_the_one_the_lazy_pattern_finds(pieces: list[str]) -> None:
+    """The linear reading of `<answer>` blocks finds what `<answer>(.*?)</answer>` found, in every interleaving."""
+    text = "".join(pieces)
+    blocks = ANSWER_PATTERN.findall(text)
+    assert last_answer_tag(text) == (blocks[-1].strip() if blocks else None)

@@ -59,6 +59,7 @@ VERIFIER_KINDS: tuple[str, ...] = ("math", "fact", "calculator", "complex", "em"
 
 PairScore = Callable[[str, str, bool], float]  # (predicted, gold, percent asked) -> score
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
+_SCIENTIFIC_RE = re.compile(r"^([-+]?\d+(?:\.\d+)?)(?:\\times|\\cdot|\*|x)10\^\{?([-+]?\d+)\}?$")
 _NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+")
 _NEGATION_RE = re.compile(r"\b(?:not|no|never|neither|nor|isn't|except|wrong|incorrect)\b|n't\b", re.IGNORECASE)
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
@@ -139,16 +140,21 @@ def _differ_at_some_point(p: str, g: str) -> bool:
 
 
 def _exact_or_complex(text: str) -> Fraction | complex | None:
-    """An exact real (our parser), else a complex number Python can read ("3+4i"), else the value of a constant
-    expression (`numeval`), else None."""
+    """An exact real (our parser), else a complex number Python can read ("3+4i"), else a number in written-out
+    scientific notation ("1.2 \\times 10^{3}"), else None."""
     number = parse_number(normalize_math(text))
     if number is not None:
         return number.value
     try:
         value = complex(normalize_math(text).replace("i", "j"))
     except ValueError:
-        constant = evaluate(normalize_math(text))  # 3 \times 10^{4}, 2^{10}, \sqrt{2}: a constant expression
-        return Fraction(constant) if constant is not None else None
+        # scientific notation written out (3 \times 10^{4}); no other expression: an answer that repeats the
+        # problem's arithmetic ("17 + 25") has not computed it
+        scientific = _SCIENTIFIC_RE.match(normalize_math(text))
+        if scientific is None:
+            return None
+        mantissa, exponent = Fraction(scientific.group(1)), int(scientific.group(2))
+        return mantissa * Fraction(10) ** exponent if abs(exponent) <= 400 else None
     return value if cmath.isfinite(value) else None
 
 

@@ -28,6 +28,8 @@ def test_ascii_math_forms(unicode: str, ascii: str) -> None:
     ("calculator", "−5", "-5", 1.0), ("calculator", "-5", "−5", 1.0), ("calculator", "−5", "5", 0.0),
     ("calculator", "≈ 3.14159", "3.14159", 1.0), ("calculator", "1.2345 × 10³", "1234.5", 1.0),
     ("calculator", "3 \\times 10^{4}", "30000", 1.0), ("calculator", "2^{10}", "1000", 0.0),
+    # scientific notation only: an answer repeating the problem's arithmetic has not computed it
+    ("calculator", "17 + 25", "42", 0.0), ("calculator", "6 \\times 7", "42", 0.0), ("calculator", "2^{10}", "1024", 0.0),
     ("math", "√16", "4", 1.0), ("math", "2²", "4", 1.0), ("math", "½", "0.5", 1.0), ("math", "1½", "1.5", 1.0),
     ("math", "1½", "0.5", 0.0), ("math", "π/2", "\\frac{\\pi}{2}", 1.0), ("math", "10⁻³", "0.001", 1.0),
     ("math", "1–2", "-1", 0.0),  # an en dash is a range, not a minus

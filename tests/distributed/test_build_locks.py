@@ -90,6 +90,7 @@ def _forked_as(uid: int, work: Callable[[int], None]) -> tuple[int, int]:
     pid = os.fork()
     if pid == 0:  # the child
         try:
+            signal.alarm(120)  # a child of a threaded test process must never outlive a hang
             os.close(read_end)
             os.setgroups([])
             os.setgid(uid)

@@ -62,7 +62,7 @@ def is_hedged(predicted: str, gold: str, kind: str) -> bool:
 def _names_several(gold: str, kind: str) -> bool:
     """A gold that lists values itself (alternatives, a comma or semicolon list, "a and b"), read as broadly as
     the kind reads answers ("AC/DC" names two to a text kind: its own spelling must not be a hedge)."""
-    return (_several_candidates(gold, "complex") or _several_candidates(gold, kind)
+    return (any(_several_candidates(gold, reading) for reading in {"complex", kind})
             or len(_LIST_RE.split(gold.strip())) > 1)
 
 

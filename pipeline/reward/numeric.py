@@ -70,7 +70,8 @@ def normalize_math(text: str) -> str:
     return s.replace(" ", "")
 
 
-_DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", "wrong", "incorrect"})
+# words that deny the number beside them: no unit ("98 is not the answer"), and no answer in a sentence (verifiers)
+DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", "wrong", "incorrect"})
 
 
 def _strip_unit_words(text: str) -> str:
@@ -79,7 +80,7 @@ def _strip_unit_words(text: str) -> str:
     if match is None:
         return text
     words = match.group(2).lower().replace(".", " ").replace("/", " ").split()
-    if any(len(w) < 2 or w in _MATH_WORDS or w in _DENIALS for w in words):
+    if any(len(w) < 2 or w in _MATH_WORDS or w in DENIALS for w in words):
         return text  # "98 is not the answer" is no unit
     return match.group(1)
 

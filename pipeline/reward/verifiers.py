@@ -41,6 +41,7 @@ from functools import lru_cache, partial
 from pipeline.config.reward import RewardConfig
 from pipeline.reward.hedging import is_hedged
 from pipeline.reward.numeric import (
+    DENIALS,
     Number,
     normalize_math,
     number_in_text,
@@ -61,7 +62,7 @@ PairScore = Callable[[str, str, bool], float]  # (predicted, gold, percent asked
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
 _SCIENTIFIC_RE = re.compile(r"^([-+]?\d+(?:\.\d+)?)(?:\\times|\\cdot|\*|x)10\^\{?([-+]?\d+)\}?$")
 _NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+")
-_NEGATION_RE = re.compile(r"\b(?:not|no|never|neither|nor|isn't|except|wrong|incorrect)\b|n't\b", re.IGNORECASE)
+_NEGATION_RE = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(DENIALS)))})\b|n't\b", re.IGNORECASE)
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _FUNCTION_NAMES = frozenset(
     {"sin", "cos", "tan", "cot", "sec", "csc", "log", "exp", "sqrt", "inf", "infty", "arcsin", "arccos", "arctan"}
@@ -153,8 +154,8 @@ def _exact_or_complex(text: str) -> Fraction | complex | None:
         scientific = _SCIENTIFIC_RE.match(normalize_math(text))
         if scientific is None:
             return None
-        mantissa, exponent = Fraction(scientific.group(1)), int(scientific.group(2))
-        return mantissa * Fraction(10) ** exponent if abs(exponent) <= 400 else None
+        number = parse_number(f"{scientific.group(1)}e{scientific.group(2)}")  # its exponent bound too
+        return number.value if number is not None else None
     return value if cmath.isfinite(value) else None
 
 

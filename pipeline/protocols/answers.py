@@ -24,7 +24,7 @@ _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
 
-def _closing_braces(text: str) -> dict[int, int]:
+def closing_braces(text: str) -> dict[int, int]:
     """For every `{` that is closed, the index of its `}`, skipping escaped braces; one pass, so finding the
     last box stays linear in the text (one scan per box was quadratic on a run of unclosed boxes)."""
     closing: dict[int, int] = {}
@@ -48,7 +48,7 @@ def last_boxed_span(text: str) -> tuple[int, int] | None:
     boxes = list(_BOX_RE.finditer(text))
     if not boxes:
         return None
-    closing = _closing_braces(text)
+    closing = closing_braces(text)
     for match in reversed(boxes):
         close = closing.get(match.end() - 1)
         if close is not None:

@@ -13,8 +13,9 @@ Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
   turns "3.5 million (2020)" into 3.52020; this reads the number that was written.
 
 Three rules hold for every kind:
-- Invisible format characters (zero-width spaces and joiners, soft hyphens, direction marks) are dropped from
-  answers and golds before anything else (`visible`); the numeric kinds (math, calculator, complex) then read
+- Answers and golds are read as a reader sees them (`presentation.readable`): invisible format characters
+  dropped, digits of every script as ASCII digits, markup around the whole answer (`**42**`, `$42$`,
+  `\\boxed{42}`, `Answer: 42`) taken off; the numeric kinds (math, calculator, complex) then read
   Unicode math notation (`−5`, `3 × 10⁴`, `√16`, `½`, `≈ 3.14`) as the ASCII/LaTeX their parsers read
   (`unicode_math.ascii_math`).
 - No credit for hedging (hedging.py): an answer that names several different candidate values
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import cmath
 import re
-import unicodedata
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from functools import lru_cache, partial
@@ -52,6 +52,7 @@ from pipeline.reward.numeric import (
     tapo_normalize,
 )
 from pipeline.reward.numeval import evaluate
+from pipeline.reward.presentation import readable
 from pipeline.reward.symbolic import SymbolicChecker
 from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 from pipeline.reward.unicode_math import ascii_math
@@ -198,17 +199,12 @@ def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol:
     return float(any(x == y if y == 0 else abs(x - y) / abs(y) < rel_tol for x, y in _pairs(p, g, percent_asked)))
 
 
-def visible(text: str) -> str:
-    """`text` without invisible format characters (zero-width space and joiners, soft hyphen, byte-order and
-    direction marks: Unicode category Cf), which change no answer a reader sees but every comparison."""
-    return text if text.isascii() else "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
-
-
 def _math_readable(text: str) -> str:
-    return ascii_math(visible(text))
+    return ascii_math(readable(text))
 
 
-# what each kind reads: numeric kinds read Unicode math notation as ASCII/LaTeX (`unicode_math`)
+# what each kind reads: every kind the answer without its typesetting (`presentation`), the numeric kinds also
+# Unicode math notation as ASCII/LaTeX (`unicode_math`)
 _READERS = {"math": _math_readable, "calculator": _math_readable, "complex": _math_readable}
 
 
@@ -238,8 +234,8 @@ class Verifier:
         golds = (gold,) if isinstance(gold, str) else tuple(gold)
         if not golds:
             raise ValueError("no gold answer given")
-        readable = _READERS.get(kind, visible)
-        return self._cached(kind, readable(predicted), tuple(sorted({readable(g) for g in golds})), percent_asked)
+        read = _READERS.get(kind, readable)
+        return self._cached(kind, read(predicted), tuple(sorted({read(g) for g in golds})), percent_asked)
 
     def needs_symbolic(self, kind: str, predicted: str, golds: Sequence[str], percent_asked: bool = False) -> bool:
         """Whether scoring this answer would call the symbolic checker (the slow path)."""

@@ -25,7 +25,8 @@ from pipeline.protocols.answers import last_answer_tag
 
 PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", "the answer is ", "1.", "\u200b", ",000",
           "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{",
-          "<answer>", "<answer>1", "<think>", "</answer>"]
+          "<answer>", "<answer>1", "<think>", "</answer>", "**", "`", "*", "_", "\\(", "\\mathbf{", "Answer: ", "٤",
+          "1\u202f000", "\u202f", "**Answer:** "]
 ENDINGS = ["", "!"]
 SIZE = 100_000
 CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers need < 1 s, quadratic ones minutes
@@ -33,11 +34,12 @@ CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers n
 READ_ALL = textwrap.dedent("""
     import json, signal, sys
     from pipeline.protocols import protocol_for
-    from pipeline.reward import check_format, hedging, numeric, numeval, textmatch, unicode_math, verifiers
+    from pipeline.reward import check_format, hedging, numeric, numeval, presentation, textmatch, unicode_math, verifiers
     tags = protocol_for("tapo")
     readers = {
         "extract_answer (tapo)": tags.extract_answer, "check_format (tapo)": lambda s: check_format(s, tags, []),
-        "visible": verifiers.visible, "ascii_math": unicode_math.ascii_math,
+        "visible": presentation.visible, "readable": presentation.readable,
+        "ascii_digits": presentation.ascii_digits, "unwrapped": presentation.unwrapped, "ascii_math": unicode_math.ascii_math,
         "normalize_math": numeric.normalize_math.__wrapped__, "number_in_text": numeric.number_in_text,
         "split_top_level": numeric.split_top_level, "evaluate": numeval.evaluate, "tapo_normalize": numeric.tapo_normalize,
         "normalize_text": textmatch.normalize_text.__wrapped__, "asks_for_percentage": verifiers.asks_for_percentage,

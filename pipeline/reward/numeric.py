@@ -16,12 +16,24 @@ from functools import lru_cache
 
 from pipeline.protocols.answers import last_boxed_span
 
-_NUMBER_WORDS = {
+NUMBER_WORDS = {
     "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
     "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
     "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20,
 }  # fmt: skip
 _SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+# what may follow a number in free text (`number_in_text`): a scale word or its abbreviation (`3.5 mn`, `2bn`), a
+# scale letter written against the number (`35k`, `3.5M`, `2B`: a lone lowercase `m` is metres, and `300 K` with a
+# space is kelvins), written-out scientific notation (`3.5 \times 10^{6}`, `3.5 x 10^6`), a percent (`12 percent`)
+_SCALE_WORD_RE = re.compile(r"\s*(?:(thousand|million|billion|trillion)s?|(mn|mln|bn|tn))\b", re.IGNORECASE)
+_SCALE_ABBREVIATIONS = {"mn": "million", "mln": "million", "bn": "billion", "tn": "trillion"}
+_SCALE_LETTER_RE = re.compile(r"([kKMB])\b")
+_SCALE_LETTERS = {"k": 10**3, "K": 10**3, "M": 10**6, "B": 10**9}
+_TIMES_POWER_RE = re.compile(r"\s*(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*\{?\s*([-+]?\d{1,4})\s*\}?")
+_PERCENT_WORD = r"(?:\\text\{\s*)?(?:per\s?cent|pct)\b\.?(?:\s*\})?"
+_PERCENT_AFTER_RE = re.compile(rf"\s*(?:\\?%|{_PERCENT_WORD})", re.IGNORECASE)
+_PERCENT_WORD_RE = re.compile(rf"(?<=\d)\s*{_PERCENT_WORD}", re.IGNORECASE)
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
 
 _DROP_TOKENS = (
     "\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\:", "\\ ", "~", "\\$", "$",
@@ -53,7 +65,7 @@ class Number:
 @lru_cache(maxsize=65536)
 def normalize_math(text: str) -> str:
     """Presentation-free form of a math answer (still a string; no evaluation)."""
-    s = text.strip()
+    s = _PERCENT_WORD_RE.sub("%", text.strip())  # `50 percent` is `50%`, not 50 with a unit word
     span = last_boxed_span(s) if s.startswith("\\boxed{") else None
     if span is not None and span[1] == len(s) - 1 and span[0] == len("\\boxed{"):
         s = s[span[0] : span[1]]  # the whole answer is one box: \boxed{a} -> a
@@ -111,8 +123,8 @@ def parse_number(text: str) -> Number | None:
     if percent:
         s = s.rstrip("%").rstrip("\\")
     value = _plain_number(s)
-    if value is None and s.lower() in _NUMBER_WORDS:
-        value = Fraction(_NUMBER_WORDS[s.lower()])
+    if value is None and s.lower() in NUMBER_WORDS:
+        value = Fraction(NUMBER_WORDS[s.lower()])
     if value is None:
         frac = _FRAC_RE.match(s) or _FRAC_SHORT_RE.match(s)
         if frac:
@@ -175,26 +187,41 @@ def split_top_level(text: str) -> list[str] | None:
 
 
 def number_in_text(text: str) -> Number | None:
-    """The first number written in free text, with a scale word ("3.5 million") or %."""
+    """The first number written in free text with what follows it: a scale ("3.5 million", "2bn", "35k"),
+    written-out scientific notation ("3.5 \\times 10^{6}") or a percent ("12%", "12 percent"). Without a digit
+    in the text, a number word ("two million")."""
     match = _NUMBER_TOKEN_RE.search(text)
-    if match is None:
-        return None
-    value = _plain_number(match.group().replace(",", ""))
-    if value is None:
-        return None
-    rest = text[match.end() :].lstrip().lower()
-    if rest.startswith(("%", "\\%")):  # LaTeX writes \%
+    if match is not None:
+        value = _plain_number(match.group().replace(",", ""))
+        return None if value is None else _scaled(value, text[match.end() :])
+    word = _NUMBER_WORD_RE.search(text)
+    return None if word is None else _scaled(Fraction(NUMBER_WORDS[word.group(1).lower()]), text[word.end() :])
+
+
+def _scaled(value: Fraction, rest: str) -> Number | None:
+    """`value` read with the scale, power of ten or percent at the start of `rest` (`number_in_text`)."""
+    power = _TIMES_POWER_RE.match(rest)
+    if power is not None:
+        exponent = int(power.group(1))
+        if abs(exponent) > _MAX_EXPONENT:
+            return None
+        value, rest = value * Fraction(10) ** exponent, rest[power.end() :]
+    if _PERCENT_AFTER_RE.match(rest):  # LaTeX writes \%
         return Number(value / 100, True)
-    for word, scale in _SCALE_WORDS.items():
-        if rest.startswith(word):
-            return Number(value * scale)
+    letter = _SCALE_LETTER_RE.match(rest)
+    if letter is not None:
+        return Number(value * _SCALE_LETTERS[letter.group(1)])
+    word = _SCALE_WORD_RE.match(rest)
+    if word is not None:
+        name = word.group(1) or _SCALE_ABBREVIATIONS[word.group(2).lower()]
+        return Number(value * _SCALE_WORDS[name.lower()])
     return Number(value)
 
 
 def tapo_normalize(text: str) -> str:
     """TAPO code's `normalize_answer`: strip, lower, number words 1-12, drop commas in digit strings."""
     s = text.strip().lower()
-    words = {w: str(n) for w, n in _NUMBER_WORDS.items() if 1 <= n <= 12}
+    words = {w: str(n) for w, n in NUMBER_WORDS.items() if 1 <= n <= 12}
     s = words.get(s, s)
     if s.replace(",", "").isdigit():
         s = s.replace(",", "")

@@ -2,7 +2,8 @@
 
 All three compare normalised strings: Unicode NFKC, case-folded, optionally without
 accents, punctuation (any Unicode P* character; but digit-group commas, apostrophes and abbreviation points
-are joined, decimal points and a leading minus kept) and the articles a/an/the dropped, whitespace collapsed (the SQuAD normaliser that Search-R1 and ARPO use, made
+are joined, decimal points and a leading minus kept) and the articles a/an/the dropped, number words zero to
+twenty written as digits ("two" is "2"), whitespace collapsed (the SQuAD normaliser that Search-R1 and ARPO use, made
 Unicode-aware). The score against a list of gold aliases is the max over them, so alias
 order never matters.
 
@@ -23,22 +24,26 @@ from functools import lru_cache
 
 from rapidfuzz.distance import Levenshtein
 
+from pipeline.reward.numeric import NUMBER_WORDS
+
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _SPECIAL_ANSWERS = frozenset({"yes", "no", "noanswer"})
 _GROUPED_DIGITS_RE = re.compile(r"(?<![\d,])\d{1,3}(?:,\d{3})+(?![\d,])")
+_DIGITS_OF_WORD = {word: str(value) for word, value in NUMBER_WORDS.items()}  # "two" is "2", as in TAPO's code
 _JOINING = frozenset(".'\u2019\u02bc")  # inside a word: U.S., O'Neil, 1990's
 
 
 @lru_cache(maxsize=65536)
 def normalize_text(text: str, fold_diacritics: bool = True) -> str:
-    """NFKC, casefold, (accents dropped), punctuation dropped, articles dropped, spaces collapsed."""
+    """NFKC, casefold, (accents dropped), punctuation dropped, articles dropped, number words as digits, spaces
+    collapsed."""
     text = unicodedata.normalize("NFKC", text).casefold()
     if fold_diacritics:
         decomposed = unicodedata.normalize("NFKD", text)
         text = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
     text = _without_punctuation(text.replace("\u2212", "-"))
     text = _ARTICLES_RE.sub(" ", text)
-    return " ".join(text.split())
+    return " ".join(_DIGITS_OF_WORD.get(token, token) for token in text.split())
 
 
 def _without_punctuation(text: str) -> str:

@@ -196,7 +196,9 @@ def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol:
     p, g = number_in_text(pred), number_in_text(gold)
     if p is None or g is None:
         return 0.0
-    return float(any(x == y if y == 0 else abs(x - y) / abs(y) < rel_tol for x, y in _pairs(p, g, percent_asked)))
+    # the tolerance as the decimal it is written as: the float 0.05 exceeds 1/20, so 19 passed for 20 at "< 5%"
+    tolerance = Fraction(repr(rel_tol))
+    return float(any(x == y if y == 0 else abs(x - y) / abs(y) < tolerance for x, y in _pairs(p, g, percent_asked)))
 
 
 def _math_readable(text: str) -> str:

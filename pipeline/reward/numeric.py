@@ -190,32 +190,43 @@ def number_in_text(text: str) -> Number | None:
     """The first number written in free text with what follows it: a scale ("3.5 million", "2bn", "35k"),
     written-out scientific notation ("3.5 \\times 10^{6}") or a percent ("12%", "12 percent"). Without a digit
     in the text, a number word ("two million")."""
+    found = number_span_in_text(text)
+    return None if found is None else found[0]
+
+
+def number_span_in_text(text: str) -> tuple[Number, int, int] | None:
+    """`number_in_text` with the span of `text` the number takes, its scale or percent included."""
     match = _NUMBER_TOKEN_RE.search(text)
     if match is not None:
         value = _plain_number(match.group().replace(",", ""))
-        return None if value is None else _scaled(value, text[match.end() :])
-    word = _NUMBER_WORD_RE.search(text)
-    return None if word is None else _scaled(Fraction(NUMBER_WORDS[word.group(1).lower()]), text[word.end() :])
+    else:
+        match = _NUMBER_WORD_RE.search(text)
+        value = None if match is None else Fraction(NUMBER_WORDS[match.group(1).lower()])
+    if match is None or value is None:
+        return None
+    scaled = _scaled(value, text, match.end())
+    return None if scaled is None else (scaled[0], match.start(), scaled[1])
 
 
-def _scaled(value: Fraction, rest: str) -> Number | None:
-    """`value` read with the scale, power of ten or percent at the start of `rest` (`number_in_text`)."""
-    power = _TIMES_POWER_RE.match(rest)
+def _scaled(value: Fraction, text: str, at: int) -> tuple[Number, int] | None:
+    """`value` read with the scale, power of ten or percent written at `text[at:]`, and where that ends."""
+    power = _TIMES_POWER_RE.match(text, at)
     if power is not None:
         exponent = int(power.group(1))
         if abs(exponent) > _MAX_EXPONENT:
             return None
-        value, rest = value * Fraction(10) ** exponent, rest[power.end() :]
-    if _PERCENT_AFTER_RE.match(rest):  # LaTeX writes \%
-        return Number(value / 100, True)
-    letter = _SCALE_LETTER_RE.match(rest)
+        value, at = value * Fraction(10) ** exponent, power.end()
+    percent = _PERCENT_AFTER_RE.match(text, at)  # LaTeX writes \%
+    if percent is not None:
+        return Number(value / 100, True), percent.end()
+    letter = _SCALE_LETTER_RE.match(text, at)
     if letter is not None:
-        return Number(value * _SCALE_LETTERS[letter.group(1)])
-    word = _SCALE_WORD_RE.match(rest)
+        return Number(value * _SCALE_LETTERS[letter.group(1)]), letter.end()
+    word = _SCALE_WORD_RE.match(text, at)
     if word is not None:
         name = word.group(1) or _SCALE_ABBREVIATIONS[word.group(2).lower()]
-        return Number(value * _SCALE_WORDS[name.lower()])
-    return Number(value)
+        return Number(value * _SCALE_WORDS[name.lower()]), word.end()
+    return Number(value), at
 
 
 def tapo_normalize(text: str) -> str:

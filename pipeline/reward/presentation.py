@@ -10,8 +10,9 @@ Answers and golds alike go through three rewrites before any kind compares them 
 3. Markup around the whole answer is taken off: markdown emphasis and code (`**42**`, `` `42` ``), LaTeX math
    delimiters (`$42$`, `\\(42\\)`, `\\[42\\]`), a box or a text/bold wrapper (`\\boxed{42}`, `\\textbf{42}`,
    `\\text{Paris}`), bare braces, and an answer label in front (`Answer: 42`, `**Final answer:** 42`,
-   `The answer is: 42`, `= 42`). Before this the same value scored differently per kind (math-verify read
-   `\\mathbf{42}`, the calculator verifier did not; `**42**` scored 0 as math, 1 as complex).
+   `The answer is: 42`, `= 42`), and one full stop, semicolon or comma that ends it (`**42**.`). Before this
+   the same value scored differently per kind (math-verify read `\\mathbf{42}`, the calculator verifier did not;
+   `**42**` scored 0 as math, 1 as complex).
 
 Only markup around the whole answer goes: `$a$ or $b$` keeps its inner dollars (a wrapper is taken off only when
 its closing marker is not also inside), so a hedge stays visible to `hedging.py`. Linear in the answer: the
@@ -40,12 +41,15 @@ _LABEL_RE = re.compile(
     rf"|{_LABEL}(?:\s*[:：=]|\s+is\b\s*:?)\s*|=\s*",
     re.IGNORECASE,
 )
+_SENTENCE_END = frozenset(".;,。")
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")
 _ARABIC_SEPARATORS = str.maketrans({"\u066b": ".", "\u066c": ",", "\u066a": "%"})
 # a digit group after a typographic group space; the look-behinds start a match only at the head of a chain,
 # so a long chain that fails at its end is scanned once, not once per group
 _GROUP_SPACES = "\u00a0\u2007\u2009\u202f"
-_GROUPED_RE = re.compile(rf"(?<![0-9])(?<![0-9][{_GROUP_SPACES}])[0-9]{{1,3}}(?:[{_GROUP_SPACES}][0-9]{{3}})++(?![0-9])")
+_GROUPED_RE = re.compile(
+    rf"(?<![0-9])(?<![0-9][{_GROUP_SPACES}])[0-9]{{1,3}}(?:[{_GROUP_SPACES}][0-9]{{3}})++(?![0-9])"
+)
 _GROUP_SPACE_TABLE = str.maketrans(dict.fromkeys(_GROUP_SPACES))
 
 
@@ -70,6 +74,9 @@ def unwrapped(text: str) -> str:
     start, end = 0, len(text)
     while True:
         start, end = _skip_space(text, start, end)
+        if end - start > 1 and text[end - 1] in _SENTENCE_END and text[end - 2] not in _SENTENCE_END:
+            end -= 1  # `**42**.`, `\\boxed{42}.`; not an ellipsis (`1, 2, 3, ...` is another answer)
+            continue
         label = _LABEL_RE.match(text, start, end)
         if label is not None and label.end() < end:
             start = label.end()

@@ -45,6 +45,7 @@ from pipeline.reward.numeric import (
     Number,
     normalize_math,
     number_in_text,
+    number_span_in_text,
     numbers_equal,
     parse_number,
     percent_readings,
@@ -63,6 +64,8 @@ PairScore = Callable[[str, str, bool], float]  # (predicted, gold, percent asked
 # A run of 3+ letters that is not a LaTeX command (`\\sqrt`) nor a function name: a word.
 _SCIENTIFIC_RE = re.compile(r"^([-+]?\d+(?:\.\d+)?)(?:\\times|\\cdot|\*|x)10\^\{?([-+]?\d+)\}?$")
 _NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+")
+# prose: words of two or more letters (or `a`, `I`) and sentence punctuation, no variable, operator or LaTeX
+_PROSE_RE = re.compile(r"(?:[A-Za-z]{2,}|\b[aAI]\b|[\s,.;:!?'\"’()])*+")
 _NEGATION_RE = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(DENIALS)))})\b|n't\b", re.IGNORECASE)
 _PLAIN_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{3,}")
 _FUNCTION_NAMES = frozenset(
@@ -97,8 +100,11 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
             len(_NUMBER_RE.findall(as_written)) != 1 or _NEGATION_RE.search(as_written)):
         # words against a number: "Paris" is not 48, nor is a sentence naming several numbers ("97 is wrong, the
         # answer is 98": math-verify would credit whichever it reads, a channel for hedges) or denying its number
-        # ("the answer is not 48"); a sentence around one number ("the answer is 48") goes to the symbolic checker
+        # ("the answer is not 48")
         return False
+    said = _number_said(as_written) if (p_num is None) != (g_num is None) and _has_plain_word(wordy) else None
+    if said is not None:  # prose around one number ("so the result is 48."): that number, its sign and % kept
+        return numbers_equal(said, g_num, percent_asked) if g_num is not None else numbers_equal(p_num, said, percent_asked)
     # a number already read stays read: `1e-3` is no expression to the evaluator (nor to math-verify: 1*e - 3)
     p_val, g_val = _value_of(p_num, p), _value_of(g_num, g)
     if p_val is not None and g_val is not None:
@@ -119,6 +125,17 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
         if any(v is False for v in verdicts) and all(parse_number(normalize_math(x)) for x in p_items + g_items):
             return False
     return None
+
+
+def _number_said(text: str) -> Number | None:
+    """The number a sentence says when it says one number and nothing else of math: words of two or more letters
+    and sentence punctuation around it ("So the result is 48.", "It is 5% of them"); None when anything else is
+    there (`2x`, `is x`, an operator, LaTeX), which is left to the symbolic checker."""
+    found = number_span_in_text(text)
+    if found is None:
+        return None
+    number, start, end = found
+    return number if _PROSE_RE.fullmatch(text, 0, start) and _PROSE_RE.fullmatch(text, end) else None
 
 
 def _value_of(number: Number | None, text: str) -> float | None:

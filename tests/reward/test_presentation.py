@@ -14,7 +14,8 @@ from pipeline.reward import VERIFIER_KINDS, verify
 from pipeline.reward.presentation import ascii_digits, readable, unwrapped
 
 # the layers an answer is typeset in, innermost first: LaTeX wrappers, math delimiters, markdown, a label
-LATEX = ["\\boxed{{{}}}", "\\fbox{{{}}}", "\\text{{{}}}", "\\textbf{{{}}}", "\\mathbf{{{}}}", "\\mathrm{{{}}}", "{{{}}}"]
+LATEX = ["\\boxed{{{}}}", "\\fbox{{{}}}", "\\text{{{}}}", "\\textbf{{{}}}", "\\mathbf{{{}}}", "\\mathrm{{{}}}",
+         "{{{}}}"]
 MATH_MODE = ["${}$", "$${}$$", "\\({}\\)", "\\[{}\\]"]
 MARKDOWN = ["**{}**", "__{}__", "*{}*", "_{}_", "`{}`", "```{}```", "***{}***", " {} "]
 LABELS = ["Answer: {}", "answer: {}", "**Answer:** {}", "**Final Answer:** {}", "__Answer__: {}", "The answer is {}",
@@ -37,11 +38,12 @@ def in_script(text: str, zero: int) -> str:
 
 @st.composite
 def typesetting(draw: st.DrawFn) -> list[str]:
-    """Wrappers, innermost first: some LaTeX, maybe a math mode, some markdown, maybe a label."""
+    """Wrappers, innermost first: some LaTeX, maybe a math mode, some markdown, maybe a label, maybe a full stop."""
     layers = draw(st.lists(st.sampled_from(LATEX), max_size=2, unique=True))
     layers += draw(st.lists(st.sampled_from(MATH_MODE), max_size=1))
     layers += draw(st.lists(st.sampled_from(MARKDOWN), max_size=2, unique=True))
-    return layers + draw(st.lists(st.sampled_from(LABELS), max_size=1))
+    layers += draw(st.lists(st.sampled_from(LABELS), max_size=1))
+    return layers + draw(st.lists(st.sampled_from(["{}.", "{};", "{},", "{} ."]), max_size=1))
 
 
 @settings(max_examples=300, deadline=None)
@@ -85,10 +87,12 @@ def test_markup_does_not_hide_a_hedge(kind: str, hedge: str) -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("$a$ or $b$", "$a$ or $b$"), ("**a** and **b**", "**a** and **b**"), ("\\text{a} + \\text{b}", "\\text{a} + \\text{b}"),
+    ("$a$ or $b$", "$a$ or $b$"), ("**a** and **b**", "**a** and **b**"),
+    ("\\text{a} + \\text{b}", "\\text{a} + \\text{b}"),
     ("{a}{b}", "{a}{b}"), ("**", "**"), ("Answer:", "Answer:"), ("answer", "answer"), ("$$", "$$"), ("**$42$**", "42"),
     ("\\boxed{\\boxed{\\textbf{42}}}", "42"), ("Answer: **42**", "42"), ("2*3*4", "2*3*4"), ("*2*3*", "*2*3*"),
-    ("\\{1, 2\\}", "\\{1, 2\\}"), ("The answer is not 42", "not 42"), ("answers: 42", "answers: 42"),
+    ("\\{1, 2\\}", "\\{1, 2\\}"), ("1, 2, 3, ...", "1, 2, 3, ..."), ("**42**.", "42"), ("\\boxed{42}.", "42"),
+    ("The answer is not 42", "not 42"), ("answers: 42", "answers: 42"),
 ])  # fmt: skip
 def test_only_markup_around_the_whole_answer_goes(text: str, expected: str) -> None:
     assert unwrapped(text) == expected

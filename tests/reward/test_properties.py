@@ -54,19 +54,24 @@ def test_a_mixed_number_is_its_whole_plus_its_fraction(whole: int, denominator: 
     assert verify("math", f"{product.numerator}/{product.denominator}", mixed) == 0.0
 
 
-AFFIRMING = ("The answer is {}", "Final answer: {}", "{} apples", "So the result is {}.", "The answer is \\boxed{{{}}}")
+AFFIRMING = ("The answer is {}", "Final answer: {}", "{} apples", "So the result is {}.", "The answer is \\boxed{{{}}}",
+             "So the result is {}", "I think it is {}, in all", "Thus we get {} (in total).")
 DENYING = ("the answer is not {}", "{} is not the answer", "{} is wrong", "it can't be {}", "never {}")
 NAMING_TWO = ("{} or {}", "answer: {}, {}", "{} is wrong, the answer is {}", "the answer is {}. the answer is {}",
               "between {} and {}")
 
 
-@settings(max_examples=30)
-@given(st.integers(0, 10**6), st.integers(1, 10**6), st.data())
+@settings(max_examples=60)
+@given(st.integers(-(10**6), 10**6), st.integers(1, 10**6), st.data())
 def test_a_sentence_scores_its_one_number_and_never_a_denied_or_second_one(n: int, offset: int, data) -> None:  # noqa: ANN001
     """A math answer written as a sentence earns what its one number earns; a sentence that denies its number, or
     names two, earns nothing against either (else a policy could hedge in prose)."""
     other = n + offset
-    assert verify("math", data.draw(st.sampled_from(AFFIRMING)).format(n), str(n)) == 1.0
+    affirming = data.draw(st.sampled_from(AFFIRMING))
+    assert verify("math", affirming.format(n), str(n)) == 1.0
+    assert verify("math", affirming.format(other), str(n)) == 0.0
+    if n != 0:  # 0x is 0
+        assert verify("math", affirming.format(f"{n}x"), str(n)) == 0.0  # a number times a variable is no number
     assert verify("math", data.draw(st.sampled_from(DENYING)).format(n), str(n)) == 0.0
     two = data.draw(st.sampled_from(NAMING_TWO))
     for first, second in ((n, other), (other, n)):

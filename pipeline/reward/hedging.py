@@ -8,6 +8,8 @@ Candidates are found two ways, for every verifier kind:
 - alternatives in words: parts joined by " or " / " nor " / " vs " / " and/or " (also `\\text{ or }`, `\\lor`,
   `\\vee`, "∨", "oder", "ou"), or an answer "between A and B"; in the text kinds (fact, em, f1) also parts joined
   by "/" or "|" or set on separate lines;
+- to a text kind (fact, em, f1) asked for one number (the gold is one), any two different numbers: token F1 gave
+  "42 43" 0.67 against 42;
 - numbers as alternatives: two numbers joined only by a connective: "or", "to", "and" after
   "between", "nor", "vs", "~", "|", "?", an ellipsis or an en or em dash ("98 – 99"), and for the numeric-text
   kinds (complex, calculator, which read one number) also "and", a comma, a semicolon, "±", an ASCII dash
@@ -41,6 +43,11 @@ _BETWEEN_START_RE = re.compile(r"\W*+(?:somewhere\s++)?between\s++", re.IGNORECA
 _AND_RE = re.compile(r"(?<!\s)\s++and\s++", re.IGNORECASE)
 _NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?!,*+\d)",
                         re.ASCII)
+_ONE_NUMBER_RE = re.compile(r"\s*+[-+]?(?:\d{1,3}(?:,\d{3})++|\d++)(?:\.\d+)?%?\s*")
+# comma digit groups (a plain space separates two numbers: "42 430" is two); a chain starts only at its head, so
+# one that fails at its end is scanned once
+_DIGIT_GROUPS_RE = re.compile(r"(?<![\d.])(?<!\d,)[1-9]\d{0,2}(?:,\d{3})++(?!\d)")
+_PLAIN_NUMBER_RE = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?", re.ASCII)
 _LIST_RE = re.compile(r"[,;]|(?<!\s)\s++and\s++")
 _SCALE_RE = re.compile(r"\s*(?:%|\\%|thousand|million|billion|trillion)?", re.IGNORECASE)
 _CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so", "or else",
@@ -56,7 +63,25 @@ def is_hedged(predicted: str, gold: str, kind: str) -> bool:
     """Whether `predicted` names several different candidate values where `gold` names one."""
     if _names_several(gold, kind):
         return False
+    if kind in TEXT_KINDS and _ONE_NUMBER_RE.fullmatch(gold):
+        # asked for one number, a text kind gave partial credit to a list of numbers ("42 43" was 0.67 in F1
+        # against 42, more than a wrong guess): an answer naming two different numbers names candidates
+        return _several_candidates(predicted, kind) or _names_two_numbers(predicted)
     return _several_candidates(predicted, kind)
+
+
+def _names_two_numbers(text: str) -> bool:
+    """Whether `text` names two different numbers (comma digit groups joined first: `1,000` is one)."""
+    joined = _DIGIT_GROUPS_RE.sub(lambda m: m.group().replace(",", ""), text)
+    values: set[str] = set()
+    for match in _PLAIN_NUMBER_RE.finditer(joined):
+        sign, _, digits = match.group().rpartition("-")
+        whole, _, fraction = digits.partition(".")
+        value = (whole.lstrip("0") or "0") + "." + fraction.rstrip("0")  # as a string: 10^5 digits are no int
+        values.add(sign + value if value != "0." else value)
+        if len(values) > 1:
+            return True
+    return False
 
 
 def _names_several(gold: str, kind: str) -> bool:

@@ -54,6 +54,31 @@ def test_numeric_text_lists_and_ranges_earn_nothing(gold: str, other: str, form:
     assert verify(kind, form.format(a=gold, b=other), gold) == 0.0
 
 
+# a list of numbers in any typesetting, for a text kind asked for one number (token F1 gave "42 43" 0.67)
+NUMBER_LISTS = ["{a} {b}", "{a}, {b}", "{a}; {b}", "{a}\n{b}", "**{a}** **{b}**", "{a} (also {b})", "{a} maybe {b}",
+                "The answer is {a}. The answer is {b}.", "Answer: {a}. Answer: {b}", "\\boxed{{{a}}}\\boxed{{{b}}}",
+                "{a}\\quad {b}", "probably {a}, possibly {b}", "[{a}, {b}]", "{a} and {b}"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(gold=numbers, other=numbers, form=st.sampled_from(NUMBER_LISTS), kind=st.sampled_from(["fact", "em", "f1"]),
+       gold_first=st.booleans())
+def test_a_list_of_numbers_earns_nothing_in_a_text_kind(gold: str, other: str, form: str, kind: str,
+                                                         gold_first: bool) -> None:
+    assume(different(gold, other))
+    a, b = (gold, other) if gold_first else (other, gold)
+    assert verify(kind, form.format(a=a, b=b), gold) == 0.0, form.format(a=a, b=b)
+
+
+@pytest.mark.parametrize(("kind", "predicted", "gold", "expected"), [
+    ("em", "1,000", "1000", 1.0), ("f1", "42 apples", "42", 2 / 3), ("f1", "New York City", "New York", 0.8),
+    ("f1", "7 7", "7", 2 / 3),  # one number twice is no second candidate
+    ("f1", "Paris 1900", "Paris", 2 / 3),  # the gold is no number: the F1 of tokens decides
+])  # fmt: skip
+def test_one_number_in_a_text_answer_keeps_its_credit(kind: str, predicted: str, gold: str, expected: float) -> None:
+    assert verify(kind, predicted, gold) == pytest.approx(expected)
+
+
 @settings(max_examples=200, deadline=None)
 @given(gold=words, other=words, form=st.sampled_from(HEDGES[:3] + HEDGES[7:9]), kind=st.sampled_from(VERIFIER_KINDS))
 def test_naming_a_second_answer_earns_nothing_in_any_kind(gold: str, other: str, form: str, kind: str) -> None:

@@ -56,7 +56,7 @@ from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.jsonl import write_json
-from pipeline.model import AUTOCAST, enable_activation_checkpointing, load_policy, model_device
+from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_autocast
 from pipeline.repeatable import make_repeatable
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
@@ -154,13 +154,17 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
     start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)
     engine.calls = start.rollout_calls
     keep = group_filter(tc.algorithm, tepo)
+    device = model_device(replicas.model)
+    autocast = training_autocast(tc.autocast, device)  # `auto`: bf16 only where the device multiplies it natively
+    print(f"train.autocast {tc.autocast}: the update's forward in {autocast or cfg.model.dtype} on {device}",
+          file=sys.stderr, flush=True)
     settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, cfg.rollout.temperature,
-                              share_prefixes=replicas.share_prefixes, autocast=AUTOCAST[tc.autocast])
+                              share_prefixes=replicas.share_prefixes, autocast=autocast)
     return Training(
         cfg, tokenizer, replicas, scheduler, engine, sharded(engine) if cfg.distributed.enabled else engine,
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
-        old_logprobs_source(tc.logprobs_source), make_reference(cfg, model_device(replicas.model)), settings,
+        old_logprobs_source(tc.logprobs_source), make_reference(cfg, device, autocast), settings,
         OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
 
 

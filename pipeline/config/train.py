@@ -127,9 +127,11 @@ class TrainConfig(StageConfig):
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
-    autocast: Literal["none", "bfloat16"] = Field("none", description=(
+    autocast: Literal["none", "bfloat16", "auto"] = Field("none", description=(
         "Mixed precision of the training forward (policy, reference, recomputed old log-probs): bfloat16 runs its "
-        "matrix products under torch.autocast; weights, gradients, optimiser state and the output head stay in "
+        "matrix products under torch.autocast; auto does so where the training device multiplies bf16 natively (a "
+        "CUDA GPU with bf16, a CPU with AVX512 or AMX) and runs in model.dtype elsewhere (on an AVX2-only CPU a bf16 "
+        "product is emulated, ~80x slower; pipeline.model.training_autocast); weights, gradients, optimiser state and the output head stay in "
         "model.dtype (float32), and rollouts are sampled in it. On a CPU with AVX512-BF16 the update is ~1.5x "
         "faster; the update's log-probs then differ from the sampler's by ~0.014 nats a token on average, "
         "noise the importance ratio carries with logprobs_source rollout; logprobs_source recompute removes it "

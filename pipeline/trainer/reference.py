@@ -17,7 +17,7 @@ import torch
 
 from pipeline.config import RunConfig
 from pipeline.rl.loss import needs_reference
-from pipeline.model import AUTOCAST, load_policy
+from pipeline.model import load_policy
 from pipeline.types import TrainBatch
 from pipeline.trainer.update import masked_logprobs_no_grad
 
@@ -50,9 +50,10 @@ class FrozenReference:
         return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
-def make_reference(cfg: RunConfig, device: torch.device) -> Reference:
-    """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none."""
+def make_reference(cfg: RunConfig, device: torch.device, autocast: torch.dtype | None = None) -> Reference:
+    """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none. `autocast`: the
+    update's precision as resolved at set-up (`training_autocast`), so that KL(pi || pi_ref) is 0 at step 0."""
     if not needs_reference(cfg.train.algorithm):
         return NoReference()
     model, _ = load_policy(cfg.train.init_model, cfg.model.dtype, str(device))
-    return FrozenReference(model, AUTOCAST[cfg.train.autocast])
+    return FrozenReference(model, autocast)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pipeline import model as model_module
 from pipeline.config import ConfigError, load_config
 from pipeline.config.train import DAPOLoss
 from pipeline.rl.loss import make_policy_loss
+from pipeline.model import bf16_is_native, training_autocast
 from pipeline.paths import REPO_ROOT
 from pipeline.trainer.reference import FrozenReference
 from pipeline.types import TrainBatch
@@ -100,3 +102,30 @@ def test_autocast_needs_float32_weights() -> None:
         load_config(REPO_ROOT / "params.yaml", {"train.autocast": "bfloat16", "model.dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="train.autocast"):
         load_config(REPO_ROOT / "params.yaml", {"train.autocast": "float16"})
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_chooses_bf16_only_where_the_device_has_it(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """`auto` is bf16 on a device that multiplies it natively and the weights' own precision elsewhere: an AVX2-only
+    CPU emulates bf16 products ~80x slower than float32 (the main job's first update took over 25 minutes)."""
+    monkeypatch.setattr(model_module, "bf16_is_native", lambda device: native)
+    cpu = torch.device("cpu")
+    assert training_autocast("auto", cpu) == (BF16 if native else None)
+    assert training_autocast("none", cpu) is None
+    if native:
+        assert training_autocast("bfloat16", cpu) == BF16
+    else:
+        with pytest.warns(UserWarning, match="no native bfloat16"):
+            assert training_autocast("bfloat16", cpu) == BF16  # asked for explicitly: kept, with a warning
+
+
+def test_bf16_is_native_answers_for_this_cpu() -> None:
+    # it answers for every device type without raising; on this CPU it agrees with oneDNN's own test
+    assert bf16_is_native(torch.device("cpu")) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert bf16_is_native(torch.device("meta")) is False
+
+
+def test_auto_is_a_setting_and_needs_float32_weights() -> None:
+    assert load_config(REPO_ROOT / "params.yaml").train.autocast == "auto"  # the main job's default
+    with pytest.raises(ConfigError, match="train.autocast = auto, model.dtype = bfloat16"):
+        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "auto", "model.dtype": "bfloat16"})

@@ -82,8 +82,11 @@ def normalize_math(text: str) -> str:
     return s.replace(" ", "")
 
 
-# words that deny the number beside them: no unit ("98 is not the answer"), and no answer in a sentence (verifiers)
-DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", "wrong", "incorrect"})
+# words that deny or bound the number beside them, so that it is not the answer: no unit ("98 is not the answer",
+# "42 at least"), and no answer in a sentence (verifiers: "less than 5" is not 5)
+DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", "wrong", "incorrect",
+                     "less", "fewer", "more", "greater", "least", "most", "over", "under", "above", "below", "than",
+                     "exceeds", "exceeding", "beyond", "nearly", "almost"})
 
 
 def _strip_unit_words(text: str) -> str:

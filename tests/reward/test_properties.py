@@ -56,7 +56,9 @@ def test_a_mixed_number_is_its_whole_plus_its_fraction(whole: int, denominator: 
 
 AFFIRMING = ("The answer is {}", "Final answer: {}", "{} apples", "So the result is {}.", "The answer is \\boxed{{{}}}",
              "So the result is {}", "I think it is {}, in all", "Thus we get {} (in total).")
-DENYING = ("the answer is not {}", "{} is not the answer", "{} is wrong", "it can't be {}", "never {}")
+DENYING = ("the answer is not {}", "{} is not the answer", "{} is wrong", "it can't be {}", "never {}",
+           # a bound is not the number: "less than 5" is not 5
+           "less than {}", "at least {}", "more than {}", "nearly {}", "{} at least", "no more than {}", "over {}")
 NAMING_TWO = ("{} or {}", "answer: {}, {}", "{} is wrong, the answer is {}", "the answer is {}. the answer is {}",
               "between {} and {}")
 
@@ -64,8 +66,8 @@ NAMING_TWO = ("{} or {}", "answer: {}, {}", "{} is wrong, the answer is {}", "th
 @settings(max_examples=60)
 @given(st.integers(-(10**6), 10**6), st.integers(1, 10**6), st.data())
 def test_a_sentence_scores_its_one_number_and_never_a_denied_or_second_one(n: int, offset: int, data) -> None:  # noqa: ANN001
-    """A math answer written as a sentence earns what its one number earns; a sentence that denies its number, or
-    names two, earns nothing against either (else a policy could hedge in prose)."""
+    """A math answer written as a sentence earns what its one number earns; a sentence that denies or bounds its
+    number, or names two, earns nothing against either (else a policy could hedge in prose)."""
     other = n + offset
     affirming = data.draw(st.sampled_from(AFFIRMING))
     assert verify("math", affirming.format(n), str(n)) == 1.0

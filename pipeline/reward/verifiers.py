@@ -96,15 +96,16 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
     if p_num is not None and g_num is not None:
         return numbers_equal(p_num, g_num, percent_asked)
     wordy, as_written = (p, pred) if g_num is not None else (g, gold)
-    if (p_num is None) != (g_num is None) and _has_plain_word(wordy) and (
-            len(_NUMBER_RE.findall(as_written)) != 1 or _NEGATION_RE.search(as_written)):
-        # words against a number: "Paris" is not 48, nor is a sentence naming several numbers ("97 is wrong, the
-        # answer is 98": math-verify would credit whichever it reads, a channel for hedges) or denying its number
-        # ("the answer is not 48")
-        return False
-    said = _number_said(as_written) if (p_num is None) != (g_num is None) and _has_plain_word(wordy) else None
-    if said is not None:  # prose around one number ("so the result is 48."): that number, its sign and % kept
-        return numbers_equal(said, g_num, percent_asked) if g_num is not None else numbers_equal(p_num, said, percent_asked)
+    if (p_num is None) != (g_num is None) and _has_plain_word(wordy):
+        if len(_NUMBER_RE.findall(as_written)) != 1 or _NEGATION_RE.search(as_written):
+            # words against a number: "Paris" is not 48, nor is a sentence naming several numbers ("97 is wrong,
+            # the answer is 98": math-verify would credit whichever it reads, a channel for hedges) or denying its
+            # number ("the answer is not 48")
+            return False
+        said = _number_said(as_written)
+        if said is not None:  # prose around one number ("so the result is 48."): that number, its sign and % kept
+            return numbers_equal(said, g_num, percent_asked) if g_num is not None else numbers_equal(p_num, said,
+                                                                                                   percent_asked)
     # a number already read stays read: `1e-3` is no expression to the evaluator (nor to math-verify: 1*e - 3)
     p_val, g_val = _value_of(p_num, p), _value_of(g_num, g)
     if p_val is not None and g_val is not None:

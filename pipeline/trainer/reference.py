@@ -50,7 +50,7 @@ class FrozenReference:
         return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
-def make_reference(cfg: RunConfig, device: torch.device, autocast: torch.dtype | None = None) -> Reference:
+def make_reference(cfg: RunConfig, device: torch.device, autocast: torch.dtype | None) -> Reference:
     """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none. `autocast`: the
     update's precision as resolved at set-up (`training_autocast`), so that KL(pi || pi_ref) is 0 at step 0."""
     if not needs_reference(cfg.train.algorithm):

@@ -92,8 +92,8 @@ def test_kl_pulls_the_policy_back_to_the_reference() -> None:
 
 def test_reference_is_chosen_once_from_the_config(tmp_path: Path) -> None:
     model_dir = build_direct_model(tmp_path / "model", sft_steps=2)
-    assert isinstance(make_reference(toy_config(tmp_path, model_dir), torch.device("cpu")), NoReference)
-    ref = make_reference(toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}), torch.device("cpu"))
+    assert isinstance(make_reference(toy_config(tmp_path, model_dir), torch.device("cpu"), None), NoReference)
+    ref = make_reference(toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}), torch.device("cpu"), None)
     assert isinstance(ref, FrozenReference)
     initial, _ = load_policy(model_dir)
     assert all(torch.equal(a, b) for a, b in zip(ref.model.state_dict().values(), initial.state_dict().values()))

@@ -47,7 +47,8 @@ _ONE_NUMBER_RE = re.compile(r"\s*+[-+]?(?:\d{1,3}(?:,\d{3})++|\d++)(?:\.\d+)?%?\
 # comma digit groups (a plain space separates two numbers: "42 430" is two); a chain starts only at its head, so
 # one that fails at its end is scanned once
 _DIGIT_GROUPS_RE = re.compile(r"(?<![\d.])(?<!\d,)[1-9]\d{0,2}(?:,\d{3})++(?!\d)")
-_PLAIN_NUMBER_RE = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?", re.ASCII)
+_DOT_RUN_RE = re.compile(r"\.{2,}")  # "42..97" is a range, not 42 and a fraction part ".97"
+_PLAIN_NUMBER_RE = re.compile(r"(?<![\d.])-?(?:\d+(?:\.\d+)?|\.\d+)", re.ASCII)
 _LIST_RE = re.compile(r"[,;]|(?<!\s)\s++and\s++")
 _SCALE_RE = re.compile(r"\s*(?:%|\\%|thousand|million|billion|trillion)?", re.IGNORECASE)
 _CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so", "or else",
@@ -72,7 +73,7 @@ def is_hedged(predicted: str, gold: str, kind: str) -> bool:
 
 def _names_two_numbers(text: str) -> bool:
     """Whether `text` names two different numbers (comma digit groups joined first: `1,000` is one)."""
-    joined = _DIGIT_GROUPS_RE.sub(lambda m: m.group().replace(",", ""), text)
+    joined = _DOT_RUN_RE.sub(" ", _DIGIT_GROUPS_RE.sub(lambda m: m.group().replace(",", ""), text))
     values: set[str] = set()
     for match in _PLAIN_NUMBER_RE.finditer(joined):
         sign, _, digits = match.group().rpartition("-")

@@ -44,11 +44,11 @@ _LABEL_RE = re.compile(
 _SENTENCE_END = frozenset(".;,。")
 _NON_ASCII_DIGIT_RE = re.compile(r"(?![0-9])\d")
 _ARABIC_SEPARATORS = str.maketrans({"\u066b": ".", "\u066c": ",", "\u066a": "%"})
-# a digit group after a typographic group space; the look-behinds start a match only at the head of a chain,
-# so a long chain that fails at its end is scanned once, not once per group
+# a digit group after a typographic group space, the head group without a leading zero (`0 100` is two numbers); the
+# look-behinds start a match only at the head of a chain, so a long chain that fails at its end is scanned once
 _GROUP_SPACES = "\u00a0\u2007\u2009\u202f"
 _GROUPED_RE = re.compile(
-    rf"(?<![0-9])(?<![0-9][{_GROUP_SPACES}])[0-9]{{1,3}}(?:[{_GROUP_SPACES}][0-9]{{3}})++(?![0-9])"
+    rf"(?<![0-9])(?<![0-9][{_GROUP_SPACES}])[1-9][0-9]{{0,2}}(?:[{_GROUP_SPACES}][0-9]{{3}})++(?![0-9])"
 )
 _GROUP_SPACE_TABLE = str.maketrans(dict.fromkeys(_GROUP_SPACES))
 

@@ -153,3 +153,33 @@ def test_the_scorer_reads_the_question_for_the_percentage_rule(question: str, re
     text = "<think>compute</think><answer>25%</answer>"
     assert score_trajectory(problem, answer_only(text), RewardConfig(), protocol=protocol_for("tapo"),
                             max_policy_tokens=100).accuracy == reward
+
+
+# Any separator at all between two different numbers, not only the spellings listed above: the only strings that
+# join two digit runs into one number are a decimal point, and a comma or typographic group space before three digits
+# (all excluded here).
+SEPARATOR_CHARS = " \t\n.,;:!?-–—_/|\\&+*~^'\"`()[]{}<>=·•…、，；　\u00a0\u2009abcxyzAORor"
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=st.integers(0, 10**6), b=st.integers(0, 10**6), separator=st.text(SEPARATOR_CHARS, min_size=1, max_size=5),
+       kind=st.sampled_from(["fact", "em", "f1"]))
+def test_two_numbers_with_any_separator_earn_nothing_in_a_text_kind(a: int, b: int, separator: str, kind: str) -> None:
+    assume(a != b and separator not in (".", ","))
+    assume(not (separator.startswith(".") and separator[1:2].isalpha()))  # "42.e5" and kin: not two plain numbers
+    assume(not (separator[-1] in ",\u00a0\u2009" and len(str(b)) == 3))
+    predicted = f"{a}{separator}{b}"
+    assert verify(kind, predicted, str(a)) == 0.0, predicted
+    assert verify(kind, predicted, str(b)) == 0.0, predicted
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.integers(1, 999), b=st.integers(1, 999), separator=st.text(SEPARATOR_CHARS, min_size=1, max_size=4),
+       kind=st.sampled_from(VERIFIER_KINDS))
+def test_no_separator_lets_one_answer_collect_both_candidates(a: int, b: int, separator: str, kind: str) -> None:
+    """Whatever a kind reads out of "a<sep>b", naming both never raises the expected reward over committing to one
+    (the hedge a policy under RL would find): unsure between a and b, committing earns 1/2 on average, so the two
+    scores of the hedge must not sum past 1 (the fact kind's partial credit for similar strings may split it)."""
+    assume(abs(a - b) > 0.1 * max(a, b))  # the complex kind's 5 % tolerance would accept both honestly
+    predicted = f"{a}{separator}{b}"
+    assert verify(kind, predicted, str(a)) + verify(kind, predicted, str(b)) <= 1.0, predicted

@@ -21,11 +21,15 @@ NUMBER_WORDS = {
     "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
     "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20,
 }  # fmt: skip
-_SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_SCALE_WORDS = {"hundred": 10**2, "thousand": 10**3, "lakh": 10**5, "million": 10**6, "crore": 10**7,
+                "billion": 10**9, "trillion": 10**12}
 # what may follow a number in free text (`number_in_text`): a scale word or its abbreviation (`3.5 mn`, `2bn`), a
 # scale letter written against the number (`35k`, `3.5M`, `2B`: a lone lowercase `m` is metres, and `300 K` with a
 # space is kelvins), written-out scientific notation (`3.5 \times 10^{6}`, `3.5 x 10^6`), a percent (`12 percent`)
-_SCALE_WORD_RE = re.compile(r"\s*(?:(thousand|million|billion|trillion)s?|(mn|mln|bn|tn))\b", re.IGNORECASE)
+_SCALE_WORD_RE = re.compile(r"\s*(?:(hundred|thousand|lakh|million|crore|billion|trillion)s?|(mn|mln|bn|tn))\b",
+                            re.IGNORECASE)
+# a sign written as a word just before a number ("negative 42", "minus 3.5"), looked for in the few characters there
+_SIGN_WORD_RE = re.compile(r"\b(?:negative|minus)\s+$", re.IGNORECASE)
 _SCALE_ABBREVIATIONS = {"mn": "million", "mln": "million", "bn": "billion", "tn": "trillion"}
 _SCALE_LETTER_RE = re.compile(r"([kKMB])\b")
 _SCALE_LETTERS = {"k": 10**3, "K": 10**3, "M": 10**6, "B": 10**9}
@@ -51,6 +55,12 @@ _MAX_EXPONENT = 400
 # atomic and possessive parts: the former `[\d,]*\.?\d+\s+` backtracked quadratically on a long run of digits
 _UNIT_WORDS_RE = re.compile(r"^([-+]?(?>[\d,]*)(?>\.\d+)?)(?<=\d)\s++([A-Za-z][A-Za-z\s./]*+)$")
 _MATH_WORDS = frozenset({"pi", "sqrt", "ln", "log", "sin", "cos", "tan", "exp", "inf", "infinity"})
+_JOINING_WORDS = frozenset({"and", "or", "at", "up", "plus", "to"})  # "42 and up", "42 or so": never a unit
+# words after a number that change its value and that no reader here computes: unit stripping keeps them, and the
+# readers of free text refuse the number (`qualifiers`)
+VALUE_WORDS = frozenset({"squared", "cubed", "factorial", "halves", "thirds", "quarters", "fourths", "fifths", "sixths",
+                         "sevenths", "eighths", "ninths", "tenths", "hundredths", "thousandths", "millionths",
+                         "billionths", "dozen", "dozens"})
 _NUMBER_TOKEN_RE = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+", re.ASCII)
 
 
@@ -90,14 +100,19 @@ DENIALS = frozenset({"not", "no", "never", "neither", "nor", "isn't", "except", 
 
 
 def _strip_unit_words(text: str) -> str:
-    """`540 meters` -> `540`; single letters (`2 x`) and math words (`2 pi`) are kept."""
+    """`540 meters` -> `540`, `42 million people` -> `42e6`; single letters (`2 x`), math words (`2 pi`), denials
+    and words that change the value (`42 squared`, `3 tenths`) are kept: none of them is a unit."""
     match = _UNIT_WORDS_RE.match(text)
     if match is None:
         return text
-    words = match.group(2).lower().replace(".", " ").replace("/", " ").split()
-    if any(len(w) < 2 or w in _MATH_WORDS or w in DENIALS for w in words):
-        return text  # "98 is not the answer" is no unit
-    return match.group(1)
+    number, words = match.group(1).replace(",", ""), match.group(2).lower().replace(".", " ").replace("/", " ").split()
+    scale = _SCALE_WORD_RE.fullmatch(words[0])
+    if scale is not None:  # a scale word multiplies: the number is not what it says without it
+        name = scale.group(1) or _SCALE_ABBREVIATIONS[scale.group(2)]
+        number, words = f"{number}e{len(str(_SCALE_WORDS[name])) - 1}", words[1:]
+    if any(len(w) < 2 or w in _MATH_WORDS or w in DENIALS or w in VALUE_WORDS or w in _JOINING_WORDS for w in words):
+        return text  # "98 is not the answer", "42 squared", "42 and up": no unit
+    return number
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -191,8 +206,8 @@ def split_top_level(text: str) -> list[str] | None:
 
 def number_in_text(text: str) -> Number | None:
     """The first number written in free text with what follows it: a scale ("3.5 million", "2bn", "35k"),
-    written-out scientific notation ("3.5 \\times 10^{6}") or a percent ("12%", "12 percent"). Without a digit
-    in the text, a number word ("two million")."""
+    written-out scientific notation ("3.5 \\times 10^{6}") or a percent ("12%", "12 percent"), and a sign word
+    before it ("negative 42"). Without a digit in the text, a number word ("two million")."""
     found = number_span_in_text(text)
     return None if found is None else found[0]
 
@@ -207,8 +222,12 @@ def number_span_in_text(text: str) -> tuple[Number, int, int] | None:
         value = None if match is None else Fraction(NUMBER_WORDS[match.group(1).lower()])
     if match is None or value is None:
         return None
+    start = match.start()
+    sign = _SIGN_WORD_RE.search(text, max(0, start - 16), start)
+    if sign is not None and match.group()[:1] not in "-+":  # "negative 42" is -42
+        value, start = -value, sign.start()
     scaled = _scaled(value, text, match.end())
-    return None if scaled is None else (scaled[0], match.start(), scaled[1])
+    return None if scaled is None else (scaled[0], start, scaled[1])
 
 
 def _scaled(value: Fraction, text: str, at: int) -> tuple[Number, int] | None:

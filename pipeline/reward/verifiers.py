@@ -54,6 +54,7 @@ from pipeline.reward.numeric import (
 )
 from pipeline.reward.numeval import evaluate
 from pipeline.reward.presentation import readable
+from pipeline.reward.qualifiers import is_qualified
 from pipeline.reward.symbolic import SymbolicChecker
 from pipeline.reward.textmatch import exact_match, fact_score, token_f1
 from pipeline.reward.unicode_math import ascii_math
@@ -90,9 +91,13 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
     p, g = normalize_math(pred), normalize_math(gold)
     if not p:
         return False
+    p_num, g_num = parse_number(p), parse_number(g)
+    if g_num is not None and _qualified(pred, evaluates_notation=True):
+        # "≥ 42", "42 and up", "42 squared", "half of 42": a bound or another value, not 42 (qualifiers.py); before
+        # comparing the normalised forms, whose unit stripping reads "and up" as a unit
+        return False
     if p == g:
         return True
-    p_num, g_num = parse_number(p), parse_number(g)
     if p_num is not None and g_num is not None:
         return numbers_equal(p_num, g_num, percent_asked)
     wordy, as_written = (p, pred) if g_num is not None else (g, gold)
@@ -137,6 +142,12 @@ def _number_said(text: str) -> Number | None:
         return None
     number, start, end = found
     return number if _PROSE_RE.fullmatch(text, 0, start) and _PROSE_RE.fullmatch(text, end) else None
+
+
+def _qualified(text: str, *, evaluates_notation: bool) -> bool:
+    """Whether the first number of `text` is bounded, denied or changed by the words and symbols beside it."""
+    found = number_span_in_text(text)
+    return found is not None and is_qualified(text, found[1], found[2], evaluates_notation=evaluates_notation)
 
 
 def _value_of(number: Number | None, text: str) -> float | None:
@@ -211,7 +222,8 @@ def _as_complex(value: Fraction | complex) -> complex | None:
 
 
 def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol: float) -> float:
-    p, g = number_in_text(pred), number_in_text(gold)
+    p = None if _qualified(pred, evaluates_notation=False) else number_in_text(pred)
+    g = number_in_text(gold)
     if p is None or g is None:
         return 0.0
     # the tolerance as the decimal it is written as: the float 0.05 exceeds 1/20, so 19 passed for 20 at "< 5%"

@@ -12,7 +12,7 @@ Kinds (TAPO Tables 4-5 plus the QA metrics of Search-R1 and ARPO):
   word such as "million"). TAPO's code instead deletes every non-digit character, which
   turns "3.5 million (2020)" into 3.52020; this reads the number that was written.
 
-Three rules hold for every kind:
+These rules hold for every kind:
 - Answers and golds are read as a reader sees them (`presentation.readable`): invisible format characters
   dropped, digits of every script as ASCII digits, markup around the whole answer (`**42**`, `$42$`,
   `\\boxed{42}`, `Answer: 42`) taken off; the numeric kinds (math, calculator, complex) then read
@@ -21,6 +21,9 @@ Three rules hold for every kind:
 - No credit for hedging (hedging.py): an answer that names several different candidate values
   ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that names
   one, whatever the kind would read out of it.
+- A number is what its neighbours make it (qualifiers.py): "42 million" is 4.2e7 to the numeric kinds, and
+  "negative 42" is -42 to those that read sentences (math, complex); a bound, denial or uncomputed operation beside it ("more than 42", "\\geq 42", "42+", "42 is
+  wrong", "42 squared", "half of 42") is not 42 in any numeric kind.
 - Percentages: "p%" is p / 100 ("0.42%" is not 0.42), unless the problem asks for a percentage,
   that is its gold is written with % or its question names percent (`asks_for_percentage`); then
   the number of percent matches too ("25%" for gold 25, "25" for gold "25%").

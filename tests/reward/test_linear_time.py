@@ -26,7 +26,8 @@ from pipeline.protocols.answers import last_answer_tag
 PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", "the answer is ", "1.", "\u200b", ",000",
           "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{",
           "<answer>", "<answer>1", "<think>", "</answer>", "**", "`", "*", "_", "\\(", "\\mathbf{", "Answer: ", "٤",
-          "1\u202f000", "\u202f", "**Answer:** "]
+          "1\u202f000", "\u202f", "**Answer:** ", "negative ", "more than ", " or more", "1..", ":.", ">", "\\geq ", "1+",
+          " squared", "half of ", " million"]
 ENDINGS = ["", "!"]
 SIZE = 100_000
 CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers need < 1 s, quadratic ones minutes
@@ -34,7 +35,7 @@ CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers n
 READ_ALL = textwrap.dedent("""
     import json, signal, sys
     from pipeline.protocols import protocol_for
-    from pipeline.reward import check_format, hedging, numeric, numeval, presentation, textmatch, unicode_math, verifiers
+    from pipeline.reward import check_format, hedging, numeric, numeval, presentation, qualifiers, textmatch, unicode_math, verifiers
     tags = protocol_for("tapo")
     readers = {
         "extract_answer (tapo)": tags.extract_answer, "check_format (tapo)": lambda s: check_format(s, tags, []),
@@ -50,6 +51,9 @@ READ_ALL = textwrap.dedent("""
         "calculator_score": lambda s: verifiers.calculator_score(s, "1", abs_tol=1e-6, rel_tol=1e-6),
         "complex_score": lambda s: verifiers.complex_score(s, "1", rel_tol=0.05),
         "fact_score": lambda s: textmatch.fact_score(s, "1"), "token_f1": lambda s: textmatch.token_f1(s, "1"),
+        "number_span_in_text": numeric.number_span_in_text,
+        "is_qualified": lambda s: [qualifiers.is_qualified(s, at, at + 1, evaluates_notation=n)
+                                   for at in (0, len(s) // 2, len(s)) for n in (True, False)],
     }
     pieces, endings, size, limit = json.loads(sys.argv[1])
 

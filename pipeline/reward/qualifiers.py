@@ -30,7 +30,7 @@ _DENIALS_AFTER = frozenset({"not", "never", "wrong", "incorrect", "isn't", "aren
 _BOUNDS_AFTER = frozenset({"more", "less", "fewer", "greater", "above", "below", "over", "under", "higher", "lower",
                            "up", "least", "most"})
 _WINDOW = 40  # characters looked at on each side: enough for three words, and constant time on any answer
-_WORD_RE = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
+_WORD_RE = re.compile(r"(?<![\\A-Za-z])[A-Za-z]+(?:'[a-z]+)?")  # words, not LaTeX commands: `42 \\text{ or more}`
 _RELATION_BEFORE_RE = re.compile(r"(?:[<>≤≥≠≪≫⩽⩾]=?|\\(?:[gl]eq?(?:slant)?|[gl]t|neq?|ngtr|nless)(?![A-Za-z]))\s*$")
 _PLUS_AFTER_RE = re.compile(r"\s*\+(?!\s*[\w(\\{$])")  # "42+" bounds; "42 + 1" is a sum
 _POWER_AFTER_RE = re.compile(r"\s*(?:\^|\*\*)")  # "42^2" (a power of ten after a mantissa is read before this)

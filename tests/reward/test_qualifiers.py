@@ -20,7 +20,8 @@ BOUNDS = ["more than {n}", "less than {n}", "fewer than {n}", "at least {n}", "a
           "over {n}", "under {n}", "above {n}", "below {n}", "nearly {n}", "almost {n}", "not {n}", "never {n}",
           "it isn't {n}", "> {n}", ">= {n}", "≥ {n}", "≤{n}", "< {n}", "x > {n}", "x \\geq {n}", "x \\le {n}",
           "\\gt {n}", "{n}+", "{n} or more", "{n} or less", "{n} or fewer", "{n} at least", "{n} at most",
-          "{n} and up", "{n} is wrong", "{n} is not the answer", "{n} isn't right", "{n} is incorrect"]
+          "{n} and up", "{n} is wrong", "{n} is not the answer", "{n} isn't right", "{n} is incorrect",
+          "{n} \\text{{ or more}}", "\\text{{at least }} {n}"]  # LaTeX command names are no words
 OPERATIONS = ["{n} squared", "{n} cubed", "{n} tenths", "{n} thousandths", "half of {n}", "twice {n}", "double {n}",
               "the square root of {n}", "the reciprocal of {n}", "{n} factorial", "{n} dozen"]
 NOTATION = ["{n}^2", "\\sqrt{{{n}}}", "sqrt {n}"]  # computed by the math kind, not read as one number elsewhere

@@ -24,7 +24,8 @@ from pipeline.reward.numeric import DENIALS, VALUE_WORDS
 # read as the words just before the number (lower case, single spaces), "of" taken off
 _OPERATIONS_BEFORE = ("twice", "double", "triple", "thrice", "half", "halve", "square root", "cube root", "root",
                       "reciprocal", "inverse", "logarithm")
-_NOTATION_BEFORE = ("sqrt", "log", "ln", "exp")  # math a reader of expressions evaluates (`\\sqrt{16}` is 4)
+# math a reader of expressions evaluates (`\\sqrt{16}` is 4), right before the number: `\\sqrt{42}`, `sqrt 42`, `\\log(42)`
+_NOTATION_BEFORE_RE = re.compile(r"(?<![A-Za-z])\\?(?:sqrt|log|ln|exp)(?:\[[^\]]{0,8}\])?\s*[{(]?\s*$")
 _BOUNDS_BEFORE = DENIALS - {"no"}  # "no more than 42" is caught by "more"; "No. 42" is a number
 _DENIALS_AFTER = frozenset({"not", "never", "wrong", "incorrect", "isn't", "aren't", "wasn't"})
 _BOUNDS_AFTER = frozenset({"more", "less", "fewer", "greater", "above", "below", "over", "under", "higher", "lower",
@@ -47,8 +48,9 @@ def is_qualified(text: str, start: int, end: int, *, evaluates_notation: bool) -
     if words_before and (words_before[-1] in _BOUNDS_BEFORE or words_before[-1].endswith("n't")):
         return True  # every bound ends next to its number: "more than", "at least", "not", "over", "isn't"
     lead = " ".join(words_before[:-1] if words_before[-1:] == ["of"] else words_before)
-    operations = _OPERATIONS_BEFORE if evaluates_notation else _OPERATIONS_BEFORE + _NOTATION_BEFORE
-    if any(lead == op or lead.endswith(" " + op) for op in operations):
+    if any(lead == op or lead.endswith(" " + op) for op in _OPERATIONS_BEFORE):
+        return True
+    if not evaluates_notation and _NOTATION_BEFORE_RE.search(before):
         return True
     after = text[end:end + _WINDOW]
     if _PLUS_AFTER_RE.match(after) or (not evaluates_notation and _POWER_AFTER_RE.match(after)):

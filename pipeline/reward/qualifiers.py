@@ -41,24 +41,26 @@ _CLAUSE_END_RE = re.compile(r"[,.;:!?()\[\]]")
 def is_qualified(text: str, start: int, end: int, *, evaluates_notation: bool) -> bool:
     """Whether the number written at `text[start:end]` is changed, bounded or denied by what stands beside it.
     `evaluates_notation`: the reader computes math notation (`42^2`, `\\sqrt{42}`), so only words qualify."""
-    before = text[max(0, start - _WINDOW):start]
+    return (_qualified_before(text[max(0, start - _WINDOW):start], evaluates_notation)
+            or _qualified_after(text[end:end + _WINDOW], evaluates_notation))
+
+
+def _qualified_before(before: str, evaluates_notation: bool) -> bool:
     if _RELATION_BEFORE_RE.search(before):
         return True
-    words_before = [w.lower() for w in _WORD_RE.findall(_CLAUSE_END_RE.split(before)[-1])][-3:]
-    if words_before and (words_before[-1] in _BOUNDS_BEFORE or words_before[-1].endswith("n't")):
+    words = [w.lower() for w in _WORD_RE.findall(_CLAUSE_END_RE.split(before)[-1])][-3:]
+    if words and (words[-1] in _BOUNDS_BEFORE or words[-1].endswith("n't")):
         return True  # every bound ends next to its number: "more than", "at least", "not", "over", "isn't"
-    lead = " ".join(words_before[:-1] if words_before[-1:] == ["of"] else words_before)
+    lead = " ".join(words[:-1] if words[-1:] == ["of"] else words)
     if any(lead == op or lead.endswith(" " + op) for op in _OPERATIONS_BEFORE):
         return True
-    if not evaluates_notation and _NOTATION_BEFORE_RE.search(before):
-        return True
-    after = text[end:end + _WINDOW]
+    return not evaluates_notation and _NOTATION_BEFORE_RE.search(before) is not None
+
+
+def _qualified_after(after: str, evaluates_notation: bool) -> bool:
     if _PLUS_AFTER_RE.match(after) or (not evaluates_notation and _POWER_AFTER_RE.match(after)):
         return True
-    clause = _CLAUSE_END_RE.split(after, maxsplit=1)[0]
-    words_after = [w.lower() for w in _WORD_RE.findall(clause)][:2]
-    if words_after[:1] and words_after[0] in VALUE_WORDS:
+    words = [w.lower() for w in _WORD_RE.findall(_CLAUSE_END_RE.split(after, maxsplit=1)[0])][:2]
+    if words[:1] and words[0] in VALUE_WORDS or any(w in _DENIALS_AFTER for w in words):
         return True
-    if any(w in _DENIALS_AFTER for w in words_after):
-        return True
-    return len(words_after) == 2 and words_after[0] in ("or", "and", "at") and words_after[1] in _BOUNDS_AFTER
+    return len(words) == 2 and words[0] in ("or", "and", "at") and words[1] in _BOUNDS_AFTER

@@ -108,8 +108,7 @@ def _strip_unit_words(text: str) -> str:
     number, words = match.group(1).replace(",", ""), match.group(2).lower().replace(".", " ").replace("/", " ").split()
     scale = _SCALE_WORD_RE.fullmatch(words[0])
     if scale is not None:  # a scale word multiplies: the number is not what it says without it
-        name = scale.group(1) or _SCALE_ABBREVIATIONS[scale.group(2)]
-        number, words = f"{number}e{len(str(_SCALE_WORDS[name])) - 1}", words[1:]
+        number, words = f"{number}e{len(str(_scale_factor(scale))) - 1}", words[1:]
     if any(len(w) < 2 or w in _MATH_WORDS or w in DENIALS or w in VALUE_WORDS or w in _JOINING_WORDS for w in words):
         return text  # "98 is not the answer", "42 squared", "42 and up": no unit
     return number
@@ -230,6 +229,12 @@ def number_span_in_text(text: str) -> tuple[Number, int, int] | None:
     return None if scaled is None else (scaled[0], start, scaled[1])
 
 
+def _scale_factor(word: re.Match[str]) -> int:
+    """The power of ten a `_SCALE_WORD_RE` match names ("million", "mn" -> 10**6)."""
+    name = word.group(1) or _SCALE_ABBREVIATIONS[word.group(2).lower()]
+    return _SCALE_WORDS[name.lower()]
+
+
 def _scaled(value: Fraction, text: str, at: int) -> tuple[Number, int] | None:
     """`value` read with the scale, power of ten or percent written at `text[at:]`, and where that ends."""
     power = _TIMES_POWER_RE.match(text, at)
@@ -246,8 +251,7 @@ def _scaled(value: Fraction, text: str, at: int) -> tuple[Number, int] | None:
         return Number(value * _SCALE_LETTERS[letter.group(1)]), letter.end()
     word = _SCALE_WORD_RE.match(text, at)
     if word is not None:
-        name = word.group(1) or _SCALE_ABBREVIATIONS[word.group(2).lower()]
-        return Number(value * _SCALE_WORDS[name.lower()]), word.end()
+        return Number(value * _scale_factor(word)), word.end()
     return Number(value), at
 
 

@@ -22,8 +22,9 @@ These rules hold for every kind:
   ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that names
   one, whatever the kind would read out of it.
 - A number is what its neighbours make it (qualifiers.py): "42 million" is 4.2e7 to the numeric kinds, and
-  "negative 42" is -42 to those that read sentences (math, complex); a bound, denial or uncomputed operation beside it ("more than 42", "\\geq 42", "42+", "42 is
-  wrong", "42 squared", "half of 42") is not 42 in any numeric kind.
+  "negative 42" is -42 to those that read sentences (math, complex); a bound, denial or uncomputed operation
+  beside it ("more than 42", "\\geq 42", "42+", "42 is wrong", "42 squared", "half of 42") is not 42 in any
+  numeric kind.
 - Percentages: "p%" is p / 100 ("0.42%" is not 0.42), unless the problem asks for a percentage,
   that is its gold is written with % or its question names percent (`asks_for_percentage`); then
   the number of percent matches too ("25%" for gold 25, "25" for gold "25%").
@@ -225,7 +226,9 @@ def _as_complex(value: Fraction | complex) -> complex | None:
 
 
 def complex_score(pred: str, gold: str, percent_asked: bool = False, *, rel_tol: float) -> float:
-    p = None if _qualified(pred, evaluates_notation=False) else number_in_text(pred)
+    found = number_span_in_text(pred)  # read once: the number and whether its neighbours qualify it
+    qualified = found is not None and is_qualified(pred, found[1], found[2], evaluates_notation=False)
+    p = None if found is None or qualified else found[0]
     g = number_in_text(gold)
     if p is None or g is None:
         return 0.0

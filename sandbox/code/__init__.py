@@ -1,6 +1,6 @@
 """Code-interpreter sandbox: runs model-written Python, isolated by the operating system.
 
-Layout: an HTTP server (`app`, `limits`, `pool`) holds a bounded queue and N pre-warmed
+Layout: an HTTP server (`app`, `sandbox.http_limits`, `pool`) holds a bounded queue and N pre-warmed
 `worker` processes; each worker has imported numpy, sympy and the rest of the allowed stack
 once, entered its jail, and forked a `zygote` before its first request; the zygote forks
 one `child` per request, which reads its own job, locks itself down and runs the snippet.
@@ -73,8 +73,8 @@ Isolated (enforced by the kernel, not by Python):
     Also CPU (timeout + 1 s; the kernel ends a
     pid-1 snippet at the hard limit, reported as a timeout), FSIZE, NOFILE 64, NPROC 32,
     CORE 0, MEMLOCK 0.
-  * The server's own cost per request is bounded before work is done (`app`, `limits`,
-    `files`): bodies over 1 MiB are 413 however they are sent, request heads must arrive
+  * The server's own cost per request is bounded before work is done (`app`,
+    `sandbox.http_limits`, `files`): bodies over 1 MiB are 413 however they are sent, request heads must arrive
     within 10 s and 64 KiB, bodies within 30 s (408), non-finite numbers are 422, `files`
     and `fetch_files` are bounded in count, depth and bytes and deduplicated by normalised
     path; a bounded queue answers 429. A worker that cannot serve cleanly (a descriptor

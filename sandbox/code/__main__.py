@@ -17,7 +17,7 @@ import uvicorn
 from sandbox.code import cgroup
 from sandbox.code.app import ServerSettings, create_app
 from sandbox.code.jail import isolation_unavailable_reason
-from sandbox.code.limits import bounded_protocol
+from sandbox.http_limits import bounded_protocol
 from sandbox.code.pool import PoolSettings
 
 UID_RANGE_START = 2_000_000  # above any system or login uid; no passwd entries needed

@@ -2,7 +2,7 @@
 
 Validation happens here, before anything reaches a worker: malformed bodies are 422
 (including NaN or infinite numbers, and bad `files`/`fetch_files`: see `sandbox.code.files`),
-bodies over 1 MiB are 413 however they are sent (`sandbox.code.limits`), code (and stdin)
+bodies over 1 MiB are 413 however they are sent (`sandbox.http_limits`), code (and stdin)
 over 64 KiB is 413, and a full queue is 429 with `Retry-After`. Requested limits are capped
 at the server's maxima. Error bodies never echo the input, so any body can be answered.
 Responses are serialised directly (no encoder pass) because this path runs thousands of
@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 
 from sandbox.code import files, fusion
-from sandbox.code.limits import BodyLimits
+from sandbox.http_limits import BodyLimits
 from sandbox.code.pool import PoolFull, PoolSettings, WorkerPool
 from sandbox.code.messages import Job, Outcome
 

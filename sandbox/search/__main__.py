@@ -17,7 +17,8 @@ from pipeline.paths import REPO_ROOT
 from sandbox.search.bm25 import index_vocabulary
 from sandbox.search.cache import SearchCache
 from sandbox.search.service import SearchService, make_provider
-from sandbox.search.app import create_app
+from sandbox.search.app import HEADER_TIMEOUT_S, create_app
+from sandbox.http_limits import bounded_protocol
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         return SearchService(provider, cache, deadline_s=deadline_s)
 
     app = create_app(make_service, max_query_chars=cfg.max_query_chars, default_top_k=cfg.top_k)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=30)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=30,
+                http=bounded_protocol(HEADER_TIMEOUT_S))  # request heads bounded in time and size, as the sandbox
 
 
 if __name__ == "__main__":

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate is a lone one
+
+
+def clean_text(value: object) -> str:
+    """`value` as text any encoder can write: a provider's JSON may escape lone surrogates (`"\\ud83d"`),
+    which would make the answer, the cache entry and the model's prompt unwritable; each becomes U+FFFD."""
+    return _LONE_SURROGATE.sub("\ufffd", str(value))
 
 
 @dataclass(frozen=True)

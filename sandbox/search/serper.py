@@ -3,7 +3,8 @@
 Request: `POST {url}` with header `X-API-KEY` and body `{"q": query, "num": k}` (as TAPO's
 `serper_topkcommon.py`). Response mapping, best first: `answerBox` (answer or snippet),
 `knowledgeGraph` (description), then `organic` results (snippet); ids are `serper-<rank>` and the
-score is 1/rank, since the API returns no relevance score. Deviation from TAPO: TAPO formats a string
+score is 1/rank, since the API returns no relevance score. Its text is cleaned (`clean_text`: a lone
+surrogate becomes U+FFFD) and a link that is not a string is dropped. Deviation from TAPO: TAPO formats a string
 ("Doc 1: (Title: ...)") before caching; we keep structured results and format in the client.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from sandbox.search.results import Passage
+from sandbox.search.results import Passage, clean_text
 
 
 class ProviderError(Exception):
@@ -61,7 +62,8 @@ def map_serper_response(data: dict[str, Any], k: int) -> list[Passage]:
     for item in data.get("organic") or []:
         if isinstance(item, dict) and item.get("snippet"):
             found.append((str(item.get("title", "")), str(item["snippet"]), item.get("link")))
-    return [Passage(id=f"serper-{rank}", title=title, text=text, url=url, score=1.0 / rank)
+    return [Passage(id=f"serper-{rank}", title=clean_text(title), text=clean_text(text),
+                    url=clean_text(url) if isinstance(url, str) else None, score=1.0 / rank)
             for rank, (title, text, url) in enumerate(found[:k], 1)]
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -134,6 +135,49 @@ def test_fuzzed_bodies_get_an_answer_never_a_server_error(sandbox: Sandbox, valu
     response.json()
 
 
+# Any bytes, on any route and method: undecodable text, lone surrogates written as escapes, wrong
+# types, nesting past any parser's depth, huge numbers. The search service's twin of this is in
+# tests/search/test_bad_input.py: both services answer bad input with a 4xx, never a 5xx.
+_SURROGATES = st.text(st.characters(categories=["Cs", "Ll", "Nd"]), min_size=1, max_size=8)
+
+
+@st.composite
+def _raw_bodies(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["bytes", "surrogate", "nested", "number"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=300))
+    if kind == "nested":
+        depth = draw(st.integers(1, 50_000))
+        return b'{"code": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+    if kind == "number":
+        return b'{"code": "print(1)", "language": "python", "run_timeout": 1' + b"0" * draw(st.integers(1, 100_000)) + b"}"
+    key = draw(st.sampled_from(["code", "stdin", "language", "files", "fetch_files"]))
+    value = draw(_SURROGATES)
+    value = {value: value} if key == "files" else [value] if key == "fetch_files" else value
+    return json.dumps({"code": "print(1)", "language": "python", key: value}).encode()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_raw_bodies(), st.sampled_from(["/run", "/run_code", "/health", "/nowhere"]), st.sampled_from(["POST", "GET"]))
+def test_any_bytes_on_any_route_get_an_answer_never_a_server_error(sandbox: Sandbox, body: bytes, path: str,
+                                                                     method: str) -> None:
+    response = httpx.request(method, f"{sandbox.url}{path}", content=body, headers={"content-type": "application/json"},
+                             timeout=60)
+    assert response.status_code in (200, 404, 405, 413, 422), (response.status_code, response.text[:300])
+    response.json()
+
+
+def test_refused_bodies_leave_the_server_small(sandbox: Sandbox) -> None:
+    """What the server holds for a refused body is bounded by the body limit, not by what is offered."""
+    server = psutil.Process(sandbox.service.process.pid)
+    before = server.memory_info().rss
+    for body in (b"[" * 500_000 + b"]" * 500_000, b'{"code": "' + b"\\udfff" * 150_000 + b'"}', b"\xff" * (1 << 20)):
+        for _ in range(5):
+            assert httpx.post(f"{sandbox.url}/run", content=body, timeout=60).status_code == 422
+    test_a_chunked_body_over_the_limit_is_413_without_being_read(sandbox)
+    assert server.memory_info().rss - before < 32 << 20
+
+
 @pytest.fixture(scope="module")
 def impatient_sandbox(tmp_path_factory: pytest.TempPathFactory):
     args = ["--workers", "1", "--header-timeout-s", "1", "--body-timeout-s", "1", "--uid-base", str(UID_BASE + 224)]
@@ -205,7 +249,7 @@ async def test_bodies_in_flight_are_bounded_together() -> None:
     """Many slow uploads cannot add up: past the shared budget a new body is 503, not buffered."""
     import asyncio
 
-    from sandbox.code.limits import BodyLimits
+    from sandbox.http_limits import BodyLimits
 
     seen: list[bytes] = []
 

@@ -1,8 +1,9 @@
 """A fake Serper.dev API: a real HTTP server on 127.0.0.1 in a thread, answering in Serper's JSON shape.
 
 `mode` switches behaviour: "ok" (canned answer box, knowledge graph and organic results), "error"
-(HTTP 500), "garbage" (200 with non-JSON), "slow" (sleeps past any client timeout), "delay" (answers after 0.3 s). Requests and their
-X-API-KEY headers are recorded for assertions.
+(HTTP 500), "garbage" (200 with non-JSON), "slow" (sleeps past any client timeout), "delay" (answers after 0.3 s),
+"surrogates" (valid JSON whose strings escape lone surrogates and whose links are not strings). Requests and
+their X-API-KEY headers are recorded for assertions.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def serper_answer(query: str, num: int) -> dict:
     }
 
 
+# Legal JSON that decodes to lone surrogates in Python, with links of the wrong type.
+SURROGATE_ANSWER = (b'{"answerBox": {"title": "\\ud83d", "answer": "half \\udfff an emoji", "link": 5},'
+                    b' "organic": [{"title": "T\\ud800", "snippet": "s\\ud83d\\ude00 ok \\ud83d", "link": ["x"]}]}')
+
+
 class FakeSerper:
     def __init__(self) -> None:
         self.mode = "ok"
@@ -45,6 +51,8 @@ class FakeSerper:
                     self._send(500 if fake.mode == "error" else 403, b'{"message": "failed"}')
                 elif fake.mode == "garbage":
                     self._send(200, b"<html>not json</html>")
+                elif fake.mode == "surrogates":
+                    self._send(200, SURROGATE_ANSWER)
                 else:
                     self._send(200, json.dumps(serper_answer(body["q"], int(body.get("num", 10)))).encode())
 

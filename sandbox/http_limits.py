@@ -1,4 +1,5 @@
-"""What one HTTP request may cost the server before a worker sees it.
+"""What one HTTP request may cost a service before its handler sees it: the code sandbox and the
+search service both serve behind these, so neither reads a body it will refuse.
 
 * `BodyLimits` (pure ASGI) reads the body itself, counting bytes as they arrive, so a
   chunked body (no Content-Length) is cut at the limit exactly like a declared one: 413

@@ -5,6 +5,8 @@ tokenizer of the model the run trains (`model.base_dir`, written by prepare-mode
 tools training offers; without a prepared model that filter is skipped and the report says so.
 When a fact set must be answerable by search (`curate.wiki_facts.answerable_only`, a source's
 `answerable_only`), the stage starts the search service over the built index for the "unanswerable" filter.
+A dependency that answers but is broken (a search service finding nothing, a judge boxing no answer, one filter
+rejecting a whole source) ends the stage with one line naming it, and nothing is written (`pipeline.data.broken`).
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit
 from flows.reported import reported_stage
 from flows.services import running_services
 from pipeline.config import RunConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.data.answerable import service_probe
+from pipeline.data.broken import BrokenDependency
 from pipeline.data.curate import run as curate
 from pipeline.model import load_prepared_tokenizer
 from pipeline.rollout.prompt_budget import PromptBudget
+
+USER_ERRORS = (*COMMON_ERRORS, BrokenDependency)
 
 
 def prompt_budget(model_dir: str, rollout: RolloutConfig) -> PromptBudget | None:

@@ -10,12 +10,16 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit
 from flows.summary import markdown_table, publish
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
+from pipeline.data.broken import BrokenDependency
 from pipeline.sft import run as sft
+
+USER_ERRORS = (*COMMON_ERRORS, BrokenDependency)  # a tool service answering nothing useful: one line naming it
 
 
 @task(cache_policy=NO_CACHE)

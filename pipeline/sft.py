@@ -11,7 +11,9 @@ are built from curated problems and *really executed*:
 - for a question the fact verifier scores (reward.routing), it searches the question itself with
   the real search service, appends what the policy would see of the output, and answers with the first
   gold alias that output shows (`pipeline.data.answerable.shows_answer`);
-- a trace is kept only when the reward verifier (routed as in RL) accepts its answer.
+- a trace is kept only when the reward verifier (routed as in RL) accepts its answer;
+- a tool the teacher called without one trace kept (every call failed, found nothing, or showed no accepted
+  answer) is a broken service, not hard problems: the stage fails naming it (`pipeline.data.broken`).
 The prompt offers the tools the RL rollout will offer the same problem, so the cold start teaches the
 choice between them; traces alternate between the two kinds, so `max_traces` keeps both.
 
@@ -25,6 +27,7 @@ import asyncio
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Mapping
 from itertools import zip_longest
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ import torch
 from pipeline.config import RunConfig
 from pipeline.config.reward import RewardConfig
 from pipeline.data.answerable import shows_answer
+from pipeline.data.broken import refuse_if_none_kept, service_of
 from pipeline.jsonl import read_problems, write_json
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device
 from pipeline.tracking.progress import progress
@@ -101,6 +105,8 @@ def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, 
         if not result.ok or not answer or verify(route(problem, reward), answer, list(problem.answers)) < 0.9:
             continue  # filtered by the verifier: never teach a wrong trace
         by_tool[tool].append(_trace(renderer, problem, tools_for(problem, tuple(tools)), (tool, call), shown, answer))
+    refuse_if_none_kept(Counter(tool for _, tool, _ in calls), {t: len(kept) for t, kept in by_tool.items()},
+                        {t: service_of(t, tools[t]) for t in by_tool if t in tools}, "the SFT teacher")
     return [t for pair in zip_longest(by_tool["code"], by_tool["search"]) for t in pair if t is not None]
 
 

@@ -123,6 +123,10 @@ class CurateConfig(StageConfig):
     filters: FilterConfig = Field(default_factory=FilterConfig, description="Rule-based filters.")
     multi_llm: MultiLLMConfig = Field(default_factory=MultiLLMConfig, description="TAPO-hard multi-LLM filtering.")
     output_dir: str = Field("data/curated", min_length=1, description="One JSONL file per split, rejected.jsonl and report.json.")
+    max_rejected_share: float = Field(0.9, gt=0.0, le=1.0, description=(
+        "The stage fails (naming the source, the filter and what decides it: the search service, a judge, the "
+        "tokenizer) when one filter rejects all of a source's rows or more than this share of them, instead of "
+        "writing a degenerate set; 1.0: only a whole source (pipeline.data.broken)."))
 
     @model_validator(mode="after")
     def _unique_sources(self) -> CurateConfig:

@@ -7,6 +7,8 @@ The answer must appear as a whole phrase (`shows_answer`): 'dz' in 'adze' does n
 
 The search itself is the caller's (`SearchProbe`: the curate flow asks the real search service). A search the
 service fails is an outage, not a verdict: the probe raises and curation stops, so no row is rejected for it.
+A service that answers every search with nothing (no results, refused: an empty or missing index) is broken,
+not a verdict on the questions either: the probe raises `BrokenDependency` naming it (`pipeline.data.broken`).
 """
 
 from __future__ import annotations
@@ -14,15 +16,26 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pipeline.config.search import SearchConfig
+from pipeline.data.broken import refuse_if_all_useless
 from pipeline.data.sources import Rejection
 from pipeline.tools.search import SearchClient
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Problem, ToolResult
 
-# questions -> what the policy would see of each search's output (already cut to the rollout's budget)
-SearchProbe = Callable[[Sequence[str]], list[str]]
+
+@dataclass(frozen=True)
+class SearchProbe:
+    """What the policy would see of a search for each question (already cut to the rollout's budget), and the
+    service that answers them, named in the errors of the filters it decides."""
+
+    search: Callable[[Sequence[str]], list[str]]
+    service: str  # e.g. "the search service at http://127.0.0.1:8001 (index data/search/index)"
+
+    def __call__(self, questions: Sequence[str]) -> list[str]:
+        return self.search(questions)
 
 
 def shows_answer(visible: str, answers: Sequence[str]) -> str | None:
@@ -56,15 +69,19 @@ def drop_unanswerable(problems: list[Problem], checked: Callable[[Problem], bool
 
 def service_probe(cfg: SearchConfig, url: str, max_output_chars: int) -> SearchProbe:
     """A probe that asks the search service at `url` and cuts each output as the rollout does; a search the
-    service fails raises (naming it), so an outage never rejects a row."""
+    service fails raises (naming it), so an outage never rejects a row, and so does a service that finds
+    nothing for any question."""
+    service = f"the search service at {url} (provider {cfg.provider}, index {cfg.index_dir})"
+
     def probe(questions: Sequence[str]) -> list[str]:
         results = asyncio.run(_search_all(cfg, url, questions))
         failed = [r for r in results if r.infrastructure]
         if failed:
             raise RuntimeError(f"the search service at {url} failed {len(failed)} of {len(results)} searches "
                                f"({failed[0].error}); no row was rejected for it")
+        refuse_if_all_useless(service, results, "the unanswerable filter (one search per question)")
         return [cut_middle(r.output.strip(), max_output_chars) if r.ok else "" for r in results]
-    return probe
+    return SearchProbe(probe, service)
 
 
 async def _search_all(cfg: SearchConfig, url: str, questions: Sequence[str]) -> list[ToolResult]:

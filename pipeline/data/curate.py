@@ -44,6 +44,7 @@ from tqdm import tqdm
 from pipeline.config.curate import CurateConfig, FilterConfig
 from pipeline.data import wiki_facts
 from pipeline.data.answerable import SearchProbe, drop_unanswerable
+from pipeline.data.broken import read_per_source, refuse_degenerate_rejections
 from pipeline.data.calculator import generate_splits
 from pipeline.data.dedupe import Deduper, NgramIndex
 from pipeline.data.filters import rule_rejection
@@ -207,6 +208,31 @@ def summarize(cfg: CurateConfig, read: list[Problem], kept: list[Problem], rejec
     return per_source, {f: counts.get(f, 0) for f in FILTERS}
 
 
+@dataclass
+class Filtering:
+    """The rows still kept and every rejection so far. Each filter's outcome is checked as it lands
+    (`pipeline.data.broken`): one filter rejecting a whole source, or more than `curate.max_rejected_share` of
+    it, stops the stage naming what decides that filter, before a judge is paid for the rest."""
+
+    kept: list[Problem]
+    rejected: list[Rejection]
+    read: Counter[str]
+    max_share: float
+
+    def took(self, kept: list[Problem], dropped: list[Rejection], decided_by: str) -> None:
+        self.kept, self.rejected = kept, self.rejected + dropped
+        refuse_degenerate_rejections(dropped, self.rejected, self.read, self.max_share, decided_by)
+
+
+ROWS_THEMSELVES = "the rows themselves (their source file and adapter), not a service"
+
+
+def judges_named(cfg: CurateConfig, names: Iterable[str] | None = None) -> str:
+    """The judges (all, or those named) as the errors name them: name, model and endpoint."""
+    chosen = [j for j in cfg.multi_llm.judges if names is None or j.name in names]
+    return ", ".join(f"judge {j.name!r} (model {j.model} at {j.base_url})" for j in chosen)
+
+
 def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None,
         prompt_budget: PromptBudget | None = None, search: SearchProbe | None = None) -> CurationReport:
     """Curate, write the split files, rejected rows and report; return the report.
@@ -215,31 +241,34 @@ def run(cfg: CurateConfig, tool_factory: ToolFactory | None = None,
     clients of `multi_llm.code_url` and `multi_llm.search_url`. `prompt_budget` (the trained model's
     tokenizer, the rollout config, the tools training offers) enables the "too_long" filter; `search` (what the
     policy would see of a search for each question) the "unanswerable" one, which `cfg.needs_search()` says
-    is configured (without a probe it raises).
+    is configured (without a probe it raises). A filter that rejects a whole source (or more than
+    `cfg.max_rejected_share` of it) raises `BrokenDependency` and nothing is written.
     """
     started = time.perf_counter()
     check_sources(cfg)
-    read, rejected = read_all(cfg)
-    kept, dropped = apply_rules(read, cfg.filters)
-    rejected += dropped
-    kept, dropped = drop_duplicates(kept, cfg.filters)
-    rejected += dropped
-    kept, dropped = drop_contaminated(kept, cfg.filters.contamination_ngram)
-    rejected += dropped
+    read, unreadable = read_all(cfg)
+    rows = Filtering(read, [], read_per_source(read, unreadable), cfg.max_rejected_share)
+    rows.took(read, unreadable, ROWS_THEMSELVES)
+    rows.took(*apply_rules(rows.kept, cfg.filters), ROWS_THEMSELVES)
+    rows.took(*drop_duplicates(rows.kept, cfg.filters), ROWS_THEMSELVES)
+    rows.took(*drop_contaminated(rows.kept, cfg.filters.contamination_ngram), ROWS_THEMSELVES)
     if cfg.offer_all_tools:
-        kept = offering_all_tools(kept)
-    kept, dropped, budget_checked = drop_too_long(kept, prompt_budget)
-    rejected += dropped
-    kept, dropped = drop_unanswerable(kept, needs_answer_check(cfg), search)
-    rejected += dropped
+        rows.kept = offering_all_tools(rows.kept)
+    kept, dropped, budget_checked = drop_too_long(rows.kept, prompt_budget)
+    rows.took(kept, dropped, "the tokenizer of the model to train (model.base_dir) and the rollout's token budget")
+    rows.took(*drop_unanswerable(rows.kept, needs_answer_check(cfg), search),
+              search.service if search is not None else "the search service")
     judge_totals: dict[str, dict[str, float]] = {}
     run_stats: dict[str, float] = {}
     if cfg.filters.time_judge:
-        kept, dropped, totals, stats = time_judge_filter(kept, cfg)
-        rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
+        kept, dropped, totals, stats = time_judge_filter(rows.kept, cfg)
+        rows.took(kept, dropped, f"the time judge, {judges_named(cfg, [cfg.filters.time_judge])}")
+        judge_totals, run_stats = {**judge_totals, **totals}, {**run_stats, **stats}
     if cfg.multi_llm.judges and any(s.judge for s in cfg.sources):
-        kept, dropped, totals, stats = judge_filter(kept, cfg, tool_factory)
-        rejected, judge_totals, run_stats = rejected + dropped, {**judge_totals, **totals}, {**run_stats, **stats}
+        kept, dropped, totals, stats = judge_filter(rows.kept, cfg, tool_factory)
+        rows.took(kept, dropped, f"the judges, {judges_named(cfg)} (and the tools they call)")
+        judge_totals, run_stats = {**judge_totals, **totals}, {**run_stats, **stats}
+    kept, rejected = rows.kept, rows.rejected
     out = Path(cfg.output_dir)
     n_train = write_problems(out / "train.jsonl", (p for p in kept if p.split == "train"))
     n_test = write_problems(out / "test.jsonl", (p for p in kept if p.split != "train"))

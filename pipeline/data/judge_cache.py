@@ -1,7 +1,8 @@
 """A persistent cache of judge answers (SQLite), so a re-run or a crash never pays twice.
 
 Each finished judge call is committed as soon as it completes; an interrupted run resumes by
-asking only what is missing. Failed calls are not stored, so they are retried next time.
+asking only what is missing. Failed calls are not stored, so they are retried next time, and neither are the
+answers of a judge (or a judges' tool) found broken (`forget`): the run after the fix asks again.
 
 The key covers everything that changes the answer (judge name, model, system prompt, question,
 temperature, token and tool budgets, tools offered) but not the endpoint URL, so moving a judge
@@ -67,6 +68,11 @@ class JudgeCache:
             (key, judge, problem_id, json.dumps(asdict(answer), sort_keys=True)),
         )
         self._db.commit()  # one commit per answer: a crash loses at most the calls in flight
+
+    def forget(self, keys: list[str]) -> None:
+        """Drop these answers (a broken judge's or tool's, `pipeline.data.broken`): the next run asks again."""
+        self._db.executemany("DELETE FROM judge_answers WHERE key = ?", [(k,) for k in keys])
+        self._db.commit()
 
     def __len__(self) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM judge_answers").fetchone()[0])

@@ -19,6 +19,10 @@ code interpreter", and kept the questions all three answered correctly. Here:
    counts as not correct for that row; it is not cached, so a later run asks again.
 5. Every answer is cached in SQLite as soon as it arrives (see judge_cache.py); tokens and cost
    are summed from the cached answers, so report.json does not depend on what was cached.
+6. A judge that answers but is broken fails the stage too (`pipeline.data.broken.BrokenDependency`): one that
+   gives no readable (boxed) answer to any question, or refuses every request, and a tool of the judges whose
+   every answer shows nothing (no results, empty, failed). The answers this run cached from it are forgotten,
+   so the run after the fix asks again.
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ from tqdm import tqdm
 
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig
 from pipeline.config.reward import RewardConfig
+from pipeline.data.broken import BrokenDependency, refuse_if_all_useless
 from pipeline.data.judge_cache import JudgeAnswer, JudgeCache, cache_key
 from pipeline.data.judge_client import ChatClient, JudgeError, JudgeRefused, JudgeUnavailable
 from pipeline.data.sources import Rejection
 from pipeline.protocols.answers import last_boxed
 from pipeline.reward import route, verify
 from pipeline.tools.base import Tool
-from pipeline.types import Problem
+from pipeline.types import Problem, ToolResult
 
 SYSTEM_PROMPT = (
     "You are a careful expert. Answer the user's question. You may call the tools you are given: "
@@ -76,6 +81,29 @@ def default_tools(cfg: MultiLLMConfig) -> dict[str, Tool]:
 
 class ToolUnavailable(JudgeUnavailable):
     """A tool service the judges call is down: their answers would be about the outage, not the row."""
+
+
+class WatchedTool:
+    """A tool of the judges whose answers are kept, to tell a broken service (nothing useful, ever) from a
+    question it cannot help with."""
+
+    def __init__(self, tool: Tool, service: str) -> None:
+        self.tool, self.name, self.service = tool, tool.name, service
+        self.results: list[ToolResult] = []
+
+    async def __call__(self, call_input: str) -> ToolResult:
+        result = await self.tool(call_input)
+        self.results.append(result)
+        return result
+
+    async def aclose(self) -> None:
+        await self.tool.aclose()
+
+
+def watched_tools(tools: Mapping[str, Tool], cfg: MultiLLMConfig) -> dict[str, WatchedTool]:
+    urls = {"search": cfg.search_url, "code": cfg.code_url}
+    return {name: WatchedTool(tool, f"the judges' {name} tool" + (f" at {urls[name]}" if urls.get(name) else ""))
+            for name, tool in tools.items()}
 
 
 def judge_chat_client(judge: JudgeConfig, cfg: MultiLLMConfig) -> ChatClient:
@@ -158,6 +186,7 @@ class JudgePanel:
         self.cache = cache
         self.tools = tools
         self.cache_hits = 0
+        self.written: list[tuple[str, str, JudgeAnswer]] = []  # (judge, key, answer) cached by this run
         self._limit = asyncio.Semaphore(cfg.concurrency)
         self._clients = {j.name: judge_chat_client(j, cfg) for j in cfg.judges}
 
@@ -173,7 +202,13 @@ class JudgePanel:
             except JudgeRefused as err:  # this row's request; an outage (JudgeUnavailable) propagates
                 return err
         self.cache.put(key, judge.name, problem.id, answer)
+        self.written.append((judge.name, key, answer))
         return answer
+
+    def forget(self, judge: str | None = None, *, tool_users: bool = False) -> None:
+        """Drop what this run cached from `judge`, or (`tool_users`) every answer that called a tool."""
+        self.cache.forget([key for name, key, answer in self.written
+                           if name == judge or (tool_users and answer.tool_calls > 0)])
 
     @property
     def requests(self) -> int:
@@ -223,11 +258,32 @@ def _totals(cfg: MultiLLMConfig, problems: list[Problem], results: list[list[Jud
     return totals
 
 
+def refuse_broken(cfg: MultiLLMConfig, rows: list[list[JudgeAnswer | JudgeError]], panel: JudgePanel,
+                  tools: Mapping[str, WatchedTool]) -> None:
+    """Raise `BrokenDependency` for a tool of the judges that never answered anything useful, or a judge that
+    gave no readable answer to any question (see the module), after forgetting what this run cached from it."""
+    for tool in tools.values():
+        try:
+            refuse_if_all_useless(tool.service, tool.results, "the judges")
+        except BrokenDependency:
+            panel.forget(tool_users=True)
+            raise
+    for j, judge in enumerate(cfg.judges):
+        answers = [row[j] for row in rows]
+        if answers and not any(isinstance(a, JudgeAnswer) and a.predicted is not None for a in answers):
+            panel.forget(judge.name)
+            said = str(answers[0]) if isinstance(answers[0], JudgeError) else answers[0].content.strip()
+            raise BrokenDependency(
+                f"judge {judge.name!r} (model {judge.model} at {judge.base_url}) gave no readable answer (one in "
+                f"\\boxed{{}}) to any of its {len(answers)} questions (e.g. {said[:120]!r}); its answers were "
+                "not kept. Nothing was written.")
+
+
 async def _judge_all(problems: list[Problem], cfg: MultiLLMConfig, tool_factory: ToolFactory) -> tuple[
         list[list[JudgeAnswer | JudgeError]], dict[str, float]]:
     cache = JudgeCache(cfg.cache_path)
     try:
-        tools = tool_factory()
+        tools = watched_tools(tool_factory(), cfg)
         panel = JudgePanel(cfg, cache, tools)  # fails at once on a missing API key variable
     except BaseException:
         cache.close()
@@ -240,8 +296,10 @@ async def _judge_all(problems: list[Problem], cfg: MultiLLMConfig, tool_factory:
         return result
 
     started = time.perf_counter()
+    n = len(cfg.judges)
     try:
         flat = await all_or_outage(one(j, p) for p in problems for j in cfg.judges)
+        refuse_broken(cfg, [list(flat[i * n:(i + 1) * n]) for i in range(len(problems))], panel, tools)
     finally:
         bar.close()
         await panel.aclose()
@@ -249,7 +307,6 @@ async def _judge_all(problems: list[Problem], cfg: MultiLLMConfig, tool_factory:
             await tool.aclose()
         cache.close()
     elapsed = time.perf_counter() - started
-    n = len(cfg.judges)
     stats = {"judge_requests": float(panel.requests), "judge_cache_hits": float(panel.cache_hits),
              "judge_wall_s": elapsed, "judged_questions_per_s": len(problems) / elapsed if elapsed > 0 else 0.0}
     return [list(flat[i * n:(i + 1) * n]) for i in range(len(problems))], stats

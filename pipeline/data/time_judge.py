@@ -8,7 +8,8 @@ depends on when the question is asked) or NO. YES rejects the row (filter `time_
 Same machinery as the multi-LLM stage: the SQLite cache (a re-run pays nothing), retries,
 concurrency limit, token and cost accounting. A request refused for its content rejects the
 row, is not cached and is retried by the next run: nothing unverified is kept. An unreachable
-judge (`JudgeUnavailable`) fails the stage instead: no row is rejected for an outage.
+judge (`JudgeUnavailable`) fails the stage instead: no row is rejected for an outage, and so does a judge that
+answers but never says YES or NO (`BrokenDependency`, its cached replies of this run forgotten).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from tqdm import tqdm
 
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig
+from pipeline.data.broken import BrokenDependency
 from pipeline.data.judge_cache import JudgeAnswer, JudgeCache, cache_key
 from pipeline.data.judge_client import ChatClient, JudgeError, JudgeRefused
 from pipeline.data.judging import all_or_outage, judge_chat_client, run_async
@@ -34,10 +36,26 @@ TIME_PROMPT = (
 )
 
 
+def _key(judge: JudgeConfig, problem: Problem) -> str:
+    return cache_key({"v": 1, "task": "time-ambiguity", "judge": judge.name, "model": judge.model,
+                      "prompt": TIME_PROMPT, "question": problem.question})
+
+
+def refuse_if_never_clear(judge: JudgeConfig, problems: list[Problem], results: list[JudgeAnswer | JudgeError],
+                          cache: JudgeCache) -> None:
+    """A time judge that said neither YES nor NO to any question is broken: forget its replies, fail naming it."""
+    if not results or any(isinstance(r, JudgeAnswer) and r.predicted is not None for r in results):
+        return
+    cache.forget([_key(judge, p) for p in problems])
+    said = str(results[0]) if isinstance(results[0], JudgeError) else results[0].content
+    raise BrokenDependency(f"time judge {judge.name!r} (model {judge.model} at {judge.base_url}) said neither YES "
+                           f"nor NO to any of its {len(results)} questions (e.g. {said[:120]!r}); its replies were "
+                           "not kept. Nothing was written.")
+
+
 async def _classify(client: ChatClient, cache: JudgeCache, judge: JudgeConfig, problem: Problem,
                     limit: asyncio.Semaphore, cfg: MultiLLMConfig) -> JudgeAnswer | JudgeError:
-    key = cache_key({"v": 1, "task": "time-ambiguity", "judge": judge.name, "model": judge.model,
-                     "prompt": TIME_PROMPT, "question": problem.question})
+    key = _key(judge, problem)
     cached = cache.get(key)
     if cached is not None:
         return cached
@@ -74,6 +92,7 @@ async def _classify_all(problems: list[Problem], judge: JudgeConfig, cfg: MultiL
 
     try:
         results = await all_or_outage(one(p) for p in problems)
+        refuse_if_never_clear(judge, problems, results, cache)
     finally:
         bar.close()
         await client.aclose()

@@ -12,6 +12,8 @@ with function calling, and it behaves deterministically from a `Script`:
 - `Script.fail_first[model]` = n: the first n requests for each question get HTTP 503;
 - `Script.status[model]` = code: every request gets that HTTP status;
 - a model in `Script.verdicts` is a classifier: it says YES for the questions listed, else NO;
+- a model in `Script.says` answers every request with that text, calling no tool (an endpoint that is up
+  but broken: empty answers, or prose with no \\boxed{} answer and no verdict);
 - `Script.latency_s` delays every response (benchmarks of concurrency);
 - `Script.die_after` = n: run as its own process, it SIGKILLs itself right after its n-th answer
   (fault tests: a judge endpoint that dies mid-run, for real).
@@ -43,6 +45,7 @@ class Script:
     fail_first: dict[str, int] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)
     verdicts: dict[str, set[str]] = field(default_factory=dict)
+    says: dict[str, str] = field(default_factory=dict)
     latency_s: float = 0.0
     api_key: str = ""
     die_after: int = 0
@@ -60,7 +63,9 @@ def _reply(script: Script, model: str, body: dict[str, Any]) -> dict[str, Any]:
     offered = set() if body.get("tool_choice") == "none" else {t["function"]["name"] for t in body.get("tools") or []}
     tool_outputs = [m.get("content") or "" for m in messages if m.get("role") == "tool"]
     message: dict[str, Any] = {"role": "assistant", "content": None}
-    if model in script.verdicts:
+    if model in script.says:
+        message["content"] = script.says[model]
+    elif model in script.verdicts:
         message["content"] = "YES" if question in script.verdicts[model] else "NO"
     elif question in script.wrong.get(model, set()):
         message["content"] = "I think it is \\boxed{definitely wrong}."

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.curate import CurateConfig, JudgeConfig, MultiLLMConfig, SourceConfig
+from pipeline.data.broken import BrokenDependency
 from pipeline.data.curate import run
 from pipeline.data.judge_cache import JudgeCache
 from pipeline.data.judge_client import JudgeUnavailable
@@ -170,11 +171,14 @@ def test_retries_with_backoff_recover_from_transient_errors(tmp_path: Path, ques
 
 
 def test_client_errors_fail_without_retrying(tmp_path: Path, questions_file: Path) -> None:
+    """A request refused for its content is that row's (not retried); a judge that refuses every request is
+    broken, not strict: the stage fails naming it and writes nothing."""
     script = Script(answers=dict(QUESTIONS), status={"m": 400})
     with ScriptedOpenAIServer(script) as server:
-        report = run(_config(tmp_path, questions_file, server.url, ["m"], max_retries=3), tool_factory=dict)
-        assert server.requests["m"] == 6
-    assert report.judges["m"]["errors"] == 6 and report.n_train == 0
+        cfg = _config(tmp_path, questions_file, server.url, ["m", "steady"], max_retries=3, min_correct=1)
+        with pytest.raises(BrokenDependency, match=r"judge 'm' \(model m at .*\) gave no readable answer .* 6 "):
+            run(cfg, tool_factory=dict)
+        assert server.requests["m"] == 6 and not (tmp_path / "out").exists()
 
 
 def test_api_key_is_sent_and_a_missing_variable_fails_at_once(tmp_path: Path, questions_file: Path,
@@ -250,11 +254,13 @@ def test_time_judge_rejects_what_it_calls_time_ambiguous(tmp_path: Path) -> None
 def test_a_judge_out_of_tool_turns_must_answer(tmp_path: Path, questions_file: Path, tools) -> None:
     script = Script(answers=dict(QUESTIONS), tool={"searcher": "search"})
     with ScriptedOpenAIServer(script) as server:
-        report = run(_config(tmp_path, questions_file, server.url, ["searcher"], max_tool_turns=0),
-                     tool_factory=lambda: {"search": tools[0]})
+        # without its search it does not know: every row of the source is rejected, and the stage says so
+        with pytest.raises(BrokenDependency, match="filter 'judges' rejected 6 of the 6 rows of source 'hard'.*"
+                                                   "judge 'searcher'"):
+            run(_config(tmp_path, questions_file, server.url, ["searcher"], max_tool_turns=0),
+                tool_factory=lambda: {"search": tools[0]})
         assert server.requests["searcher"] == 6  # one request each: tools declared but tool_choice "none"
-    assert tools[0].queries == [] and report.n_train == 0  # without its search it does not know
-    assert report.judges["searcher"]["tool_calls"] == 0
+    assert tools[0].queries == [] and not (tmp_path / "out").exists()
 
 
 class ExplodingSearch:

@@ -57,9 +57,17 @@ Isolated (enforced by the kernel, not by Python):
     mount/unshare/setns/ptrace/process_vm_*, bpf, keyctl, perf_event_open, userfaultfd,
     io_setup and io_uring_* (host-wide aio quota), inotify/fanotify (what other workers'
     snippets open in the shared site-packages), listmount/statmount (the mount table),
-    sync/syncfs, xattr setters, file locks and dnotify on the shared read-only files, mincore
-    (page-cache probing), sysinfo (the host's free memory), setuid and friends, clock
-    setting, foreign syscall ABIs.
+    sync/syncfs, xattr setters, file locks and dnotify on the shared read-only files, sysinfo
+    (the host's free memory), setuid and friends, clock setting, foreign syscall ABIs.
+  * The page cache: every worker maps the same read-only files, so their cached pages are
+    one cache. No call tells a snippet whether a page is resident without reading it, and
+    none evicts one: mincore, cachestat, fadvise (DONTNEED evicts, WILLNEED loads) and
+    readahead are denied; preadv2/pwritev2 run only with the flags that shape a write
+    (RWF_NOWAIT, which fails on a page that is not resident, and RWF_DONTCACHE, a read that
+    leaves no page behind, answer ENOSYS, which glibc reports as EOPNOTSUPP); madvise refuses COLD and PAGEOUT (push file
+    pages out), MERGEABLE (KSM shares equal pages between processes) and COLLAPSE. So a
+    snippet cannot reset a page to watch a concurrent snippet load it (fadvise + RWF_NOWAIT
+    did exactly that). What remains of the channel is timing; see below.
   * Memory: RLIMIT_AS (zygote baseline + memory_mb) bounds anonymous and mapped memory; /tmp
     is size-limited; memfd_create, which RLIMIT_AS does not count, is denied. Where a cgroup
     v2 is delegated to the service (`--cgroup PATH` on a cgroup2 filesystem, or its own writable cgroup with memory
@@ -95,8 +103,25 @@ Not isolated:
     there are any, bound snippets, not workers or the server).
     Kernel memory for a snippet's pipes and threads is bounded only by NOFILE and NPROC.
   * Information the kernel shows every process: uname, CPU flags, time. Public Python and
-    library files under the mounted prefixes are readable. Timing (page faults on shared
-    library pages, CPU contention) remains a noisy signal between concurrent snippets.
+    library files under the mounted prefixes are readable.
+  * Timing channels between concurrent snippets. Accepted, because closing them takes a
+    machine per snippet (own cores, own caches, own page cache: a VM), not a filter, and
+    each carries only what a sender chooses to send, slowly and with noise; no snippet
+    reads another's data through them. A group rollout would have to learn a sender and
+    a receiver at once, and sending earns the sender nothing. They are:
+    - page-cache residency by time (a cached read takes microseconds, one from disk far
+      longer; getrusage's fault and block-input counts say the same). One-shot: the probe loads the
+      page it tests and no snippet can evict it, so a page tells whether anyone read it since
+      the host last reclaimed it. Two colluding snippets could still pass a bit per
+      readahead window of files nobody reads (one reads, the other times). The same holds
+      between consecutive requests: what one imported stays cached for the next;
+    - host memory pressure: without a slot cgroup, a snippet allocating up to its limit can
+      make the kernel reclaim page cache host-wide (a coarse eviction); sizing workers x
+      (worker + max) within RAM, as required above, leaves no such pressure;
+    - shared CPU caches, memory bandwidth and DRAM (a snippet can run native code through
+      ctypes and mmap, so prime+probe on the last-level cache and flush+reload on lines of
+      the shared library pages are possible), and the scheduler and clock frequency (how
+      long a neighbour's snippet delays yours: CPU contention, above).
   * Whether the previous request on a worker changed /tmp: if it did, the next one finds a
     freshly mounted /tmp (new times), if not, the same empty one (remounting every time
     would close this one-bit signal at ~0.4 ms of wall time per request).

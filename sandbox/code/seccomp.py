@@ -13,15 +13,19 @@ and fanotify_* (watching what other workers' snippets open in the shared site-pa
 listmount/statmount (the mount table), sync/syncfs/sync_file_range, userfaultfd,
 perf_event_open, bpf, keyctl/add_key/request_key, memfd_create and memfd_secret (memory that
 RLIMIT_AS does not count), System V and POSIX IPC, ptrace and process_vm_*, *xattr setters,
-setuid and friends, namespaces and mounts, and personality.
+setuid and friends, namespaces and mounts, and personality. Also every call on the page cache of
+the shared files (`PAGE_CACHE_SYSCALLS`: mincore, cachestat, fadvise, readahead), which a snippet
+could use to see what a concurrent one imports (see the threat model in `sandbox.code`).
 
 Argument checks: `clone` only with CLONE_THREAD (threads yes, processes no); `clone3`
 answers ENOSYS so glibc falls back to `clone`; `open`/`openat` never with O_TMPFILE (an
 unnamed inode in /tmp that no directory records, so the worker could not tell /tmp was
 used); `ioctl` only for the terminal and descriptor queries Python's I/O makes; `fcntl` only for
-descriptor flags and duplication (no locks, dnotify, leases or pipe resizing; `flock` and
-`mincore`, a page-cache probe, are out too);
-`prctl` only for reading settings and naming threads. Calls from a foreign ABI (i386
+descriptor flags and duplication (no locks, dnotify, leases or pipe resizing; `flock` is out
+too); `madvise` only with advice that acts on the caller's own memory (not COLD, PAGEOUT, MERGEABLE
+or COLLAPSE); `preadv2`/`pwritev2` only with the RWF flags that shape a write (not NOWAIT, a
+residency probe, or DONTCACHE, a read that leaves no trace); `prctl` only for reading settings
+and naming threads. Calls from a foreign ABI (i386
 `int 0x80`, x32) kill the process: libseccomp's default for a non-native architecture.
 
 The program is exported as raw BPF once, so each request installs it with a single prctl
@@ -46,14 +50,14 @@ O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (O_TMPFILE is this | O_DIRECTORY)
 
 ALLOWED_SYSCALLS = (
     # memory
-    "brk", "mmap", "munmap", "mremap", "mprotect", "madvise", "msync", "mbind",  # mbind: OpenBLAS
+    "brk", "mmap", "munmap", "mremap", "mprotect", "msync", "mbind",  # mbind: OpenBLAS
     # descriptors and files (the only writable filesystem is the snippet's private /tmp)
-    "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev", "preadv2", "pwritev2",
+    "read", "write", "pread64", "pwrite64", "readv", "writev", "preadv", "pwritev",
     "close", "close_range", "lseek", "dup", "dup2", "dup3", "fsync", "fdatasync",
     "stat", "fstat", "lstat", "newfstatat", "statx", "statfs", "fstatfs", "access", "faccessat", "faccessat2",
     "getdents64", "getcwd", "chdir", "fchdir", "readlink", "readlinkat", "truncate", "ftruncate", "fallocate",
     "mkdir", "mkdirat", "rmdir", "unlink", "unlinkat", "rename", "renameat", "renameat2", "link", "linkat",
-    "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "umask", "utimensat", "fadvise64",
+    "symlink", "symlinkat", "chmod", "fchmod", "fchmodat", "umask", "utimensat",
     "getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr",
     "sendfile", "copy_file_range", "splice", "tee", "pipe", "pipe2",
     "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl", "epoll_wait", "epoll_pwait",
@@ -71,6 +75,13 @@ ALLOWED_SYSCALLS = (
     "getrandom", "capget", "arch_prctl", "membarrier",
     # not sysinfo (the host's free memory: a signal between concurrent snippets) nor getcpu
 )
+
+# The page cache of the read-only files every worker maps (the Python stack) is one cache for all of them:
+# a call that tells whether a page is resident without reading it (mincore, cachestat) or that evicts
+# pages (fadvise DONTNEED) lets one snippet watch which modules a concurrent one imports, and loading
+# pages on request (readahead, fadvise WILLNEED) is no part of any measured workload. The flag forms of
+# the same probes are refused by argument (`preadv2`/`pwritev2` RWF flags, `madvise` advice below).
+PAGE_CACHE_SYSCALLS = ("mincore", "cachestat", "fadvise64", "fadvise64_64", "readahead")
 
 DENIED_SYSCALLS = (
     # new processes and programs
@@ -100,6 +111,8 @@ DENIED_SYSCALLS = (
     "quotactl", "lookup_dcookie", "vhangup", "iopl", "ioperm", "uselib", "memfd_secret", "memfd_create",
     "inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "fanotify_init", "fanotify_mark",
     "sync", "syncfs", "sync_file_range", "listmount", "statmount",
+    # the page cache every worker shares (see PAGE_CACHE_SYSCALLS)
+    *PAGE_CACHE_SYSCALLS,
     "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr", "fremovexattr",
     # clocks and host identity
     "clock_settime", "clock_adjtime", "settimeofday", "adjtimex", "sethostname", "setdomainname",
@@ -119,6 +132,21 @@ _PR_GET_PDEATHSIG, _PR_GET_DUMPABLE, _PR_SET_NAME, _PR_GET_NAME, _PR_GET_SECCOMP
 _PR_GET_NO_NEW_PRIVS, _PR_GET_THP_DISABLE = 39, 42
 ALLOWED_PRCTLS = (_PR_GET_PDEATHSIG, _PR_GET_DUMPABLE, _PR_SET_NAME, _PR_GET_NAME, _PR_GET_SECCOMP,
                   _PR_CAPBSET_READ, _PR_GET_NO_NEW_PRIVS, _PR_GET_THP_DISABLE)
+
+# preadv2/pwritev2 flags (RWF_*) that change only how this call writes: DSYNC, SYNC, APPEND, NOAPPEND.
+# Not NOWAIT (0x8: EAGAIN unless every page is resident, a page-cache probe that needs no timing), not
+# DONTCACHE (0x80: a read that leaves no page behind, so one page can be timed again and again), not HIPRI
+# or ATOMIC (direct I/O only), nor any flag a later kernel adds. Refused flags fall to ENOSYS, which
+# glibc answers as EOPNOTSUPP, the kernel's own answer to a flag it lacks; without flags both calls work.
+_RWF_DSYNC, _RWF_SYNC, _RWF_APPEND, _RWF_NOAPPEND = 0x2, 0x4, 0x10, 0x20
+ALLOWED_RWF_FLAGS = _RWF_DSYNC | _RWF_SYNC | _RWF_APPEND | _RWF_NOAPPEND
+# madvise advice that acts on the caller's own mappings only. Not COLD (20) or PAGEOUT (21), which push
+# a file's pages out of the page cache (newer kernels skip files the caller cannot write; the filter does
+# not rely on it), not MERGEABLE (12: KSM merges equal pages across processes, and the copy-on-write
+# fault of a merged page reveals by its time what another process holds), not COLLAPSE (25: rebuilds a
+# shared file's cached pages as a huge page); those answer EPERM, unknown advice ENOSYS.
+ALLOWED_MADVICE = (0, 1, 2, 3, 4, 8, 9, 10, 11, 14, 15, 16, 17, 18, 19, 22, 23, 24, 102, 103)
+REFUSED_MADVICE = (12, 20, 21, 25)
 
 
 class _ArgCmp(ctypes.Structure):
@@ -180,6 +208,13 @@ def _add_allow_list(lib: ctypes.CDLL, ctx: int) -> None:
         _add_rule(lib, ctx, SCMP_ACT_ALLOW, name, _ArgCmp(flags_arg, SCMP_CMP_MASKED_EQ, O_TMPFILE_BIT, 0))
         _add_rule(lib, ctx, deny, name, _ArgCmp(flags_arg, SCMP_CMP_MASKED_EQ, O_TMPFILE_BIT, O_TMPFILE_BIT))
     _add_rule(lib, ctx, SCMP_ACT_ALLOW, "clone", _ArgCmp(0, SCMP_CMP_MASKED_EQ, CLONE_THREAD, CLONE_THREAD))
+    # Both read an int argument, so only its low 32 bits are compared (as the kernel reads them).
+    for advice in ALLOWED_MADVICE:
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, "madvise", _ArgCmp(2, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, advice))
+    for advice in REFUSED_MADVICE:
+        _add_rule(lib, ctx, deny, "madvise", _ArgCmp(2, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, advice))
+    for name in ("preadv2", "pwritev2"):  # flags are the sixth argument (the offset takes two)
+        _add_rule(lib, ctx, SCMP_ACT_ALLOW, name, _ArgCmp(5, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF & ~ALLOWED_RWF_FLAGS, 0))
 
 
 def _compile(lib: ctypes.CDLL, census: bool) -> bytes:

@@ -6,8 +6,9 @@ Starts one worker (full isolation) with a filter that allows everything on top o
 usual jail, attaches strace to its zygote (following every fork), runs `WORKLOADS`
 (numpy, sympy, scipy, mpmath and the rest of the allowed stack, threads, files in /tmp,
 stdin, signals, timers, errors, deep recursion, memory and output limits), and prints the
-names of the calls the snippet processes made after their filter was installed, as a
-JSON list on the last line. `sandbox.code.seccomp.ALLOWED_SYSCALLS` is that list (plus
+names of the calls the snippets (and their threads) made under their filter, as a
+JSON list on the last line (and, on stderr, the statuses and the arguments seen for the calls
+the filter checks by argument). `sandbox.code.seccomp.ALLOWED_SYSCALLS` is that list (plus
 a few calls glibc makes on rarer paths, each commented), and `tests/sandbox/test_seccomp_allow_list.py`
 runs the same workloads through the real filter.
 """
@@ -40,6 +41,7 @@ WORKLOADS = {
               "print(special.gamma(5), linalg.det(np.eye(3)), stats.norm.cdf(0), sparse.eye(3).nnz)\n"
               "print(optimize.minimize(lambda v: (v[0] - 1)**2 + (v[1] + 2)**2, [0, 0]).x.round(3))\n"
               "print(interpolate.interp1d([0, 1, 2], [0, 1, 4])(1.5), integrate.solve_ivp(lambda t, y: -y, (0, 1), [1]).success)"),
+    "numpy_large": "import numpy as np\na = np.ones((1024, 1024))\nprint(a.nbytes, (a @ a[:, :8]).sum())",  # madvise
     "mpmath": "import mpmath\nmpmath.mp.dps = 50\nprint(mpmath.pi, mpmath.zeta(3), mpmath.quad(mpmath.sin, [0, mpmath.pi]))",
     "stdlib": ("import math, cmath, fractions, decimal, statistics, itertools, functools, collections, re, datetime\n"
                "import random, heapq, bisect, string, copy, json, time, array, enum, textwrap, dataclasses, typing\n"
@@ -70,24 +72,38 @@ WORKLOADS = {
 STDIN = "hello from stdin\n"
 
 
-def _strace_names(path: str) -> set[str]:
-    """Calls made after each process's `prctl(PR_SET_SECCOMP, ...)` in a `strace -f` log."""
-    filtered: set[str] = set()
-    names: set[str] = set()
+def _filtered_calls(path: str, zygote_pid: int) -> list[tuple[str, str]]:
+    """(name, strace line) of the calls made under the filter in a `strace -f` log of the zygote: a
+    snippet's after its `prctl(PR_SET_SECCOMP, ...)`, and every call of its threads, which inherit the
+    filter and never install one (clone returns their pids in the snippet's PID namespace, so the log
+    cannot tie them to their parent: every traced pid but the zygote's is a snippet's process or thread)."""
     call = re.compile(r"^(\d+)\s+(?:<\.\.\. )?([a-z0-9_]+)[( ]")
     with open(path) as log:
-        for line in log:
-            match = call.match(line)
-            if not match:
-                continue
-            pid, name = match.groups()
-            if pid in filtered and name not in ("resumed", "exited", "killed"):
-                names.add(name)
-            if name == "prctl" and "PR_SET_SECCOMP" in line:
-                filtered.add(pid)
-            if name == "seccomp":
-                filtered.add(pid)
-    return names
+        calls = [(m.group(1), m.group(2), line) for line in log if (m := call.match(line))]
+
+    def locks(name: str, line: str) -> bool:
+        return name == "seccomp" or (name == "prctl" and "PR_SET_SECCOMP" in line)
+
+    locking = {pid for pid, name, line in calls if locks(name, line)}
+    filtered: set[str] = set()
+    seen: list[tuple[str, str]] = []
+    for pid, name, line in calls:
+        if (pid in filtered or (pid not in locking and pid != str(zygote_pid))) and name not in (
+                "resumed", "exited", "killed"):
+            seen.append((name, line))
+        if pid in locking and locks(name, line):
+            filtered.add(pid)
+    return seen
+
+
+def _checked_arguments(calls: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The last argument seen for each call the filter checks by it (madvise advice, RWF flags)."""
+    checked = re.compile(r"^\d+\s+(madvise|preadv2|pwritev2)\((.*?)(?:\)\s+=|\s+<unfinished)")
+    values: dict[str, set[str]] = {"madvise": set(), "preadv2": set(), "pwritev2": set()}
+    for _, line in calls:
+        if match := checked.match(line):
+            values[match.group(1)].add(match.group(2).rsplit(", ", 1)[-1])
+    return {name: sorted(found) for name, found in values.items()}
 
 
 async def _census(out_path: str) -> set[str]:
@@ -112,7 +128,9 @@ async def _census(out_path: str) -> set[str]:
     finally:
         await pool.close()
     print(json.dumps(results), file=sys.stderr)
-    return _strace_names(out_path)
+    calls = _filtered_calls(out_path, zygote_pid)
+    print(json.dumps(_checked_arguments(calls)), file=sys.stderr)
+    return {name for name, _ in calls}
 
 
 def main() -> int:

@@ -210,7 +210,8 @@ CASES += [
          "fd = os.open(os.path.dirname(numpy.__file__), 0)\ncall(72, fd, 1026, 0x80000001)", ("ok",), stdout_has="blocked"),
     Case("mincore_page_cache_probe", RAW + "call(27, 0, 4096, 0)", ("ok",), stdout_has="blocked"),
     Case("sysinfo_free_memory", RAW + "buf = ctypes.create_string_buffer(128)\ncall(99, ctypes.addressof(buf))", ("ok",), stdout_has="blocked"),
-    Case("shared_anonymous_mmap", SYS + "mmap = sys.modules['mmap']\nm = mmap.mmap(-1, 8 << 30)", ("error", "memory")),
+    Case("shared_anonymous_mmap", SYS + "mmap = sys.modules['importlib'].import_module('mmap')\nm = mmap.mmap(-1, 8 << 30)",
+         ("error", "memory"), error_has="Cannot allocate memory"),
     Case("close_report_fd_and_stdout", OS + "os.close(3)\nos.close(1)\nprint('x')", ("error",)),
     Case("binary_garbage_on_stdout", OS + "os.write(1, bytes(range(256)))", ("ok",)),
     Case("inherited_descriptors", OS + "fds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
@@ -219,6 +220,58 @@ CASES += [
     Case("climb_out_of_tmp", OS + "os.chdir('..')\nprint(sorted(os.listdir('.')))\nprint(open('@REPO@/params.yaml').read())", ("error",), error_has="FileNotFoundError"),
     Case("hardlink_read_only_file", OS + "import json\nos.link(json.__file__, '/tmp/j.py')", ("error",)),
     Case("no_proc_no_sys", OS + "print(os.path.exists('/proc/self'), os.path.exists('/sys/kernel'), os.path.exists('/dev/shm'))", ("ok",), stdout_has="False False False"),
+]
+
+# --- the page cache every worker shares (sandbox.code.seccomp.PAGE_CACHE_SYSCALLS and the argument checks):
+# no call tells a snippet whether a page of a shared file is resident without reading it, and none evicts
+# one, so no snippet can reset a page to see whether a concurrent snippet loads it again.
+MODULE_FILE = "@SITE@/numpy/__init__.pyi"  # a file of the shared stack that no import maps
+# mmap is not imported by the stack; importlib loads it past the (advisory) import list.
+MAPPED = SYS + "mmap = sys.modules['importlib'].import_module('mmap')\nos = sys.modules['os']\nfd = os.open('" + MODULE_FILE + "', os.O_RDONLY)\n"
+
+
+def page_cache(name: str, code: str, error_has: str, prelude: str = OS) -> Case:
+    return Case(f"page_cache_{name}", prelude + code + "\nprint('not refused')", ("error",), error_has=error_has)
+
+
+CASES += [
+    page_cache("fadvise_dontneed", f"fd = os.open('{MODULE_FILE}', os.O_RDONLY)\n"
+               "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)", "PermissionError"),
+    page_cache("fadvise_willneed", f"fd = os.open('{MODULE_FILE}', os.O_RDONLY)\n"
+               "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)", "PermissionError"),
+    # RWF_NOWAIT answers EAGAIN for a page that is not resident: a probe that needs no clock.
+    page_cache("preadv2_nowait", f"fd = os.open('{MODULE_FILE}', os.O_RDONLY)\n"
+               "os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)", "[Errno 95]"),
+    # Raw, since tmpfs itself refuses a NOWAIT write (EOPNOTSUPP): the filter must refuse it first (ENOSYS).
+    Case("page_cache_pwritev2_nowait", RAW + "import fractions\nfd = fractions.sys.modules['os'].open('/tmp/w', 66)\n"
+         "buf = ctypes.create_string_buffer(4096)\niov = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 4096)\n"
+         "call(328, fd, ctypes.addressof(iov), 1, 0, 0, 8)", ("ok",), stdout_has="blocked"),
+    # RWF_DONTCACHE reads a page without leaving it resident: one page could be timed again and again.
+    page_cache("preadv2_dontcache", f"fd = os.open('{MODULE_FILE}', os.O_RDONLY)\n"
+               "os.preadv(fd, [bytearray(4096)], 0, 0x80)", "[Errno 95]"),
+    page_cache("preadv2_nowait_beside_an_allowed_flag", f"fd = os.open('{MODULE_FILE}', os.O_RDONLY)\n"
+               "os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT | os.RWF_DSYNC)", "[Errno 95]"),
+    page_cache("madvise_pageout_file_mapping", "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\nm[0]\nm.madvise(21)",
+               "PermissionError", MAPPED),
+    page_cache("madvise_cold_file_mapping", "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\nm[0]\nm.madvise(20)",
+               "PermissionError", MAPPED),
+    page_cache("madvise_collapse_file_mapping", "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\nm.madvise(25)",
+               "PermissionError", MAPPED),
+    page_cache("madvise_mergeable_ksm", "m = mmap.mmap(-1, 1 << 20)\nm.write(b'tapo' * (1 << 18))\nm.madvise(12)",
+               "PermissionError", MAPPED),
+    Case("page_cache_cachestat", RAW + "import fractions\nfd = fractions.sys.modules['os'].open('" + MODULE_FILE + "', 0)\n"
+         "rng, out = (ctypes.c_uint64 * 2)(0, 0), (ctypes.c_uint64 * 5)()\n"
+         "call(451, fd, ctypes.addressof(rng), ctypes.addressof(out), 0)", ("ok",), stdout_has="blocked"),
+    Case("page_cache_readahead", RAW + "import fractions\nfd = fractions.sys.modules['os'].open('" + MODULE_FILE + "', 0)\n"
+         "call(187, fd, 0, 1 << 20)", ("ok",), stdout_has="blocked"),
+    Case("page_cache_raw_fadvise_dontneed", RAW + "import fractions\nfd = fractions.sys.modules['os'].open('" + MODULE_FILE
+         + "', 0)\ncall(221, fd, 0, 0, 4)", ("ok",), stdout_has="blocked"),
+    # What still works: plain reads and maps of the shared files, and the advice a snippet gives its own memory.
+    Case("page_cache_own_memory_advice_still_works",
+         MAPPED + "m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)\nm.madvise(mmap.MADV_WILLNEED)\nm.madvise(mmap.MADV_DONTNEED)\n"
+         "a = mmap.mmap(-1, 1 << 22)\na.madvise(mmap.MADV_HUGEPAGE)\na.madvise(mmap.MADV_DONTNEED)\n"
+         "print(os.preadv(fd, [bytearray(64)], 0), os.preadv(fd, [bytearray(64)], 0, os.RWF_DSYNC), m[:1])",
+         ("ok",), stdout_has="64 64 b"),
 ]
 
 HOST_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/root", "/etc", SITE, "/usr/bin")
@@ -285,3 +338,45 @@ def redis_server_alive(port: int) -> bool:
         return client.ping() is True
     finally:
         client.close()
+
+
+PAGE_CACHE_WATCHER = OS + """import time
+fd = os.open('@FILE@', os.O_RDONLY)
+def probe():
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        return 'resident'
+    except BlockingIOError:
+        return 'absent'
+    except OSError as e:
+        return f'refused {e.errno}'
+def evict():
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return 'evicted'
+    except OSError as e:
+        return f'refused {e.errno}'
+print(evict(), probe())
+seen = [probe()]
+deadline = time.monotonic() + 3
+while time.monotonic() < deadline:
+    if probe() != seen[-1]:
+        seen.append(probe())
+    time.sleep(0.005)
+print(seen)
+"""
+
+
+def test_page_cache_probe_sees_nothing_of_a_concurrent_snippet(sandbox: Sandbox) -> None:
+    """The attack end to end: one snippet evicts a shared module file and watches its residency while a
+    snippet on the other worker reads it. Every step is refused, so what it prints is the same whether
+    or not the other snippet ran (the timing of its own reads stays: the threat model says why)."""
+    target = f"{SITE}/numpy/__init__.pyi"
+    with ThreadPoolExecutor(2) as pool:
+        watcher = pool.submit(sandbox.run, PAGE_CACHE_WATCHER.replace("@FILE@", target), timeout_s=8.0)
+        time.sleep(0.5)  # the watcher has evicted the file and is watching
+        reader = pool.submit(sandbox.run, f"print(len(open('{target}', 'rb').read()) > 0)")
+        watched, read = watcher.result(), reader.result()
+    assert (read["status"], read["stdout"]) == ("ok", "True\n"), read
+    assert watched["status"] == "ok", watched
+    assert watched["stdout"] == "refused 1 refused 95\n['refused 95']\n", watched["stdout"]

@@ -192,7 +192,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     return json.dumps(body, allow_nan=True).encode()  # lone surrogates become \ud8xx escapes
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(bodies(), st.sampled_from(["/search", "/retrieve", "/health", "/stats", "/nowhere"]),
        st.sampled_from(["POST", "GET", "PUT"]))
 def test_search_bad_input_fuzzed_requests_get_an_answer_or_a_4xx(local_service: ServiceProcess, body: bytes,
@@ -209,3 +209,13 @@ def test_search_bad_input_fuzz_leaves_the_service_small(local_service: ServicePr
         for _ in range(5):
             assert _post(local_service, "/retrieve", body).status_code in (413, 422)
     assert _rss(local_service) - before < RSS_BOUND
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.text(min_size=1, max_size=MAX_QUERY_CHARS), st.sampled_from(["/search", "/retrieve"]))
+def test_search_bad_input_refuses_no_decodable_query(local_service: ServiceProcess, query: str, path: str) -> None:
+    """The other side of the refusals: any text a client can write (NUL, controls, any script, non-BMP
+    characters, whitespace only) is searched."""
+    body = {"query": query} if path == "/search" else {"queries": [query, query[::-1]], "return_scores": True}
+    response = httpx.post(f"{local_service.url}{path}", json=body, timeout=30)
+    assert response.status_code == 200, (response.status_code, response.text[:300], ascii(query))

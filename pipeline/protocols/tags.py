@@ -32,6 +32,7 @@ from typing import ClassVar
 
 from pipeline.protocols.answers import last_answer_tag, last_boxed
 from pipeline.protocols.base import OUTPUT_MARK, ParsedCall, SegmentEnd, ToolProtocol, Wrapper, strip_eos, template
+from pipeline.protocols.reading import invalid_unicode
 from pipeline.types import Problem, ToolName
 
 
@@ -67,6 +68,9 @@ class TagProtocol(ToolProtocol):
         body = text[start + len(tag) + 2 : pos].strip()
         if not body:
             return SegmentEnd((ParsedCall(tool, "", f"empty <{tag}> call"),))
+        bad = invalid_unicode(body)
+        if bad is not None:  # no tool is given text it cannot encode
+            return SegmentEnd((ParsedCall(tool, "", f"malformed call: the <{tag}> call holds {bad}"),))
         return SegmentEnd((ParsedCall(tool, body),))
 
     def wrap_output(self, output: str) -> str:

@@ -10,8 +10,10 @@ text (its answer) or with calls in its family's format:
 - mistral (Mistral v3 and later): `[TOOL_CALLS]` followed by a JSON list of `{"name": ..., "arguments": {...}}`.
 
 A parser reads structure only: a call it cannot read (bad JSON, no name, arguments that are not an object, an
-unclosed block) comes back with its reason, and the chat-tools protocol answers it with that reason as the
-tool's output. Which tools exist and what arguments they take is the schemas' business (`chat_tools`).
+unclosed block, JSON nested deeper than `reading.MAX_JSON_DEPTH`, a string holding a lone surrogate) comes back
+with its reason, and the chat-tools protocol answers it with that reason as the tool's output. Every family
+decodes through `reading.read_json` and finds its blocks with `str.find`, so a parser is total and linear in the
+turn, whatever the model writes. Which tools exist and what arguments they take is the schemas' business (`chat_tools`).
 Adding a family: a subclass here with `family`, `parse` and `render`, and its name in `PARSERS` (the config's
 `rollout.chat_tools.parser` takes it from there).
 
@@ -23,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from pipeline.protocols.reading import JSON_WHITESPACE, JsonRead, read_json
 
 
 @dataclass(frozen=True)
@@ -74,23 +77,33 @@ class ToolCallParser(ABC):
 
 class HermesParser(ToolCallParser):
     family = "hermes"
-    _block = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+    opener, closer = "<tool_call>", "</tool_call>"
 
     def parse(self, text: str) -> tuple[RawCall, ...]:
-        calls = [self._read(m.group(1)) for m in self._block.finditer(text)]
-        tail = self._block.sub("", text)
-        if "<tool_call>" in tail:
+        # the blocks `<tool_call>(.*?)</tool_call>` finds, found with str.find: once an opener has no closer after
+        # it, no later one has (the pattern scanned to the end from each: quadratic in unclosed tags)
+        calls: list[RawCall] = []
+        outside: list[str] = []
+        pos = 0
+        while (start := text.find(self.opener, pos)) >= 0 and (
+                end := text.find(self.closer, start + len(self.opener))) >= 0:
+            outside.append(text[pos:start])
+            calls.append(self._read(text[start + len(self.opener):end]))
+            pos = end + len(self.closer)
+        outside.append(text[pos:])
+        tail = "".join(outside)
+        if self.opener in tail:
             calls.append(RawCall(None, None, "a <tool_call> block is not closed with </tool_call>",
-                                 tail[tail.find("<tool_call>"):]))
-        elif "</tool_call>" in tail:
+                                 tail[tail.find(self.opener):]))
+        elif self.closer in tail:
             calls.append(RawCall(None, None, "</tool_call> without a <tool_call>", tail))
         return tuple(calls)
 
     def _read(self, body: str) -> RawCall:
-        try:
-            call = self.read_object(json.loads(body))
-        except json.JSONDecodeError as err:
-            call = RawCall(None, None, f"the tool call is not valid JSON: {err}")
+        read = read_json(body)
+        if read.error is None and body[read.end:].strip(JSON_WHITESPACE):
+            read = JsonRead(None, read.end, "is not valid JSON: text after the call's object")
+        call = self.read_object(read.value) if read.error is None else RawCall(None, None, f"the tool call {read.error}")
         return dataclasses.replace(call, source=body.strip())
 
     def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
@@ -109,14 +122,13 @@ class Llama3Parser(ToolCallParser):
         if not body.startswith("{"):  # prose is the answer; after the python tag a call was meant
             return (RawCall(None, None, f"{self.python_tag} must be followed by a JSON call", body),) if tagged else ()
         calls: list[RawCall] = []
-        decoder, pos = json.JSONDecoder(), 0
+        pos = 0
         while pos < len(body):
-            try:
-                value, end = decoder.raw_decode(body, pos)
-            except json.JSONDecodeError as err:
-                return (*calls, RawCall(None, None, f"the tool call is not valid JSON: {err}", body[pos:]))
-            calls.append(dataclasses.replace(self.read_object(value), source=body[pos:end]))
-            pos = _skip(body, end, " \t\r\n;")
+            read = read_json(body, pos)
+            if read.error is not None:
+                return (*calls, RawCall(None, None, f"the tool call {read.error}", body[pos:]))
+            calls.append(dataclasses.replace(self.read_object(read.value), source=body[pos:read.end]))
+            pos = _skip(body, read.end, JSON_WHITESPACE + ";")
         return tuple(calls)
 
     def read_object(self, value: Any) -> RawCall:
@@ -136,11 +148,11 @@ class MistralParser(ToolCallParser):
         if self.marker not in text:
             return ()
         body = text.split(self.marker, 1)[1].strip()
-        try:
-            value, end = json.JSONDecoder().raw_decode(body)
-        except json.JSONDecodeError as err:
-            return (RawCall(None, None, f"the tool calls are not valid JSON: {err}", body),)
-        if body[end:].strip():
+        read = read_json(body)
+        if read.error is not None:
+            return (RawCall(None, None, f"the [TOOL_CALLS] list {read.error}", body),)
+        value = read.value
+        if body[read.end:].strip():
             return (RawCall(None, None, "text after the [TOOL_CALLS] list", body),)
         if not isinstance(value, list) or not value:
             return (RawCall(None, None, "[TOOL_CALLS] must be followed by a non-empty JSON list of calls", body),)

@@ -12,6 +12,7 @@ import re
 
 from pipeline.protocols.answers import last_boxed, last_boxed_span
 from pipeline.protocols.base import OUTPUT_MARK, ParsedCall, ToolProtocol, SegmentEnd, Wrapper, template
+from pipeline.protocols.reading import invalid_unicode
 from pipeline.types import Problem, ToolName
 
 _BOX_OPEN_RE = re.compile(r"\\boxed\{")
@@ -39,6 +40,9 @@ class TorlProtocol(ToolProtocol):
             body = stripped[start + len(self._open) : -len(self._close)].strip()
             if not body:
                 return SegmentEnd((ParsedCall("code", "", "empty python block"),))
+            bad = invalid_unicode(body)
+            if bad is not None:  # no tool is given text it cannot encode
+                return SegmentEnd((ParsedCall("code", "", f"malformed call: the python block holds {bad}"),))
             return SegmentEnd((ParsedCall("code", body),))
         return SegmentEnd(answered=_BOX_OPEN_RE.search(text) is not None)
 

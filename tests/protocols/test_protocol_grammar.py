@@ -80,3 +80,17 @@ def test_only_the_config_and_the_protocols_name_a_protocol() -> None:
                     if not str(p.relative_to(REPO_ROOT)).startswith(allowed)
                     and any(n in p.read_text() for n in names))
     assert naming == [], naming
+
+
+@pytest.mark.parametrize("name", sorted(PROTOCOLS))
+@settings(max_examples=50, deadline=None)
+@given(call_input=filled, at=st.integers(0, 40), surrogate=st.integers(0xD800, 0xDFFF))
+def test_lone_surrogate_in_a_call_is_refused_where_it_is_read(name: str, call_input: str, at: int,
+                                                              surrogate: int) -> None:
+    """No tool is handed text a UTF-8 writer cannot write: a call holding a lone surrogate is malformed."""
+    protocol = protocol_for(name)
+    tool = protocol.tools[0]
+    at = at % (len(call_input) + 1)
+    call = protocol.render_call(tool, call_input[:at] + chr(surrogate) + call_input[at:], "t")
+    parsed = protocol.read_segment(call, (tool,)).call
+    assert parsed is not None and parsed.input == "" and "lone surrogate" in parsed.error, parsed

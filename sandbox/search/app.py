@@ -35,7 +35,9 @@ from sandbox.search.serper import ProviderError
 MAX_TOP_K = 50
 MAX_BATCH = 256
 BODY_TIMEOUT_S = 30.0
-HEADER_TIMEOUT_S = 10.0
+# The next request head must arrive within this of the connection opening or the last answer. As long as
+# the keep-alive it bounds (`__main__`), so a client's pooled connection idles as long as it did before.
+HEADER_TIMEOUT_S = 30.0
 # The longest JSON spelling of one character: a non-BMP one as two \uXXXX escapes.
 MAX_JSON_BYTES_PER_CHAR = 12
 

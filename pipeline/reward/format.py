@@ -23,11 +23,12 @@ malformed tag does.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.protocols import MALFORMED, OUTPUT_MARK, ToolProtocol, Wrapper
-from pipeline.tools.shown import CUT_MARK, cut_at, cut_middle
+from pipeline.protocols import MALFORMED, OUTPUT_MARK, ToolProtocol
+from pipeline.tools.shown import CUT_MARK, cut_at, cut_middle, shown_text
 from pipeline.types import Trajectory
 
 __all__ = ["CUT_MARK", "FormatResult", "check_format", "check_response", "cut_middle", "shown_as",
@@ -45,15 +46,22 @@ class FormatResult:
 
 
 def split_engine_outputs(text: str, protocol: ToolProtocol, outputs: Sequence[str]) -> tuple[list[str], str | None]:
-    """Model segments around the engine outputs (len(outputs) + 1 of them), or an error."""
+    """Model segments around the engine outputs (len(outputs) + 1 of them), or an error.
+
+    The k-th output is looked for in the first wrapper after the (k-1)-th alone: the model never writes a
+    wrapper (every grammar refuses one anywhere in its text), so a wrapper before the engine's fails the check
+    whatever it holds, and looking past it for a later match scanned every wrapper after every wrapper
+    (quadratic in `<response>x</response>` pairs). One pass over the text.
+    """
     wrapper = protocol.output
     segments: list[str] = []
     pos = 0
     for k, output in enumerate(outputs):
-        found = _find_wrapped(text, pos, wrapper, output.strip())
-        if found is None:
+        start = text.find(wrapper.opener, pos)
+        stop = -1 if start < 0 else _shown_until(text, start + len(wrapper.opener), wrapper.closer,
+                                                 shown_text(output.strip()))
+        if stop < 0:
             return [], f"tool output #{k + 1} is not in the text"
-        start, stop = found
         segments.append(text[pos:start])
         pos = stop
     segments.append(text[pos:])
@@ -63,35 +71,75 @@ def split_engine_outputs(text: str, protocol: ToolProtocol, outputs: Sequence[st
 def shown_as(content: str, output: str) -> bool:
     """Whether `content` (inside a wrapper) is how the engine shows the tool `output`.
 
-    The engine shows the stripped output; an over-long one as `cut_middle(output, limit)`, whose
-    length fixes the cut (2 * half + len(CUT_MARK) characters), so the content is compared with
-    the very cut the engine made, whatever the output itself holds (its own `\n...\n` lines
-    included); an empty one as a one-line placeholder (e.g. "[no output] ...").
+    The engine shows the stripped output as valid text (`shown_text`); an over-long one as
+    `cut_middle(output, limit)`, whose length fixes the cut (2 * half + len(CUT_MARK) characters), so the
+    content is compared with the very cut the engine made, whatever the output itself holds (its own `\n...\n`
+    lines included); an empty one as a one-line placeholder (e.g. "[no output] ...").
     """
-    content = content.strip()
+    content, output = content.strip(), shown_text(output)
     if content == output:
         return True
     if not output:
-        return "\n" not in content and "<" not in content and len(content) <= 200
+        return "\n" not in content and "<" not in content and len(content) <= _PLACEHOLDER_MAX
     half, odd = divmod(len(content) - len(CUT_MARK), 2)
     return half > 0 and not odd and len(output) > len(content) and content == cut_at(output, half)
 
 
-def _find_wrapped(text: str, pos: int, wrapper: Wrapper, output: str) -> tuple[int, int] | None:
-    """(start, end) of the first wrapper at or after pos whose content shows `output`.
+_PLACEHOLDER_MAX = 200  # the longest placeholder shown for an empty output
+_SPACE_RE = re.compile(r"\s*+")  # str.strip's whitespace
+# closers whose content could be a cut of the output (its head, the mark and its tail in place) compared in full;
+# past this many the output is not found: only an output written to look cut at many places gets that far
+_MAX_CUT_CANDIDATES = 16
 
-    The output itself may contain the closing tag (hostile code can print `</response>`),
-    so every closer after the opener is tried, nearest first.
-    """
-    start = text.find(wrapper.opener, pos)
-    while start >= 0:
-        body = start + len(wrapper.opener)
-        close = text.find(wrapper.closer, body)
-        while close >= 0:
-            if shown_as(text[body:close], output):
-                return start, close + len(wrapper.closer)
-            close = text.find(wrapper.closer, close + 1)
-        start = text.find(wrapper.opener, start + 1)
+
+def _shown_until(text: str, body: int, closer: str, output: str) -> int:
+    """The end of the nearest `closer` after `text[body]` that ends a content showing `output` (`shown_as`), or
+    -1. Linear: a content longer than any showing can be ends the search, and each closer before it is judged
+    by the stripped content's length and a few characters, compared in full only for the one exact length
+    and a bounded number of cut candidates."""
+    start = _SPACE_RE.match(text, body).end()
+    longest = max(len(output), _PLACEHOLDER_MAX)
+    candidates = 0
+    close = text.find(closer, body)
+    while close >= 0:
+        end = _stripped_end(text, start, close)
+        size = end - start
+        if size > longest:
+            return -1
+        verdict = _shows(text, start, end, output)
+        if verdict is True:
+            return close + len(closer)
+        if verdict is None:  # a cut candidate that failed its full comparison
+            candidates += 1
+            if candidates > _MAX_CUT_CANDIDATES:
+                return -1
+        close = text.find(closer, close + 1)
+    return -1
+
+
+def _stripped_end(text: str, start: int, close: int) -> int:
+    """Where `text[start:close]` ends once stripped of trailing whitespace (`start` when nothing is left)."""
+    end = close
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return max(end, start)
+
+
+def _shows(text: str, start: int, end: int, output: str) -> bool | None:
+    """Whether the stripped content `text[start:end]` shows `output` (`shown_as`); None for a cut candidate
+    that was compared in full and failed (the caller bounds those)."""
+    size = end - start
+    if size == len(output):
+        return text.startswith(output, start, end)
+    if not output:
+        return "\n" not in text[start:end] and "<" not in text[start:end] and size <= _PLACEHOLDER_MAX
+    half, odd = divmod(size - len(CUT_MARK), 2)
+    if half <= 0 or odd or size >= len(output) or not text.startswith(CUT_MARK, start + half):
+        return False
+    if text[start] != output[0] or text[end - 1] != output[-1]:
+        return False
+    if text.startswith(output[:half], start) and text.startswith(output[len(output) - half:], end - half, end):
+        return True
     return None
 
 

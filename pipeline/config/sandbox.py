@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
 
@@ -27,6 +27,20 @@ class SandboxConfig(StageConfig):
     recover_s: float = Field(20.0, ge=0.0, le=600.0, description=(
         "Client: keep retrying a refused connection this long (a sandbox the services flow is restarting) before "
         "the call counts as an outage; 0 = no waiting."))
+    deadline_s: float = Field(60.0, gt=0.0, le=3600.0, description=(
+        "Client: the deadline of a whole call (retries and the wait for a restarting sandbox included); no complete "
+        "answer by then is an outage. At least timeout_s + recover_s."))
+    max_answer_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description=(
+        "Client: an answer longer than this is not read; it can only be the snippet's output (the sandbox caps it at "
+        "64 KiB a stream), so the call is the policy's 'output_limit'."))
+
+    @model_validator(mode="after")
+    def _deadline_holds_a_call(self) -> SandboxConfig:
+        if self.deadline_s < self.timeout_s + self.recover_s:
+            raise ValueError(f"sandbox.deadline_s ({self.deadline_s:g}) must be at least sandbox.timeout_s + "
+                             f"sandbox.recover_s ({self.timeout_s + self.recover_s:g}): a call may run its snippet "
+                             "after waiting out a restart")
+        return self
 
     def server_args(self, ranks: int = 1) -> list[str]:
         """Command-line arguments for `python -m sandbox.code` (besides --host/--port), for a sandbox that serves

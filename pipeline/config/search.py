@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.config.base import StageConfig
 
@@ -31,6 +31,20 @@ class SearchConfig(StageConfig):
     recover_s: float = Field(20.0, ge=0.0, le=600.0, description=(
         "Client: keep retrying a refused connection this long (a search service the services flow is restarting) "
         "before the call counts as an outage; 0 = no waiting."))
+    deadline_s: float = Field(60.0, gt=0.0, le=3600.0, description=(
+        "Client: the deadline of a whole call (retries and the wait for a restarting service included); no complete "
+        "answer by then is an outage. At least provider_timeout_s x (provider_retries + 1) + recover_s."))
+    max_answer_bytes: int = Field(1 << 20, ge=1024, le=1 << 30, description=(
+        "Client: an answer longer than this is not read; the call is answered 'too_large' (not an outage)."))
     serper_url: str = Field("https://google.serper.dev/search", description="Serper search endpoint.")
     serper_api_key_env: str = Field("SERPER_API_KEY", description="Environment variable that holds the Serper API key.")
     serper_rate_per_s: float = Field(5.0, gt=0, le=1000, description="Maximum Serper requests per second from one service.")
+
+    @model_validator(mode="after")
+    def _deadline_holds_a_call(self) -> SearchConfig:
+        needed = self.provider_timeout_s * (self.provider_retries + 1) + self.recover_s
+        if self.deadline_s < needed:
+            raise ValueError(f"search.deadline_s ({self.deadline_s:g}) must be at least search.provider_timeout_s x "
+                             f"(search.provider_retries + 1) + search.recover_s ({needed:g}): the service may try its "
+                             "provider that long after the client waited out a restart")
+        return self

@@ -22,6 +22,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import StageConfig
 
+MAX_ANSWER_BYTES = 1 << 20  # a tool's answer is cut to max_tool_output_chars anyway: a MiB is far more than shown
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # what function-calling APIs and templates accept as a name
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Call the tools when they help. When you know the answer, reply without a tool "
@@ -51,8 +52,13 @@ class _UserTool(StageConfig):
     name: str = Field(pattern=NAME_PATTERN, description="The tool's name, as the model calls it.")
     description: str = Field(min_length=1, description="What the tool does, as the model reads it.")
     parameters: dict[str, Any] = Field(description="The arguments, as a JSON schema of an object.")
-    timeout_s: float = Field(10.0, gt=0, description="A call that takes longer is answered with a timeout.")
-    concurrency: int = Field(4, ge=1, description="Calls of this tool in flight at once.")
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="The deadline of a whole call (an endpoint's retries "
+                             "and reading all of its answer included): a call that takes longer is the tool's "
+                             "failure, an outage.")
+    concurrency: int = Field(4, ge=1, le=1024, description="Calls of this tool in flight at once (a sync function: "
+                             "its threads).")
+    max_answer_bytes: int = Field(MAX_ANSWER_BYTES, ge=1024, le=1 << 30, description="A longer answer is not read "
+                                  "past this many bytes; the call is answered 'too_large' (not an outage).")
 
     @field_validator("parameters")
     @classmethod
@@ -81,9 +87,17 @@ class McpToolEntry(StageConfig):
     url: str = Field("", description="streamable HTTP transport: the server's endpoint (e.g. http://127.0.0.1:8000/mcp).")
     tools: tuple[str, ...] = Field((), description="The server's tools to offer (empty: all of them).")
     prefix: str = Field("", description="Put before each of its tools' names (to keep two servers' names apart).")
-    timeout_s: float = Field(30.0, gt=0, description="A call that takes longer is answered with a timeout.")
-    startup_timeout_s: float = Field(60.0, gt=0, description="Connecting and reading the tool schemas at start-up.")
-    concurrency: int = Field(4, ge=1, description="Calls to this server in flight at once.")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="The deadline of a whole call (waiting for a "
+                             "restarting server included): a call that takes longer is an outage.")
+    startup_timeout_s: float = Field(60.0, gt=0, le=3600, description="Deadline of one start: starting the server, "
+                                     "`initialize` and listing its tools.")
+    concurrency: int = Field(4, ge=1, le=1024, description="Calls to this server in flight at once.")
+    max_answer_bytes: int = Field(MAX_ANSWER_BYTES, ge=1024, le=1 << 30, description="A longer message from the "
+                                  "server is not read past this many bytes: a call's result is answered 'too_large' "
+                                  "(not an outage); the tool list must fit too.")
+    restarts: int = Field(3, ge=0, le=100, description="Restarts in a row (no call answered between them) of a server "
+                          "that failed to start, exited, or wrote a bad line, before it is given up (its calls are "
+                          "then outages). At start-up: attempts after the first.")
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpToolEntry:

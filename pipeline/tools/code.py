@@ -21,6 +21,11 @@ Retry-After, else exponential backoff) up to `retries` times; a snippet that ran
 re-run. A refused connection is also retried for up to `recover_s` seconds (the time the
 services flow needs to restart a sandbox that died), so a restart costs a wait, not outages. A semaphore bounds requests in flight so a large batch queues here, not in the
 server's bounded queue.
+
+Bounds (`pipeline.tools.base`): a call that holds a slot has `deadline_s` for all of it (retries and the wait for
+a restarting sandbox included); no complete answer by then is an outage (a hung or dripping sandbox). An answer
+over `max_answer_bytes` is not read: it can only be the snippet's output (the sandbox caps it itself, at 64 KiB
+a stream by default), so it is the sandbox's own verdict on a print loop, status "output_limit", the policy's.
 """
 
 from __future__ import annotations
@@ -29,14 +34,16 @@ import asyncio
 import hashlib
 import re
 import time
+from dataclasses import replace
 
 import httpx
 
 from pipeline.config.sandbox import SandboxConfig
-from pipeline.tools.base import CallCounts, infrastructure_status, post_with_retries, response_detail
+from pipeline.tools.base import (AnswerTooLarge, CallCounts, CallLimits, infrastructure_status, json_body,
+                                 missed_deadline, post_with_retries, response_detail)
 from pipeline.types import ToolName, ToolResult
 
-_RETRYABLE_STATUS = {429, 502, 503, 504}
+_RETRYABLE_STATUS = {429, 502, 503, 504}  # not a 500: the snippet may have run (a re-run would repeat its effects)
 # The server answers within timeout_s plus its own start-up and queueing; this is our margin.
 _HTTP_MARGIN_S = 10.0
 
@@ -54,12 +61,15 @@ class CodeSandboxClient:
     name: ToolName = "code"
 
     def __init__(self, url: str, *, timeout_s: float = 5.0, memory_mb: int = 512, concurrency: int = 8,
-                 retries: int = 2, recover_s: float = 0.0, seed: int | None = None) -> None:
+                 retries: int = 2, recover_s: float = 0.0, seed: int | None = None, deadline_s: float = 60.0,
+                 max_answer_bytes: int = 1 << 20) -> None:
         if not url:
             raise ValueError("CodeSandboxClient needs the sandbox URL (e.g. http://127.0.0.1:PORT)")
-        if concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0 or recover_s < 0:
+        if (concurrency < 1 or retries < 0 or timeout_s <= 0 or memory_mb <= 0 or recover_s < 0
+                or deadline_s <= timeout_s):
             raise ValueError(f"bad client limits: concurrency={concurrency} retries={retries} "
-                             f"timeout_s={timeout_s} memory_mb={memory_mb}")
+                             f"timeout_s={timeout_s} memory_mb={memory_mb} deadline_s={deadline_s} (over timeout_s)")
+        self.limits = CallLimits(deadline_s, max_answer_bytes)
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
@@ -76,18 +86,31 @@ class CodeSandboxClient:
     @classmethod
     def from_config(cls, cfg: SandboxConfig, url: str) -> CodeSandboxClient:
         return cls(url, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb, concurrency=cfg.concurrency,
-                   retries=cfg.retries, recover_s=cfg.recover_s, seed=cfg.seed)
+                   retries=cfg.retries, recover_s=cfg.recover_s, seed=cfg.seed, deadline_s=cfg.deadline_s,
+                   max_answer_bytes=cfg.max_answer_bytes)
 
     async def __call__(self, call_input: str) -> ToolResult:
         return self.counts.count(await self._run(call_input))
 
     async def _run(self, call_input: str) -> ToolResult:
         started = time.perf_counter()
+        request = json_body(self._payload(call_input))
+        if not isinstance(request, bytes):  # input no service can be sent: the policy's
+            return request
         async with self._slots:
             try:
-                body = await self._post_with_retries(call_input)
+                async with asyncio.timeout(self.limits.deadline_s):
+                    body = _checked_body(await post_with_retries(
+                        self._http, f"{self.url}/run", request, retries=self.retries, recover_s=self.recover_s,
+                        max_answer_bytes=self.limits.max_answer_bytes, retry_status=_RETRYABLE_STATUS.__contains__))
             except CodeRefused as exc:
                 return ToolResult.failure(str(exc), status="rejected", latency_s=time.perf_counter() - started)
+            except AnswerTooLarge as exc:  # only the snippet's output can be that long: its print loop
+                return ToolResult.failure(f"OutputLimitExceeded: {exc}", status="output_limit",
+                                          latency_s=time.perf_counter() - started)
+            except TimeoutError:  # the whole call's deadline: a hung or dripping sandbox
+                return replace(missed_deadline("code sandbox", self.limits.deadline_s),
+                               latency_s=time.perf_counter() - started)
             except (httpx.HTTPError, OSError, ValueError) as exc:  # unreachable, 5xx, garbage, no answer in time
                 return ToolResult.failure(f"code sandbox unavailable: {type(exc).__name__}: {exc}",
                                           status="unavailable", latency_s=time.perf_counter() - started,
@@ -97,14 +120,11 @@ class CodeSandboxClient:
             body = body | {key: canonical_addresses(body[key], seen) for key in ("stdout", "error") if body.get(key)}
         return self._to_result(body, time.perf_counter() - started)
 
-    async def _post_with_retries(self, code: str) -> dict:
+    def _payload(self, code: str) -> dict:
         payload = {"code": code, "timeout_s": self.timeout_s, "memory_mb": self.memory_mb}
         if self.seed is not None:
             payload["seed"] = snippet_seed(self.seed, code)
-        # Not a 500: the snippet may have run (a re-run would be a second sample of its side effects and cost).
-        response = await post_with_retries(self._http, f"{self.url}/run", payload, retries=self.retries,
-                                           recover_s=self.recover_s, retry_status=_RETRYABLE_STATUS.__contains__)
-        return _checked_body(response)
+        return payload
 
     @staticmethod
     def _to_result(body: dict, latency_s: float) -> ToolResult:
@@ -151,7 +171,11 @@ def _checked_body(response: httpx.Response) -> dict:
         raise CodeRefused(f"code rejected by the sandbox: HTTP {response.status_code} {response_detail(response, 200)}")
     if response.status_code != 200:
         raise ValueError(f"HTTP {response.status_code} from the sandbox: {response.text[:200]}")
-    body = response.json()
-    if not isinstance(body, dict) or not isinstance(body.get("status"), str) or not isinstance(body.get("stdout", ""), str):
+    try:
+        body = response.json()
+    except RecursionError:
+        raise ValueError("malformed sandbox answer: nested too deeply") from None
+    if (not isinstance(body, dict) or not isinstance(body.get("status"), str)
+            or not isinstance(body.get("stdout", ""), str) or not isinstance(body.get("error") or "", str)):
         raise ValueError(f"malformed sandbox answer: {str(body)[:200]}")
     return body

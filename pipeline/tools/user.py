@@ -3,11 +3,20 @@ endpoint, with the JSON schema of its arguments.
 
 Both receive the model's arguments as a JSON object (the chat-tools protocol has checked them against the
 schema) and never raise: what goes wrong is a `ToolResult` failure, classified as every client's is
-(`pipeline.tools.base`). A Python callable that raises, or runs past `timeout_s`, failed for the policy's
-arguments (status "error" / "timeout"; a thread cannot be killed, so a sync function that hangs keeps its
-thread until it returns: bound it yourself). An endpoint that cannot be reached, answers 429/5xx after the
-retries, or not within `timeout_s`, is an outage (`infrastructure`); its 4xx answers and `{"error": ...}` are
-the policy's. `concurrency` calls run at once per tool; the rest queue here.
+(`pipeline.tools.base`). Arguments that are not a JSON object of valid Unicode are refused, the policy's error,
+before the tool sees them. A Python callable that raises failed for the policy's arguments (status "error");
+an endpoint's 4xx answers and `{"error": ...}` are the policy's too.
+
+`timeout_s` is the deadline of the whole call, for both kinds (for an endpoint: connecting, sending, every
+retry and back-off, and reading all of the answer; before, it bounded each read, and an endpoint dripping a byte
+at a time held a call for as long as it liked and counted as a success). A call past it is the tool's failure,
+an outage (`infrastructure`), whatever the arguments: the policy cannot see why a tool was slow, and a tool that
+keeps hanging must stop the run, naming it, not go on eating calls. So is an endpoint that cannot be reached
+or answers 429/5xx after the retries. A sync callable runs on the tool's own threads (`ToolThreads`, at most
+`concurrency`): a thread cannot be killed, so a hung call keeps its thread; once every thread is held so, further
+calls are refused at once (status "saturated", an outage) and other tools are not touched. An answer over
+`max_answer_bytes` (an endpoint's body, read no further; a callable's shown value) is cut (status "too_large"),
+not an outage: its size answers the arguments. At most `concurrency` calls run at once per tool; the rest queue.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from typing import Any
 import httpx
 
 from pipeline.config.tools import HttpToolEntry, PythonToolEntry
-from pipeline.tools.base import CallCounts, post_or_outage
+from pipeline.tools.base import (AnswerTooLarge, CallCounts, CallLimits, parse_arguments, post_or_outage,
+                                 too_large)
+from pipeline.tools.threads import Saturated, ToolThreads
 from pipeline.types import ToolResult, ToolSpec
 
 
@@ -52,31 +63,51 @@ def declared_spec(entry: PythonToolEntry | HttpToolEntry) -> ToolSpec:
     return ToolSpec(entry.name, entry.description, dict(entry.parameters))
 
 
+def bounded_text(text: str, limit: int) -> str:
+    """`text` if its UTF-8 form fits `limit` bytes; raises AnswerTooLarge (without encoding a text that cannot)."""
+    if len(text) > limit or (4 * len(text) > limit and len(text.encode("utf-8", "surrogatepass")) > limit):
+        raise AnswerTooLarge(limit)
+    return text
+
+
 class PythonTool:
-    """A Python callable as a tool: called with the arguments as keywords, sync ones on a worker thread."""
+    """A Python callable as a tool: called with the arguments as keywords, sync ones on the tool's own threads."""
 
     def __init__(self, entry: PythonToolEntry) -> None:
-        self.name, self.timeout_s = entry.name, entry.timeout_s
+        self.name, self.timeout_s, self.max_answer_bytes = entry.name, entry.timeout_s, entry.max_answer_bytes
         self.spec = declared_spec(entry)
         self._function = load_callable(entry.function, entry.name)
-        self._slots = asyncio.Semaphore(entry.concurrency)
+        self._is_async = inspect.iscoroutinefunction(self._function)
+        self._slots = asyncio.Semaphore(entry.concurrency)  # async functions; sync ones queue for their threads
+        self._threads = ToolThreads(entry.name, entry.concurrency)
         self.counts = CallCounts()
 
     async def __call__(self, call_input: str) -> ToolResult:
         started = time.perf_counter()
-        async with self._slots:
-            result = await self._run(json.loads(call_input))
+        arguments = parse_arguments(call_input)
+        if isinstance(arguments, ToolResult):
+            return self.counts.count(arguments)
+        if self._is_async:
+            async with self._slots:
+                result = await self._run(arguments.values)
+        else:
+            result = await self._run(arguments.values)
         return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
 
     async def _run(self, arguments: dict[str, Any]) -> ToolResult:
-        if inspect.iscoroutinefunction(self._function):
-            call = self._function(**arguments)
-        else:
-            call = asyncio.to_thread(self._function, **arguments)
         try:
-            return ToolResult(shown_value(await asyncio.wait_for(call, self.timeout_s)), ok=True)
+            if self._is_async:
+                value = await asyncio.wait_for(self._function(**arguments), self.timeout_s)
+            else:
+                value = await self._threads.run(self._function, arguments, self.timeout_s)
+            return ToolResult(bounded_text(shown_value(value), self.max_answer_bytes), ok=True)
         except TimeoutError:
-            return ToolResult.failure(f"{self.name} did not finish in {self.timeout_s}s", status="timeout")
+            return ToolResult.failure(f"{self.name} did not finish in {self.timeout_s}s", status="timeout",
+                                      infrastructure=True)
+        except Saturated as err:
+            return ToolResult.failure(f"{self.name} was not called: {err}", status="saturated", infrastructure=True)
+        except AnswerTooLarge as err:
+            return too_large(self.name, err)
         except Exception as err:  # the function's own failure: shown to the model like a traceback's last line
             return ToolResult.failure(f"{type(err).__name__}: {err}", status="error")
 
@@ -89,6 +120,7 @@ class HttpTool:
 
     def __init__(self, entry: HttpToolEntry) -> None:
         self.name, self.url, self.retries = entry.name, entry.url, entry.retries
+        self.limits = CallLimits(entry.timeout_s, entry.max_answer_bytes)
         self.spec = declared_spec(entry)
         self._slots = asyncio.Semaphore(entry.concurrency)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(entry.timeout_s),
@@ -97,13 +129,14 @@ class HttpTool:
 
     async def __call__(self, call_input: str) -> ToolResult:
         started = time.perf_counter()
+        arguments = parse_arguments(call_input)
+        if isinstance(arguments, ToolResult):
+            return self.counts.count(arguments)
         async with self._slots:
-            result = await self._post(json.loads(call_input))
+            answer = await post_or_outage(self._http, self.url, arguments.body, service=self.name,
+                                          retries=self.retries, limits=self.limits)
+        result = answer if isinstance(answer, ToolResult) else _answer(answer)
         return self.counts.count(dataclasses.replace(result, latency_s=time.perf_counter() - started))
-
-    async def _post(self, arguments: dict[str, Any]) -> ToolResult:
-        answer = await post_or_outage(self._http, self.url, arguments, service=self.name, retries=self.retries)
-        return answer if isinstance(answer, ToolResult) else _answer(answer)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -114,8 +147,11 @@ def _answer(response: httpx.Response) -> ToolResult:
         return ToolResult.failure(f"HTTP {response.status_code}: {response.text[:300]}", status="rejected")
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return ToolResult(response.text, ok=True)
-    if isinstance(body, dict) and "error" in body and "output" not in body:
-        return ToolResult.failure(shown_value(body["error"]), status="error")
-    return ToolResult(shown_value(body["output"] if isinstance(body, dict) and "output" in body else body), ok=True)
+    try:
+        if isinstance(body, dict) and "error" in body and "output" not in body:
+            return ToolResult.failure(shown_value(body["error"]), status="error")
+        return ToolResult(shown_value(body["output"] if isinstance(body, dict) and "output" in body else body), ok=True)
+    except (ValueError, RecursionError):  # JSON nested too deeply to write again: shown as it came
+        return ToolResult(response.text, ok=True)

@@ -281,7 +281,7 @@ async def test_a_call_during_a_restart_waits_for_the_service_instead_of_failing(
     """Recovery first: a sandbox killed under a running services flow comes back, and a call made while it
     is down is answered once it is up (the client waits out the refused connections), not an outage."""
     raw = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    raw["sandbox"] |= {"workers": 1, "recover_s": 240.0}  # a bound on the wait, not a timing
+    raw["sandbox"] |= {"workers": 1, "recover_s": 240.0, "deadline_s": 300.0}  # bounds on the wait, not timings
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(raw))
     cfg = load_config(params)

@@ -57,7 +57,7 @@ def test_a_python_function_is_a_tool_by_its_import_path() -> None:
     assert weighed.ok and json.loads(weighed.output) == {"count": 2, "longest": "bcd"}
 
 
-def test_a_python_tool_that_raises_or_hangs_is_an_observation() -> None:
+def test_a_python_tool_that_raises_is_an_observation_and_one_past_its_deadline_an_outage() -> None:
     broken = PythonTool(chat_config(python_entry("broken")).rollout.tools[0])
     result = call(broken, word="tapo")
     assert not result.ok and result.status == "error" and not result.infrastructure
@@ -66,6 +66,7 @@ def test_a_python_tool_that_raises_or_hangs_is_an_observation() -> None:
         "type": "object", "properties": {"seconds": {"type": "number"}}})).rollout.tools[0])
     timed_out = call(slow, seconds=1.0)
     assert timed_out.status == "timeout" and "did not finish in 0.2s" in timed_out.output
+    assert timed_out.infrastructure  # the tool's failure, as every tool's past its deadline (docs/tools.md)
     assert slow.counts.calls == 1 and slow.counts.failed == 1
 
 

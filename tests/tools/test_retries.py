@@ -75,19 +75,21 @@ def service() -> Iterator[type[_Script]]:
         yield handler
 
 
-def _client(kind: str, url: str):
+def _client(kind: str, url: str, wait_s: float):
+    """A client that waits `wait_s` for an answer (an endpoint's timeout_s is the whole call's deadline, so it must
+    also hold the retries' back-off)."""
     if kind == "code":
-        return CodeSandboxClient(url, timeout_s=0.5, retries=RETRIES), "print(42)"
+        return CodeSandboxClient(url, timeout_s=wait_s / 2, retries=RETRIES), "print(42)"
     if kind == "search":
-        return SearchClient(url, timeout_s=1.0, retries=RETRIES), "the answer"
-    entry = HttpToolEntry(name="lookup", description="Look up.", url=f"{url}/lookup", timeout_s=1.0, retries=RETRIES,
-                          parameters={"type": "object", "properties": {"q": {"type": "string"}}})
+        return SearchClient(url, timeout_s=wait_s, retries=RETRIES), "the answer"
+    entry = HttpToolEntry(name="lookup", description="Look up.", url=f"{url}/lookup", timeout_s=wait_s,
+                          retries=RETRIES, parameters={"type": "object", "properties": {"q": {"type": "string"}}})
     return HttpTool(entry), json.dumps({"q": "x"})
 
 
-def _call(kind: str, service: type[_Script], script: list) -> ToolResult:
+def _call(kind: str, service: type[_Script], script: list, wait_s: float = 5.0) -> ToolResult:
     service.script, service.ok_body = script, json.dumps(OK_BODY[kind]).encode()
-    client, call_input = _client(kind, service.url)
+    client, call_input = _client(kind, service.url, wait_s)
 
     async def once() -> ToolResult:
         try:
@@ -119,7 +121,7 @@ def test_a_lasting_failure_is_an_outage_after_exactly_the_retries(service, kind:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_answer_in_time_is_an_outage_after_one_request(service, kind: str) -> None:
-    result = _call(kind, service, ["hang"])
+    result = _call(kind, service, ["hang"], wait_s=1.0)
     assert not result.ok and result.infrastructure, result
     assert service.requests == 1
 

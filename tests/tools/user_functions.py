@@ -34,3 +34,31 @@ def slow(seconds: float) -> str:
 
 
 NOT_CALLABLE = 42
+
+
+RELEASE = threading.Event()  # set by the tests' teardown: lets every hung call return
+CALLS = {"hang": 0}
+
+
+def hang(seconds: float = 3600.0) -> str:
+    """Hangs (as a tool stuck on a lock or a dead socket would) until RELEASE, at most `seconds`."""
+    with _LOCK:
+        CALLS["hang"] += 1
+    RELEASE.wait(seconds)
+    return "released"
+
+
+def stops() -> str:
+    raise StopIteration("a generator's end escaped")
+
+
+def exits() -> str:
+    raise SystemExit(3)
+
+
+def lone_surrogate(word: str = "") -> str:
+    return "\ud83d" + word
+
+
+def huge(n: int) -> str:
+    return "x" * n

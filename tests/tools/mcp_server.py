@@ -45,6 +45,12 @@ async def busy(seconds: float) -> int:
 
 
 @app.tool()
+def big(size: int) -> str:
+    """A text of `size` bytes."""
+    return "x" * size
+
+
+@app.tool()
 def refuse(reason: str) -> str:
     """Fail with the reason."""
     raise ValueError(reason)

@@ -61,7 +61,7 @@ def stdio_tools() -> Iterator[dict]:
 
 
 def test_the_servers_tools_and_schemas_are_read_at_start_up(stdio_tools: dict) -> None:
-    assert sorted(stdio_tools) == ["toy_add", "toy_busy", "toy_die", "toy_nap", "toy_refuse", "toy_shout"]
+    assert sorted(stdio_tools) == ["toy_add", "toy_big", "toy_busy", "toy_die", "toy_nap", "toy_refuse", "toy_shout"]
     spec = stdio_tools["toy_add"].spec
     assert spec.name == "toy_add" and spec.description == "Add two integers."
     assert spec.parameters["required"] == ["a", "b"]
@@ -84,20 +84,23 @@ def test_at_most_concurrency_calls_are_in_flight(stdio_tools: dict) -> None:
     assert max(int(r.output) for r in results) <= 2
 
 
-def test_a_server_that_dies_is_an_outage_not_a_crash() -> None:
-    tools = make_tools(mcp_config(tools=["die", "add"]), {})
+def test_a_server_that_dies_is_an_outage_then_started_again() -> None:
+    tools = make_tools(mcp_config(tools=["die", "add"], timeout_s=120.0), {})  # a bound on the restart's wait
     try:
         assert sorted(tools) == ["toy_add", "toy_die"]
         died, = run_all(tools, ("toy_die", {}))
         after, = run_all(tools, ("toy_add", {"a": 1, "b": 1}))
-        assert died.infrastructure and after.infrastructure and "unavailable" in after.output
+        assert died.infrastructure and "unavailable" in died.output  # the call it died under
+        assert after.ok and after.output == "2"  # before: every later call was an outage, for the rest of the run
+        assert tools["toy_add"].server.restarts == 1
     finally:
         close(tools)
 
 
 def test_a_server_that_cannot_start_or_lacks_a_tool_is_refused_naming_it() -> None:
     with pytest.raises(McpUnavailable, match="MCP server 'toy': could not start"):
-        make_tools(mcp_config(command=[sys.executable, "-c", "import sys; sys.exit(3)"], startup_timeout_s=20.0), {})
+        make_tools(mcp_config(command=[sys.executable, "-c", "import sys; sys.exit(3)"], startup_timeout_s=20.0,
+                              restarts=1), {})
     with pytest.raises(McpUnavailable, match=r"has no tool\(s\) \['translate'\]"):
         make_tools(mcp_config(tools=["add", "translate"]), {})
 
@@ -107,11 +110,15 @@ def test_a_streamable_http_server_is_a_tool_source(tmp_path: Path) -> None:
     service = ServiceProcess("mcp", [sys.executable, str(SERVER), "http", str(port)], port, tmp_path / "mcp.log",
                              health_path=None)
     with service.start(timeout_s=60):
-        cfg = mcp_config(command=[], url=f"http://127.0.0.1:{port}/mcp", tools=["add"], prefix="")
+        cfg = mcp_config(command=[], url=f"http://127.0.0.1:{port}/mcp", tools=["add", "big"], prefix="",
+                         max_answer_bytes=1 << 20)
         tools = make_tools(cfg, {})
         try:
             added, = run_all(tools, ("add", {"a": 20, "b": 22}))
             assert added.ok and added.output == "42"
+            huge, after = run_all(tools, ("big", {"size": 3 << 20}), ("add", {"a": 1, "b": 1}))
+            assert (huge.ok, huge.status, huge.infrastructure) == (False, "too_large", False), huge  # bounded
+            assert after.ok and after.output == "2"
         finally:
             close(tools)
 

@@ -65,10 +65,11 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "prepare_model": Command("prepare_model_flow", "Prepare the base model (models/base)."),
-    "curate": Command("curate_flow", "Curate the training and test problems (data/curated)."),
-    "build_index": Command("build_index_flow", "Build the search index (data/search/index)."),
-    "sft": Command("sft_flow", "Fine-tune the base model on tool-use traces (models/sft)."),
+    "prepare_model": Command("prepare_model_flow", "Prepare the base model (models/base).", (_label, _out)),
+    "curate": Command("curate_flow", "Curate the training and test problems (data/curated).", (_label, _out)),
+    "build_index": Command("build_index_flow", "Build the search index (data/search/index).", (_label, _out)),
+    "sft": Command("sft_flow", "Fine-tune the base model on tool-use traces (models/sft, metrics/sft.json).",
+                   (_label, _out)),
     "train": Command("train_flow", "Train the policy with tools (models/policy, metrics/train*).",
                      (_resume, _label, _out)),
     "evaluate": Command("evaluate_flow", "Evaluate a model on the configured benchmarks (metrics/eval*).",

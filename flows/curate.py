@@ -1,4 +1,5 @@
-"""Stage curate: build the train/test problem files from the configured sources.
+"""Stage curate: build the train/test problem files from the configured sources (data/curated; an ad-hoc run,
+with another params file, a --label or --out, under runs/curate/<label>/, flows.outputs).
 
 Rows whose prompt overruns the rollout's token budget are rejected ("too_long") with the
 tokenizer of the model the run trains (`model.base_dir`, written by prepare-model) and the
@@ -21,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit
+from flows.outputs import Placement, placed_run
 from flows.reported import reported_stage
 from flows.services import running_services
 from pipeline.config import RunConfig
@@ -54,8 +56,12 @@ def curate_task(run: RunConfig, params: str) -> dict:
         return curate(run.curate, prompt_budget=budget, search=probe).to_dict()
 
 
+def configured(params: str, label: str | None = None, out: str | None = None) -> tuple[RunConfig, Placement]:
+    return placed_run("curate", params, load_or_exit(params), label=label, out=out)
+
+
 @flow(name="curate", log_prints=True)
-def curate_flow(params: str = "params.yaml") -> dict:
-    run = load_or_exit(params)
-    return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params))
+def curate_flow(params: str = "params.yaml", label: str | None = None, out: str | None = None) -> dict:
+    run, _ = configured(params, label, out)
+    return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params), run)
 

@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import USER_ERRORS as COMMON_ERRORS
 from flows.common import load_or_exit
 from flows.summary import publish
-from flows.outputs import Placement, placement
+from flows.outputs import STAGE_OUTPUTS, Placement, placed, placement
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
@@ -88,9 +88,12 @@ def preflight(params: str, model: str | None = None, label: str | None = None, o
 
 def configured(params: str, model: str | None, label: str | None, out: str | None,
                baseline: str | None) -> tuple[RunConfig, str]:
-    """This run's config and the stage it is: a baseline's DVC stage, the policy's, or an ad-hoc run."""
+    """This run's config and the stage it is: a baseline's DVC stage, the policy's, or an ad-hoc run (a baseline's
+    too: with another params file, a label or --out it writes under runs/evaluate/<label>/)."""
     if baseline is not None:
-        return as_baseline(load_or_exit(params), baseline), f"evaluate-{baseline}"
+        place = placement("evaluate", params, label=label, out=out, ad_hoc=False)
+        cfg = placed(as_baseline(load_or_exit(params), baseline), STAGE_OUTPUTS["evaluate"], place)
+        return cfg, f"evaluate-{baseline}"
     place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
     return with_overrides(load_or_exit(params), label, place, model), "evaluate"
 

@@ -1,11 +1,15 @@
 """Where a stage writes: the outputs dvc.yaml declares belong to `dvc repro`.
 
 The command a dvc.yaml stage runs (`python -m flows.<stage> --params params.yaml`) writes the stage's
-declared outputs. Any other run of a stage is ad hoc (another params file, `--model`, `--label`): each of
-its output paths that is, holds or lies inside a DVC-tracked output (`outs`, `metrics`, `plots` of any
+declared outputs. Any other run of a stage is ad hoc (another params file, `--model`, `--label`, `--out`): each
+of its output paths that is, holds or lies inside a DVC-tracked output (`outs`, `metrics`, `plots` of any
 stage) is placed under `runs/<stage>/<label>/` instead (`--out DIR` chooses another root, `--out .`
 writes in place), so an ad-hoc run never makes `dvc status` find a stage modified. Paths that DVC does
-not track are left where the params put them.
+not track are left where the params put them, and so are a stage's inputs (another stage's outputs).
+
+Every stage that writes resolves its config here first (`placed_run`): the params keys it writes
+(`STAGE_OUTPUTS`) are placed, and the stage places the fixed paths it writes (`metrics`) with the same
+`Placement`.
 """
 
 from __future__ import annotations
@@ -16,12 +20,22 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from pipeline.config import DEFAULT_PARAMS
+from pipeline.config import DEFAULT_PARAMS, RunConfig
 
 DVC_FILE = Path("dvc.yaml")
 RUNS_ROOT = Path("runs")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/]+)|@(?P<alias>.+))$")
+# The params keys (`section.field`) each stage writes, by its flow module's name; its fixed paths (metrics/) are
+# placed by the stage itself. tests/orchestration/test_adhoc_outputs.py checks these against dvc.yaml.
+STAGE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "prepare_model": ("model.base_dir",),
+    "build_index": ("search.index_dir",),
+    "curate": ("curate.output_dir",),
+    "sft": ("sft.output_dir",),
+    "train": ("train.output_dir",),
+    "evaluate": ("evaluate.output_dir",),
+}
 
 
 def dvc_tracked(dvc_file: Path = DVC_FILE) -> tuple[PurePosixPath, ...]:
@@ -92,3 +106,21 @@ def placement(stage: str, params: str | Path, *, label: str | None, out: str | N
         return Placement(None, None)
     name = label_of(label or Path(params).stem)
     return Placement(name, Path(out) if out is not None else RUNS_ROOT / stage / name, dvc_tracked())
+
+
+def placed(cfg: RunConfig, keys: tuple[str, ...], place: Placement) -> RunConfig:
+    """`cfg` with each `section.field` in `keys` set to where this run writes it (`place.place`)."""
+    for key in keys:
+        section, name = key.split(".")
+        part = getattr(cfg, section)
+        where = str(place.place(getattr(part, name)))
+        cfg = cfg.model_copy(update={section: part.model_copy(update={name: where})})
+    return cfg
+
+
+def placed_run(stage: str, params: str | Path, cfg: RunConfig, *, label: str | None, out: str | None,
+               ad_hoc: bool = False) -> tuple[RunConfig, Placement]:
+    """This run of `stage`: its config with the outputs it writes placed (`STAGE_OUTPUTS`), and the placement
+    for the fixed paths it writes."""
+    place = placement(stage, params, label=label, out=out, ad_hoc=ad_hoc)
+    return placed(cfg, STAGE_OUTPUTS[stage], place), place

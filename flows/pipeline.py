@@ -45,10 +45,13 @@ from flows.train import train_flow
 from flows.tracking import dvc_input_hashes, lineage_tags, parent_run
 from pipeline.config import DEFAULT_PARAMS
 
-# Every stage writes where its params say (out="."): the stages of one pipeline read each other's outputs.
+# Every stage writes where its params say (out="."): the stages of one pipeline read each other's outputs, in
+# dvc.yaml's order (curate's unanswerable filter searches the index build-index writes).
 STAGES: tuple[tuple[str, Callable[[str], Any]], ...] = (
-    ("prepare-model", prepare_model_flow), ("curate", curate_flow), ("build-index", build_index_flow),
-    ("sft", sft_flow), ("train", lambda params: train_flow(params, out=".")),
+    ("prepare-model", lambda params: prepare_model_flow(params, out=".")),
+    ("build-index", lambda params: build_index_flow(params, out=".")),
+    ("curate", lambda params: curate_flow(params, out=".")),
+    ("sft", lambda params: sft_flow(params, out=".")), ("train", lambda params: train_flow(params, out=".")),
     ("evaluate", lambda params: evaluate_flow(params, out=".")))
 
 

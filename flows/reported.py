@@ -12,14 +12,17 @@ from pydantic import BaseModel
 from flows.common import load_or_exit
 from flows.summary import markdown_table, publish
 from flows.tracking import log_report, stage_run
+from pipeline.config import RunConfig
 
 T = TypeVar("T")
 
 
-def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T]) -> T:
+def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T],
+                   cfg: RunConfig | None = None) -> T:
     """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
-    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report."""
-    cfg = load_or_exit(params)
+    `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report. `cfg`: the
+    run's config as resolved (an ad-hoc run's outputs placed, flows.outputs), else the params file's."""
+    cfg = load_or_exit(params) if cfg is None else cfg
     part: BaseModel = getattr(cfg, section)
     with stage_run(cfg, stage) as run_id:
         report = work(part)

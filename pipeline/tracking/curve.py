@@ -12,6 +12,8 @@ matplotlib.use("Agg")  # before pyplot: headless servers and CI have no display
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from pipeline.outputs import fsync_path  # noqa: E402
+
 LABELS = {"reward/mean": "reward (mean)", "reward/accuracy": "accuracy", "reward/format_error_rate": "format errors"}
 
 
@@ -34,5 +36,7 @@ def plot_curve(path: Path, rows: Sequence[Mapping[str, float]], columns: Sequenc
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
+    fsync_path(tmp)
     tmp.replace(path)
+    fsync_path(path.parent)
     return path

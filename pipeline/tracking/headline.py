@@ -19,7 +19,7 @@ from pathlib import Path
 import mlflow
 
 from pipeline.config.run import RunSection
-from pipeline.jsonl import write_json
+from pipeline.outputs import write_json_durably
 from pipeline.tracking.curve import plot_curve
 
 HEADLINE_DIR = "headline"
@@ -84,7 +84,7 @@ def write_train_headline(metrics_dir: Path, rows: Sequence[Mapping[str, float]],
                          run_cfg: RunSection, run_id: str | None) -> dict[str, float]:
     """`headline/train.json`, the curve as a PNG (`train_curve.png`), and the headline on the MLflow run."""
     headline = train_headline(rows)
-    write_json(headline_file(metrics_dir, "train"), headline)
+    write_json_durably(headline_file(metrics_dir, "train"), headline)
     plot_curve(Path(metrics_dir) / "train_curve.png", rows, curve_columns)
     log_headline(run_cfg, run_id, headline)
     return headline

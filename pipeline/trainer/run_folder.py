@@ -32,6 +32,7 @@ from typing import Any
 
 from pipeline.config import RunConfig
 from pipeline.model import visible_gpus
+from pipeline.outputs import write_durably
 
 RUN_CONFIG = "run_config.json"
 CHECKPOINTS = "checkpoints"
@@ -172,6 +173,4 @@ def take(folder: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in () if resume else ATTEMPT_FILES:
         (folder / name).unlink(missing_ok=True)
-    tmp = folder / f"{RUN_CONFIG}.tmp"
-    tmp.write_text(json.dumps(dict(identity), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, folder / RUN_CONFIG)
+    write_durably(folder / RUN_CONFIG, json.dumps(dict(identity), indent=2, sort_keys=True) + "\n")

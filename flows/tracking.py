@@ -12,7 +12,9 @@ Where the parent comes from:
 hash of each of the stage's file/directory inputs (`dvc.dep.<path>`, computed by DVC the way
 `dvc.lock` records them, from DVC's hash cache, so it is cheap), and names it in
 `TAPO_MLFLOW_STAGE_RUN`, where the library's `tracked_run` adopts it. A data-parallel rank
-other than 0 records nothing.
+other than 0 records nothing. A stage run is always new: a resumed training does not reopen the run of the
+attempt that was killed (which stays KILLED under the parent of the `dvc repro` it ran in), so the parent of
+the invocation that finishes the training holds the run that finished it (`pipeline.tracking.runs`).
 """
 
 from __future__ import annotations
@@ -173,10 +175,9 @@ def copy_headline(client: MlflowClient, stage_run_id: str, parent: str | None, s
 
 
 @contextmanager
-def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Iterator[str | None]:
-    """The stage's MLflow run (a new one, or `run_id` reopened on resume), nested under the pipeline
-    parent if there is one; yields its id (None on data-parallel ranks other than 0). On success the
-    stage's headline metrics are copied onto the parent."""
+def stage_run(cfg: RunConfig, stage: str) -> Iterator[str | None]:
+    """The stage's MLflow run, a new one nested under the pipeline parent if there is one; yields its id (None
+    on data-parallel ranks other than 0). On success the stage's headline metrics are copied onto the parent."""
     quiet_libraries()
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
@@ -191,13 +192,8 @@ def stage_run(cfg: RunConfig, stage: str, *, run_id: str | None = None) -> Itera
     hashes = dvc_dep_tags(stage_input_hashes(stage))
     tags = {"stage": stage, "git_commit": git_commit(), OWNER_TAG: owner(), **hashes} | (
         {"mlflow.parentRunId": parent} if parent else {})
-    if run_id is None:
-        run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(client, parent, stage),
-                                   tags=tags).info.run_id
-    else:
-        client.update_run(run_id, status=RUNNING)
-        for key, value in {OWNER_TAG: tags[OWNER_TAG], **hashes}.items():
-            client.set_tag(run_id, key, value)
+    run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(client, parent, stage),
+                               tags=tags).info.run_id
     with _terminated(client, parent if invocation else None), _terminated(client, run_id), \
             _env(STAGE_RUN_ENV, run_id):
         if invocation:  # the parent gathers the inputs of every stage this invocation ran

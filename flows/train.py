@@ -12,8 +12,12 @@ named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc
 otherwise after a digest of its training config (`pipeline.trainer.run_folder`); `--resume` refuses that
 folder's checkpoints when they were written under another config.
 
-The trainer logs into the stage's MLflow run (a resumed training into the run its checkpoint names).
-Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
+The trainer logs into the stage's MLflow run, nested under the parent run of this `dvc repro` (flows.tracking). A
+resumed training's run is new too, never the killed attempt's reopened: the trainer logs into it the steps before
+the checkpoint from the run's history and then its own, so it holds every step once, and tags it with the run it
+continues (pipeline.tracking.runs). Which checkpoint it continues from, or why it stops, is decided before Prefect
+starts (`preflight`, pipeline.trainer.resume_point), so a damaged checkpoint or a lost history ends the stage with
+one line naming the file. Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
 under) is logged into it too; the last checkpoint whole (weights, optimiser, RNG) only with
 `train.log_full_checkpoints`, since it weighs ~3x the model. The final model is logged and registered by
 the trainer (`pipeline.tracking.registry`).
@@ -32,7 +36,6 @@ import time
 from pathlib import Path
 
 from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
@@ -47,16 +50,19 @@ from pipeline.config import RunConfig
 from pipeline.distributed.launch import RankLayout
 from pipeline.outputs import OutputNotWritable
 from pipeline.tracking.headline import headline_file
+from pipeline.tracking.history import HistoryGap
 from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
-from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint
+from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint, read_state
+from pipeline.trainer.resume_point import UnusableCheckpoints, run_history, settle
 from pipeline.trainer.run_inputs import decide_resume, run_inputs
 from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
                                          training_identity)
 
-USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, BadProblems, OutputNotWritable)
+USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, UnusableCheckpoints, HistoryGap, BadProblems,
+               OutputNotWritable)
 
 
 @task(cache_policy=NO_CACHE)
@@ -82,61 +88,65 @@ def placed_config(cfg: RunConfig, place: Placement) -> RunConfig:
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": output_dir})})
 
 
-def resumed_run_id(cfg: RunConfig, run_dir: Path) -> str | None:
-    """The MLflow run the latest checkpoint was saved by, if it still exists at the tracking URI."""
+def resumed_run_id(run_dir: Path) -> str | None:
+    """The MLflow run that saved the checkpoint a resume continues from (the latest complete one)."""
     latest = latest_checkpoint(run_dir)
-    state = latest / "state.json" if latest else None
-    if state is None or not state.is_file():
-        return None
-    run_id = json.loads(state.read_text()).get("mlflow_run_id")
     try:
-        return MlflowClient(cfg.run.tracking_uri).get_run(run_id).info.run_id if run_id else None
-    except MlflowException:
+        return read_state(latest).mlflow_run_id if latest else None
+    except ValueError:
         return None
 
 
-def checkpoints_of_run(run_dir: Path, run_id: str, started: float) -> list[Path]:
+def checkpoints_of_run(run_dir: Path, run_ids: set[str | None], started: float) -> list[Path]:
     """The complete checkpoints this run saved: written since `started`, or (a resume that had nothing left
-    to train) saved by run `run_id` before it was killed. Not those of an earlier training."""
+    to train) saved by the attempt it continues (`run_ids`: this run's and that one's). Not those of an earlier
+    training."""
     return sorted(p for p in (run_dir / CHECKPOINTS).glob("step-??????") if is_complete(p)
-                  and (p.stat().st_mtime >= started or _saved_by(p) == run_id))
+                  and (p.stat().st_mtime >= started or _saved_by(p) in run_ids - {None}))
 
 
 def _saved_by(checkpoint: Path) -> str | None:
     try:
-        return json.loads((checkpoint / "state.json").read_text()).get("mlflow_run_id")
-    except (OSError, ValueError):
+        return read_state(checkpoint).mlflow_run_id
+    except ValueError:
         return None
 
 
-def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: float) -> list[str]:
+def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: float, earlier: str | None) -> list[str]:
     """Every checkpoint's metadata and the config they were written under; the last one whole on request."""
     quiet_progress_unless_tty()
     full = 1 if cfg.train.log_full_checkpoints else 0
-    logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(run_dir, run_id, started), full=full)
+    logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(run_dir, {run_id, earlier}, started), full=full)
     if (run_dir / RUN_CONFIG).is_file():
         MlflowClient(cfg.run.tracking_uri).log_artifact(run_id, str(run_dir / RUN_CONFIG), CHECKPOINTS)
     return logged
 
 
-def resumes_on_its_own(cfg: RunConfig, run_dir: Path) -> bool:
+def resumes_on_its_own(cfg: RunConfig, run_dir: Path, metrics_dir: Path, *, quiet: bool = False) -> bool:
     """`train.resume: auto`: an interrupted attempt of this very run (same config, code and data) is continued
-    (`pipeline.trainer.run_inputs.decide_resume`); the decision is printed with its reason."""
+    from its newest checkpoint whose state verifies (`pipeline.trainer.run_inputs.decide_resume`); the decision
+    is printed with its reason."""
     if cfg.train.resume == "never":
         return False
-    decision = decide_resume(run_dir, training_identity(cfg), run_inputs(cfg))
-    print(f"train: {decision.reason}", flush=True)
+    decision = decide_resume(run_dir, training_identity(cfg), run_inputs(cfg), run_history(run_dir, metrics_dir))
+    if not quiet:
+        print(f"train: {decision.reason}", flush=True)
     return decision.resume
 
 
 def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
     """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
-    checkpoints written under another config."""
+    checkpoints written under another config, a resume whose checkpoint or history does not verify (the
+    checkpoints passed over are set aside here, once: pipeline.trainer.resume_point)."""
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
     read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)
+    run_dir, metrics_dir = run_folder(cfg, run_name(place)), place.place("metrics")
     if resume:
-        check_resumable(run_folder(cfg, run_name(place)), training_identity(cfg))
+        check_resumable(run_dir, training_identity(cfg))
+        settle(run_dir, run_history(run_dir, metrics_dir), insisted=True)
+    else:
+        resumes_on_its_own(cfg, run_dir, metrics_dir, quiet=True)  # the flow says what it decided
 
 
 @flow(name="train", log_prints=True)
@@ -147,14 +157,15 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
     name, tools = run_name(place), tools_needed(cfg.train.train_file)
     where = stage_layout(cfg, tools)  # None: train in this process
     run_dir, metrics_dir = run_folder(cfg, name), place.place("metrics")
-    resume = resume or resumes_on_its_own(cfg, run_dir)
+    resume = resume or resumes_on_its_own(cfg, run_dir, metrics_dir)
+    earlier = resumed_run_id(run_dir) if resume else None  # the attempt this one continues (its run is new)
     started = time.time() - 1.0  # file times may be rounded down
-    with stage_run(cfg, "train", run_id=resumed_run_id(cfg, run_dir) if resume else None) as run_id:
+    with stage_run(cfg, "train") as run_id:
         with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1) as urls:
             metrics = ranks_task(where, cfg, params, urls, resume, metrics_dir, name) if where else \
                 train_task(cfg, urls, resume, metrics_dir, name)
         if run_id is not None:
-            logged = log_run_checkpoints(cfg, run_id, run_dir, started)
+            logged = log_run_checkpoints(cfg, run_id, run_dir, started, earlier)
             print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")
     print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}; "
           f"model {cfg.train.output_dir}, metrics {metrics_dir}")

@@ -46,7 +46,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,9 @@ import torch
 from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed.launch import die_with_launcher, leave_process_group
-from pipeline.jsonl import write_json
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_autocast
 from pipeline.repeatable import make_repeatable
-from pipeline.outputs import ensure_writable, publish_dir, staging_dir
+from pipeline.outputs import ensure_writable, publish_dir, staging_dir, write_json_durably
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
 from pipeline.rl.loss import PolicyLoss, make_policy_loss
@@ -71,7 +70,7 @@ from pipeline.tools.base import tool_specs
 from pipeline.tools.factory import close_now, make_tools
 from pipeline.tools.outages import OutageGuard
 from pipeline.tracking.headline import write_train_headline
-from pipeline.tracking.history import MetricHistory, StepProgress
+from pipeline.tracking.history import TRAIN_HISTORY, MetricHistory, StepProgress
 from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
@@ -80,6 +79,7 @@ from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.trainer.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
+from pipeline.trainer.resume_point import prepare_resume
 from pipeline.trainer.replicas import OneProcess, Replicas
 from pipeline.trainer.run_folder import HISTORY, check_resumable, run_folder, take, training_identity
 from pipeline.trainer.run_inputs import changed_inputs, mark_finished, record_inputs, run_inputs
@@ -228,15 +228,20 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
     output_dir, tc = Path(cfg.train.output_dir), cfg.train
     run_dir = run_folder(cfg, run_name)
     ensure_writable([run_dir, output_dir.parent, metrics_dir])  # before any compute
+    if resume and not cfg.distributed.enabled:  # its checkpoint and history verify, or it stops naming them
+        prepare_resume(cfg, run_dir, metrics_dir)
     t = set_up(cfg, tool_urls, resume, run_dir)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
-    history = MetricHistory(metrics_dir / "train_history.jsonl", resume_at=state.step, enabled=main,
+    history = MetricHistory(metrics_dir / TRAIN_HISTORY, resume_at=state.step, enabled=main,
                             run_copy=t.run_dir / HISTORY)
-    # under a stage flow the run it opened (tagged with DVC's hash of each input) is adopted
-    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), run_id=state.mlflow_run_id) \
+    # under a stage flow the run it opened (tagged with DVC's hash of each input) is adopted; a resumed attempt's
+    # run is its own, never the killed one's reopened (pipeline.tracking.runs)
+    earlier = state.mlflow_run_id if state.step else None
+    run_ctx = tracked_run(cfg.run, "train", cfg.model_dump(), resumed_from=earlier, resumed_at=state.step) \
         if main else contextlib.nullcontext(None)
     with run_ctx as active:
+        history.log_earlier_steps()  # the steps before the checkpoint: this run then holds every step once
         steps = StepProgress(state.step, tc.steps, enabled=main)  # a bar on a terminal, else a line a step
         for step in steps:
             started = time.perf_counter()
@@ -255,18 +260,27 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:
+            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:  # with the history it was saved after
+                state = replace(state, history_sha256=history.digest(step + 1))
                 t.replicas.save_checkpoint(t.run_dir, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
-    t.engine.close()
-    if not main:
-        return last
-    last = history.final_metrics(state.step)  # what the uninterrupted run logged last, however resumed
+        t.engine.close()
+        if main:  # inside the MLflow run: an attempt killed before its records are written is not FINISHED
+            last = record_run(t, history, state.step, metrics_dir, active.info.run_id, earlier)
+    return last
+
+
+def record_run(t: Training, history: MetricHistory, steps_done: int, metrics_dir: Path, run_id: str,
+               earlier: str | None) -> dict[str, float]:
+    """The run's records once its model is saved: the last step's metrics and the curve from the history (what
+    the uninterrupted run logged, however resumed), the headline, the registered model, the finished marker."""
+    cfg = t.cfg
+    last = history.final_metrics(steps_done)
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
-    write_json(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
-    write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, active.info.run_id)
-    register_once(cfg, active.info.run_id, output_dir, t.run_dir)  # new version of tapo-policy
-    mark_finished(t.run_dir, state.step)  # `train.resume: auto` trains a finished run again, never resumes it
+    write_json_durably(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
+    write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, run_id)
+    register_once(cfg, run_id, Path(cfg.train.output_dir), t.run_dir, earlier)  # new version of tapo-policy
+    mark_finished(t.run_dir, steps_done)  # `train.resume: auto` trains a finished run again, never resumes it
     return last
 
 
@@ -298,11 +312,11 @@ def finish_run(t: Training, output_dir: Path) -> None:
         publish_dir(staging, output_dir)
 
 
-def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path) -> None:
-    """A new version of tapo-policy, unless this run already registered these weights (a run killed after
-    registering and then resumed registers nothing twice)."""
+def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path, earlier: str | None = None) -> None:
+    """A new version of tapo-policy, unless this run, or the attempt it resumed (`earlier`), already registered
+    these weights (a run killed after registering and then resumed registers nothing twice)."""
     known = find_version(cfg.run, str(model_dir))
-    if known is not None and known.run_id == run_id:
+    if known is not None and known.run_id in (run_id, earlier):
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
     log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))

@@ -2,10 +2,15 @@
 
 Layout (same as single-process runs): `<root>/checkpoints/step-NNNNNN/`, written by
 `engine.save_checkpoint` (model and optimiser shards of every rank), plus one RNG file per
-rank and the model's config and tokenizer (so the directory exports on its own). DeepSpeed
-writes `<root>/checkpoints/latest` last, so resume never picks a half-written step; then rank 0 writes the
-trainer state as `state.json` into the step, as a single-process checkpoint holds it (written last there too),
-so the stage finds the run a checkpoint belongs to and logs complete checkpoints alike in both layouts.
+rank and the model's config and tokenizer (so the directory exports on its own). DeepSpeed writes into the
+step's directory in place (not beside it), so completeness is the manifest's: once every rank has fsynced the
+files it sees, rank 0 writes the trainer state as `state.json` (as a single-process checkpoint holds it) and then
+the manifest (`pipeline.trainer.manifest`: each file's size and SHA-256) last, and fsyncs the folder. A step
+directory without a manifest is torn, whatever DeepSpeed's `latest` marker says: a resume loads the newest
+complete step (`load`), which the stage has verified and chosen before it launched the ranks
+(`pipeline.trainer.resume_point`: every newer one set aside), and each rank checks its manifest, sizes and
+headers again before loading. The manifest lists the files rank 0 sees: on nodes without a shared file system,
+the other nodes' shards are not in it.
 
 Exports: `export_hf` gathers ZeRO-3 shards parameter by parameter (one full tensor at a
 time, not the whole model) inside a running job; `export_from_checkpoint` rebuilds the fp32
@@ -16,7 +21,6 @@ weights from the shards on disk, offline, in one process
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from collections.abc import Callable, Iterator
@@ -28,7 +32,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.outputs import fsync_path, fsync_tree, write_durably
+from pipeline.trainer.checkpoint import TrainerState, is_complete, prune
+from pipeline.trainer.manifest import problem, write_manifest
 
 
 class DeepSpeedRank(Protocol):
@@ -44,7 +50,6 @@ class DeepSpeedRank(Protocol):
     def zero_stage(self) -> int: ...
     def barrier(self) -> None: ...
 
-KEEP_LAST = 2
 LATEST = "latest"
 
 
@@ -61,6 +66,9 @@ def save(replicas: DeepSpeedRank, root: Path, state: TrainerState,
     """Collective: every rank calls it. Returns the checkpoint directory."""
     save_dir, tag = root / "checkpoints", step_tag(state.step)
     path = save_dir / tag
+    if replicas.rank == 0:  # what a killed attempt left under this step's name: no file of it may join this one
+        shutil.rmtree(path, ignore_errors=True)
+    replicas.barrier()
     path.mkdir(parents=True, exist_ok=True)
     rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     torch.save(rng, _rng_file(path, replicas.rank))
@@ -71,13 +79,13 @@ def save(replicas: DeepSpeedRank, root: Path, state: TrainerState,
     replicas.barrier()
     client = {"trainer_state": asdict(state), "scheduler": scheduler.state_dict()}
     replicas.model.save_checkpoint(str(save_dir), tag=tag, client_state=client)
+    fsync_tree(path)  # every rank: its node's files on its disk before the manifest vouches for them
     replicas.barrier()
     if replicas.rank == 0:
-        staged = path / "state.json.tmp"
-        staged.write_text(json.dumps(asdict(state), indent=2) + "\n")
-        os.replace(staged, path / "state.json")  # last: the step is complete (pipeline.trainer.checkpoint)
-        for old in sorted(save_dir.glob("step-??????"))[:-KEEP_LAST]:
-            shutil.rmtree(old, ignore_errors=True)
+        write_durably(path / "state.json", json.dumps(asdict(state), indent=2) + "\n")
+        write_manifest(path)  # last: the step is complete (pipeline.trainer.checkpoint.is_complete)
+        fsync_path(save_dir)
+        prune(save_dir, state.step)
     replicas.barrier()
     return path
 
@@ -87,17 +95,21 @@ def is_deepspeed_checkpoint(path: Path) -> bool:
     return _rng_file(path, 0).is_file()
 
 
-def latest_tag(root: Path) -> str | None:
-    marker = root / "checkpoints" / LATEST
-    return marker.read_text().strip() if marker.is_file() else None
+def latest_complete(root: Path) -> Path | None:
+    """The newest step directory with its manifest (DeepSpeed's `latest` may name a torn or set-aside one)."""
+    found = sorted(p for p in (root / "checkpoints").glob("step-??????") if is_complete(p))
+    return found[-1] if found else None
 
 
 def load(replicas: DeepSpeedRank, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
     """Restore the latest complete checkpoint under `root` (None when there is none)."""
-    tag = latest_tag(root)
-    if tag is None:
+    path = latest_complete(root)
+    if path is None:
         return None
-    save_dir = root / "checkpoints"
+    damaged = problem(path, digests=False)  # the stage hashed it; each rank still refuses what changed since
+    if damaged is not None:
+        raise ValueError(f"{path}: {damaged}")
+    save_dir, tag = path.parent, path.name
     loaded, client = replicas.model.load_checkpoint(str(save_dir), tag=tag, load_lr_scheduler_states=False)
     if loaded is None:
         raise FileNotFoundError(f"{save_dir / tag}: DeepSpeed could not load this checkpoint")

@@ -10,6 +10,14 @@ Killed runs do not stay RUNNING: every run is tagged with its owner process (`ta
 host, pid and start time), and whenever a run is opened, the RUNNING runs of the experiment whose
 owner on this host is gone (killed, even by SIGKILL, before it could end them) are marked KILLED
 (`mark_abandoned_runs`). A stage interrupted by a signal marks its own run KILLED on the way out.
+
+A resumed training is a run of its own, never the killed attempt's run reopened: MLflow can neither delete a
+metric's points nor rewind a run, so reopening it would log every step the killed attempt ran past its checkpoint
+twice, and would finish it under the parent of the `dvc repro` that was killed. The resumed attempt's run (under
+the parent of the invocation that resumes) gets the steps before its checkpoint from the run's history
+(`MetricHistory.log_earlier_steps`) and logs the rest itself, so it holds each step once; the killed attempt's
+run stays as it ended (KILLED), with what it logged. The two name each other (`RESUMED_FROM_TAG`,
+`RESUMED_BY_TAG`).
 """
 
 from __future__ import annotations
@@ -17,14 +25,16 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import psutil
-from mlflow.entities import RunStatus
+from mlflow.entities import Metric, RunStatus
+from mlflow.exceptions import MlflowException
 
 from pipeline.config.run import RunSection
 from pipeline.paths import REPO_ROOT
@@ -35,6 +45,9 @@ MAX_PARAM_LEN = 500
 DVC_TAG_PREFIX = "dvc.dep."  # one tag per DVC input of a run: dvc.dep.<path> = its md5
 OWNER_TAG = "tapo.owner"  # '<host>:<pid>:<start time>' of the process that keeps the run open
 KILLED = RunStatus.to_string(RunStatus.KILLED)
+RESUMED_FROM_TAG = "tapo.resumed_from"  # on a resumed attempt's run: the run that saved its checkpoint
+RESUMED_AT_TAG = "tapo.resumed_at_step"  # ... and the step it continues from
+RESUMED_BY_TAG = "tapo.resumed_by"  # on that earlier run: the run that continued it
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 # MLflow 3 opens an experiment of this kind on its runs table; untagged, it guesses GenAI and opens on traces.
 CLASSIC_ML = "custom_model_development"
@@ -121,23 +134,25 @@ def git_commit() -> str:
 
 
 @contextmanager
-def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, run_id: str | None = None,
-                tags: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
-    """Start (or resume, given `run_id`) an MLflow run for one stage; adopt the flow's stage run if any."""
+def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, resumed_from: str | None = None,
+                resumed_at: int = 0, tags: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
+    """Start an MLflow run for one stage, or adopt the flow's stage run if any. A resumed training names the
+    run that saved its checkpoint (`resumed_from`, at step `resumed_at`); its own run is new all the same."""
     experiment_id = open_experiment(run_cfg)
-    resumed = run_id is not None
-    adopted = None if resumed else os.environ.get(STAGE_RUN_ENV)
+    adopted = os.environ.get(STAGE_RUN_ENV)
     parent = os.environ.get(PARENT_ENV)
     all_tags = {"stage": stage, "git_commit": git_commit(), **(tags or {})}
-    if parent and not resumed and not adopted:
+    if resumed_from:
+        all_tags |= {RESUMED_FROM_TAG: resumed_from, RESUMED_AT_TAG: str(resumed_at)}
+    if parent and not adopted:
         all_tags["mlflow.parentRunId"] = parent
     if not adopted:  # an adopted run's owner is the flow that opened it
         all_tags[OWNER_TAG] = owner()
         mark_abandoned_runs(mlflow.MlflowClient(run_cfg.tracking_uri), experiment_id)
-    run_id = run_id or adopted
-    with mlflow.start_run(run_id=run_id, run_name=None if run_id else stage, tags=all_tags) as active:
-        if not resumed:
-            mlflow.log_params(flatten(params))
+    with mlflow.start_run(run_id=adopted, run_name=None if adopted else stage, tags=all_tags) as active:
+        mlflow.log_params(flatten(params))
+        if resumed_from:
+            link_resumed(run_cfg, resumed_from, active.info.run_id)
         try:
             yield active
         except (KeyboardInterrupt, SystemExit):  # a signal (see flows.common.stage_process), not a failure
@@ -145,9 +160,26 @@ def tracked_run(run_cfg: RunSection, stage: str, params: Mapping[str, Any], *, r
             raise
 
 
+def link_resumed(run_cfg: RunSection, earlier: str, run_id: str) -> None:
+    """Tag the run a resumed attempt continues with the run that continues it (if the store still has it: the
+    tracking URI may have changed between the two)."""
+    try:
+        mlflow.MlflowClient(run_cfg.tracking_uri).set_tag(earlier, RESUMED_BY_TAG, run_id)
+    except MlflowException as err:
+        print(f"tracking: the run {earlier} this one resumes is not in {run_cfg.tracking_uri} ({err.error_code})")
+
+
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     clean = {k: float(v) for k, v in metrics.items()}
     mlflow.log_metrics(clean, step=step)
+
+
+def log_metric_rows(rows: Sequence[Mapping[str, float]]) -> None:
+    """Rows of `{"step": n, metric: value, ...}` into the active run, each at its step, in batches."""
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(value), now, int(row["step"])) for row in rows for key, value in row.items()
+               if key != "step"]
+    mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
 
 
 def log_dir(path: Path, artifact_path: str) -> None:

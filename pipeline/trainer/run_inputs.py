@@ -14,7 +14,11 @@ transformers. It resumes when
 - the folder holds a complete checkpoint, written under the same config (`run_folder.training_identity`),
 - the recorded inputs equal today's, and
 - the run did not finish (`FINISHED`, written once the final model is saved and registered): a forced
-  re-run of a finished run (`dvc repro -f`) trains again, as asked.
+  re-run of a finished run (`dvc repro -f`) trains again, as asked, and
+- a checkpoint's state verifies (`pipeline.trainer.resume_point.settle`: its files, and the run's history of
+  the steps before it): it resumes from the newest that does, naming those it passes over; when none does it
+  stops (`UnusableCheckpoints`) instead of silently continuing without that state or silently deleting hours
+  of training.
 
 Otherwise it trains afresh and says why. `--resume` (the command line) still insists: it resumes whatever the
 inputs, naming those that changed. verl's `trainer.resume_mode: auto` resumes whatever is latest in its checkpoint
@@ -32,10 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.config import RunConfig
-from pipeline.jsonl import write_json
+from pipeline.outputs import write_json_durably
 from pipeline.paths import REPO_ROOT
-from pipeline.trainer.checkpoint import latest_checkpoint
-from pipeline.trainer.run_folder import FINISHED, INPUTS, RUN_CONFIG, differences, recorded_identity
+from pipeline.tracking.history import RecordedHistory
+from pipeline.trainer.checkpoint import REJECTED, latest_checkpoint
+from pipeline.trainer.resume_point import settle
+from pipeline.trainer.run_folder import CHECKPOINTS, FINISHED, INPUTS, RUN_CONFIG, differences, recorded_identity
 
 CODE_PACKAGES = ("pipeline", "sandbox", "flows")
 LIBRARIES = ("torch", "transformers")
@@ -86,7 +92,7 @@ def run_inputs(cfg: RunConfig) -> dict[str, str]:
 
 def record_inputs(folder: Path, inputs: Mapping[str, str]) -> None:
     """Written by a run that takes its folder (fresh or resumed): the inputs its checkpoints are trained on."""
-    write_json(folder / INPUTS, dict(inputs))
+    write_json_durably(folder / INPUTS, dict(inputs))
 
 
 def recorded_inputs(folder: Path) -> dict[str, str] | None:
@@ -97,7 +103,7 @@ def recorded_inputs(folder: Path) -> dict[str, str] | None:
 
 
 def mark_finished(folder: Path, step: int) -> None:
-    write_json(folder / FINISHED, {"step": step})
+    write_json_durably(folder / FINISHED, {"step": step})
 
 
 def changed_inputs(folder: Path, inputs: Mapping[str, str]) -> list[str]:
@@ -114,11 +120,20 @@ class ResumeDecision:
     reason: str  # one line for the log: what was found, and so what happens
 
 
-def decide_resume(folder: Path, identity: Mapping[str, object], inputs: Mapping[str, str]) -> ResumeDecision:
-    """`train.resume: auto`: resume the folder's interrupted attempt only when it is certainly this run's."""
+def _set_aside_note(folder: Path) -> str:
+    rejected = sorted(p.name for p in (folder / CHECKPOINTS).glob(f"step-??????{REJECTED}"))
+    return f" (checkpoints set aside by an earlier resume: {', '.join(rejected)})" if rejected else ""
+
+
+def decide_resume(folder: Path, identity: Mapping[str, object], inputs: Mapping[str, str],
+                  history: RecordedHistory) -> ResumeDecision:
+    """`train.resume: auto`: resume the folder's interrupted attempt only when it is certainly this run's, from
+    the newest checkpoint whose state verifies (checkpoints passed over are set aside; raises
+    `UnusableCheckpoints` when none verifies)."""
     latest = latest_checkpoint(folder)
     if latest is None:
-        return ResumeDecision(False, f"no complete checkpoint in {folder}: training from step 0")
+        return ResumeDecision(False, f"no complete checkpoint in {folder}{_set_aside_note(folder)}: training from "
+                                     "step 0")
     if (folder / FINISHED).is_file():
         return ResumeDecision(False, f"the run in {folder} finished; training it again from step 0")
     try:
@@ -132,5 +147,7 @@ def decide_resume(folder: Path, identity: Mapping[str, object], inputs: Mapping[
     if changed:
         return ResumeDecision(False, f"the checkpoints in {folder} were trained on other inputs ("
                                      + "; ".join(changed) + "): training from step 0")
-    return ResumeDecision(True, f"resuming the interrupted run in {folder} from {latest.name} "
+    point = settle(folder, history)
+    assert point.checkpoint is not None  # a complete checkpoint is there, and settle raises when none verifies
+    return ResumeDecision(True, f"resuming the interrupted run in {folder} from {point.checkpoint.name} "
                                 "(same config, code, problems and initial model; train.resume: never trains afresh)")

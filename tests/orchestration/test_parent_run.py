@@ -17,7 +17,9 @@ import flows.tracking
 from flows.tracking import INVOCATION_TAG, dvc_invocation, log_report, parent_run, stage_run
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking.runs import PARENT_ENV, STAGE_RUN_ENV, log_checkpoints, tracked_run
+from pipeline.tracking.history import MetricHistory
+from pipeline.tracking.runs import (PARENT_ENV, RESUMED_AT_TAG, RESUMED_BY_TAG, RESUMED_FROM_TAG, STAGE_RUN_ENV,
+                                    log_checkpoints, tracked_run)
 
 
 @pytest.fixture()
@@ -92,14 +94,37 @@ def test_a_stage_outside_any_pipeline_is_a_top_level_run(cfg: RunConfig, monkeyp
     assert run.data.tags["stage"] == "curate" and "mlflow.parentRunId" not in run.data.tags
 
 
-def test_resumed_stage_reopens_its_run(cfg: RunConfig) -> None:
-    with stage_run(cfg, "train") as first:
-        pass
-    with stage_run(cfg, "train", run_id=first) as again, tracked_run(cfg.run, "train", {}, run_id=first):
-        mlflow.log_metric("reward/mean", 1.0)
-    assert again == first
-    (run,) = _runs(cfg)
-    assert run.info.status == "FINISHED" and run.data.metrics["reward/mean"] == 1.0
+def test_a_resumed_training_is_a_run_of_its_own_under_the_invocation_that_resumes(
+        cfg: RunConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `dvc repro` is stopped after its training logged steps 0-3 (its checkpoint is at step 2); the next one
+    resumes. The killed attempt's run stays KILLED under its own invocation's parent; the resuming invocation's
+    parent holds the train run that finished, which has every step once (0-1 from the history, 2-3 its own)."""
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4245:1")
+    path = tmp_path / "train_history.jsonl"
+    with pytest.raises(KeyboardInterrupt), stage_run(cfg, "train") as killed, tracked_run(cfg.run, "train", {}):
+        history = MetricHistory(path)
+        for step in range(4):
+            history.log(step, {"reward/mean": step / 10, "train/loss": 1.0 + step})
+        raise KeyboardInterrupt  # the stop (SIGKILL: mark_abandoned_runs, tests/faults/test_orphans.py)
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4246:2")
+    with stage_run(cfg, "train") as resumed, tracked_run(cfg.run, "train", {}, resumed_from=killed, resumed_at=2):
+        history = MetricHistory(path, resume_at=2)
+        history.log_earlier_steps()
+        for step in (2, 3):
+            history.log(step, {"reward/mean": step / 10 + 0.5, "train/loss": 1.5 + step})
+    parents = {r.data.tags[INVOCATION_TAG]: r for r in _runs(cfg, "tags.stage = 'pipeline'")}
+    assert {k: r.info.status for k, r in parents.items()} == {"host:4245:1": "KILLED", "host:4246:2": "FINISHED"}
+    (first,) = _children(cfg, parents["host:4245:1"].info.run_id).values()
+    (second,) = _children(cfg, parents["host:4246:2"].info.run_id).values()
+    assert (first.info.run_id, first.info.status) == (killed, "KILLED")
+    assert (second.info.run_id, second.info.status) == (resumed, "FINISHED")
+    assert second.data.tags[RESUMED_FROM_TAG] == killed and second.data.tags[RESUMED_AT_TAG] == "2"
+    assert first.data.tags[RESUMED_BY_TAG] == resumed
+    client = MlflowClient(cfg.run.tracking_uri)
+    for key, values in {"reward/mean": [0.0, 0.1, 0.7, 0.8], "train/loss": [1.0, 2.0, 3.5, 4.5]}.items():
+        logged = sorted((m.step, m.value) for m in client.get_metric_history(resumed, key))
+        assert logged == list(enumerate(values))  # each step once: the resumed values past the checkpoint
+        assert [m.step for m in client.get_metric_history(killed, key)] == [0, 1, 2, 3]  # what it did, as it was
 
 
 def test_other_ranks_record_nothing(cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import config_from_dict
-from pipeline.tracking.history import MetricHistory
-from pipeline.trainer.checkpoint import FILES
+from pipeline.tracking.history import MetricHistory, recorded_history
+from pipeline.trainer.manifest import MANIFEST
 from pipeline.trainer.run_folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, take,
                                          training_identity)
 from pipeline.trainer.run_inputs import (code_digest, decide_resume, mark_finished, record_inputs, run_inputs,
                                          tree_digest)
+from tests.helpers.checkpoints import history_rows, write_checkpoints, write_history
 
 IDENTITY = {"train.lr": 0.001, "train.steps": 4}
 INPUTS_NOW = {"code": "c0", "train_file": "t0", "init_model": "m0", "search_index": "s0", "library.torch": "2.9"}
@@ -31,10 +32,10 @@ INPUT_STATES = ("same", "code", "train_file", "init_model", "search_index", "lib
 def make_folder(folder: Path, checkpoint: str, finished: bool, identity: str, inputs: str) -> None:
     folder.mkdir(parents=True)
     if checkpoint != "none":
-        step = folder / CHECKPOINTS / "step-000002"
-        step.mkdir(parents=True)
-        for name in FILES if checkpoint == "complete" else FILES[:-1]:  # torn: state.json (written last) missing
-            (step / name).write_text("x")
+        (step,) = write_checkpoints(folder, (2,))
+        write_history(folder, history_rows(3))
+        if checkpoint == "torn":  # the manifest, written last, missing
+            (step / MANIFEST).unlink()
     if identity != "unrecorded":
         recorded = IDENTITY if identity == "same" else IDENTITY | {"train.lr": 0.01}
         (folder / RUN_CONFIG).write_text(json.dumps(recorded))
@@ -44,13 +45,17 @@ def make_folder(folder: Path, checkpoint: str, finished: bool, identity: str, in
         mark_finished(folder, 4)
 
 
+def history(folder: Path):
+    return recorded_history(folder / "no-metrics" / "train_history.jsonl", folder / HISTORY)
+
+
 @pytest.mark.parametrize(("checkpoint", "finished", "identity", "inputs"),
                          list(itertools.product(CHECKPOINT_STATES, (False, True), IDENTITY_STATES, INPUT_STATES)))
 def test_a_folder_is_resumed_only_when_every_condition_holds(tmp_path: Path, checkpoint: str, finished: bool,
                                                              identity: str, inputs: str) -> None:
     folder = tmp_path / "run"
     make_folder(folder, checkpoint, finished, identity, inputs)
-    decision = decide_resume(folder, IDENTITY, INPUTS_NOW)
+    decision = decide_resume(folder, IDENTITY, INPUTS_NOW, history(folder))
     expected = checkpoint == "complete" and not finished and identity == "same" and inputs == "same"
     assert decision.resume is expected, decision.reason
     if expected:
@@ -62,11 +67,11 @@ def test_a_folder_is_resumed_only_when_every_condition_holds(tmp_path: Path, che
 
 
 def test_a_missing_folder_or_a_damaged_config_record_starts_afresh(tmp_path: Path) -> None:
-    assert not decide_resume(tmp_path / "never-made", IDENTITY, INPUTS_NOW).resume
+    assert not decide_resume(tmp_path / "never-made", IDENTITY, INPUTS_NOW, history(tmp_path / "never-made")).resume
     folder = tmp_path / "run"
     make_folder(folder, "complete", False, "same", "same")
     (folder / RUN_CONFIG).write_text('{"train.lr": ')  # cut by a kill or an editor
-    decision = decide_resume(folder, IDENTITY, INPUTS_NOW)
+    decision = decide_resume(folder, IDENTITY, INPUTS_NOW, history(folder))
     assert not decision.resume and RUN_CONFIG in decision.reason
 
 
@@ -180,3 +185,23 @@ def test_an_insisted_resume_names_the_inputs_that_changed_and_records_the_new_on
     assert json.loads((folder / INPUTS).read_text()) == changed  # later checkpoints are trained on these
     note_inputs(folder, INPUTS_NOW, resume=False)  # a fresh run has nothing to compare
     assert capsys.readouterr().err == "" and json.loads((folder / INPUTS).read_text()) == INPUTS_NOW
+
+
+@pytest.mark.parametrize("lost", ["history", "weights"])
+def test_an_interrupted_run_whose_state_does_not_verify_is_not_resumed_silently(tmp_path: Path, lost: str) -> None:
+    """Everything says "resume" (same config and inputs, unfinished), but the history of the steps before the
+    checkpoint is gone, or its weights are cut short: the decision stops naming the file, not resume without it."""
+    from pipeline.trainer.resume_point import UnusableCheckpoints
+
+    folder = tmp_path / "run"
+    make_folder(folder, "complete", False, "same", "same")
+    if lost == "history":
+        (folder / HISTORY).unlink()
+    else:
+        weights = folder / CHECKPOINTS / "step-000002" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(UnusableCheckpoints, match=str(folder / HISTORY) if lost == "history" else
+                       "step-000002: model.safetensors holds 100 bytes"):
+        decide_resume(folder, IDENTITY, INPUTS_NOW, history(folder))
+    decision = decide_resume(folder, IDENTITY, INPUTS_NOW, history(folder))  # the next attempt
+    assert not decision.resume and "step-000002.rejected" in decision.reason

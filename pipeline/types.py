@@ -115,12 +115,15 @@ class ToolSpec:
     `text_argument` names the one string argument of a text tool (code: "code", search: "query"): the tag
     protocols write that text between tags, a chat-template call passes it as that argument, and the client
     receives the text either way. None: the tool receives its arguments as a JSON object (user and MCP tools).
+    `origin` says where the declaration came from (e.g. "MCP server 'files'"), for the start-up refusal of a
+    schema that cannot be compiled; empty: the run's own config (`rollout.tools`).
     """
 
     name: ToolName
     description: str
     parameters: dict[str, Any] = field(hash=False)
     text_argument: str | None = None
+    origin: str = field(default="", compare=False)
 
     def declaration(self) -> dict[str, Any]:
         """The tool as a chat template's `tools=` entry (the OpenAI function-calling shape)."""
@@ -184,6 +187,9 @@ class Trajectory:
     # the insertions), each decoded alone with special tokens kept: what a protocol that reads turns
     # (`chat-tools`) checks, instead of finding the insertions in `text`. Empty for hand-built records.
     segments: tuple[str, ...] = ()
+    # Why the trajectory ended with finish_reason "error" (a failure inside it: its tool output could not be
+    # rendered, its prompt could not be built, the watchdog ended a row stuck waiting); empty otherwise.
+    error: str = ""
 
     @property
     def output_spans(self) -> list[tuple[int, int]]:

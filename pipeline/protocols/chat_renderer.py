@@ -7,6 +7,12 @@ message contents, or does not render a conversation incrementally, and a tokeniz
 back to its text (the template is given the decoded turn): a scripted probe conversation (reasoning, one call,
 two calls in a turn, whitespace at a turn's ends, an answer) is replayed turn by turn and compared, as ids,
 with the whole conversation rendered at once.
+
+Each tool's argument schema is compiled here too, at set-up (`arguments.compile_arguments`): a schema that
+cannot be used (invalid, unresolvable or cyclic references, a regex outside RE2) is refused before anything
+samples, naming the tool and where it came from; a call's arguments are then checked in bounded time, and
+whatever they hold is a refusal of that call, never an exception. The declarations (and every text the
+template is given) are made valid Unicode, without NUL (the content placeholders' character), once here.
 """
 
 from __future__ import annotations
@@ -15,13 +21,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 from transformers import PreTrainedTokenizerBase
 
+from pipeline.protocols.arguments import compile_arguments
 from pipeline.protocols.base import MALFORMED, Dialogue, ParsedCall, Renderer, SegmentEnd
 from pipeline.protocols.chat_template import ChatTemplate, TemplateError
-from pipeline.protocols.tokens import encode_template_text
+from pipeline.protocols.tokens import encode_template_text, valid_json, valid_text
 from pipeline.types import Problem, ToolName, ToolSpec
 
 if TYPE_CHECKING:
@@ -42,14 +47,18 @@ class ChatRenderer(Renderer):
         if answer is not None and answer.name in self.specs:
             raise ValueError(f"rollout.chat_tools.answer_tool {answer.name!r} is also the name of a tool")
         self.template = ChatTemplate(tokenizer, source, eos_ids)
-        self._validators = {name: _validator(spec) for name, spec in self.specs.items()}
+        self._schemas = {name: compile_arguments(spec) for name, spec in self.specs.items()}
+        self._declared = {name: declared(spec) for name, spec in self.specs.items()}
+        self._answer_declared = declared(answer) if answer is not None else None
         self._check_declares_tools()
         self._probe()
+        self.template.prompt_ids([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                                 self.declarations(tuple(self.specs)))  # every declaration renders (as text)
 
     def declarations(self, tools: Sequence[ToolName]) -> list[dict[str, Any]]:
         """The `tools=` of a prompt offering `tools` (and the answer tool, when there is one)."""
-        answer = self.protocol.answer_spec
-        return [self.specs[t].declaration() for t in tools] + ([answer.declaration()] if answer else [])
+        answer = [self._answer_declared] if self._answer_declared is not None else []
+        return [self._declared[t] for t in tools] + answer
 
     def start(self, problem: Problem, tools: tuple[ToolName, ...]) -> Dialogue:
         messages = self.protocol.messages(problem, tools)
@@ -69,19 +78,31 @@ class ChatRenderer(Renderer):
         return SegmentEnd(tuple(self._checked(call) for call in end.calls), end.answered)
 
     def _checked(self, call: ParsedCall) -> ParsedCall:
-        """A readable call of an offered tool, its arguments checked; a text tool's call given its text."""
+        """A readable call of an offered tool, its arguments checked (and made valid Unicode: a lone surrogate
+        written as a JSON escape reaches no tool); a text tool's call given its text. Total: arguments it cannot
+        read or check refuse the call."""
         if call.error is not None:
             return call
-        spec, arguments = self.specs[call.tool], json.loads(call.input)
-        error = argument_error(self._validators[call.tool], arguments)
+        spec, schema = self.specs.get(call.tool), self._schemas.get(call.tool)
+        if spec is None or schema is None:
+            return ParsedCall(call.tool, call.input, f"unknown tool {call.tool!r}", MALFORMED)
+        try:
+            arguments = json.loads(call.input)
+        except (ValueError, RecursionError) as err:
+            return ParsedCall(call.tool, call.input, f"unreadable arguments for tool {call.tool!r}: "
+                              f"{type(err).__name__}", MALFORMED)
+        valid, error = schema.check(arguments)
         if error is not None:
-            return ParsedCall(call.tool, call.input, f"invalid arguments for tool {call.tool!r}: {error}", MALFORMED)
-        return ParsedCall(call.tool, arguments[spec.text_argument]) if spec.text_argument else call
+            return ParsedCall(call.tool, valid_text(call.input),
+                              f"invalid arguments for tool {call.tool!r}: {error}", MALFORMED)
+        if spec.text_argument:
+            return ParsedCall(call.tool, valid[spec.text_argument])
+        return call if valid is arguments else ParsedCall(call.tool, json.dumps(valid, ensure_ascii=False))
 
     def reply(self, dialogue: Dialogue, segment_ids: Sequence[int], answered: Sequence[tuple[ParsedCall, str]]
               ) -> list[int]:
         turn = self.turn_text(segment_ids)
-        results = [{"role": "tool", "name": call.tool, "content": shown.replace("\x00", "\ufffd")}
+        results = [{"role": "tool", "name": call.tool, "content": valid_text(shown).replace("\x00", "\ufffd")}
                    for call, shown in answered]
         ids = self.template.reply_ids(dialogue.messages, turn, results, self.declarations(dialogue.tools))
         dialogue.messages += [{"role": "assistant", "content": turn}, *results]
@@ -135,7 +156,8 @@ class _ProbeRenderer(ChatRenderer):
     def __init__(self, outer: ChatRenderer) -> None:
         self.protocol, self.tokenizer, self.template = outer.protocol, outer.tokenizer, outer.template
         self.specs = {PROBE_TOOL.name: PROBE_TOOL}
-        self._validators = {PROBE_TOOL.name: _validator(PROBE_TOOL)}
+        self._schemas = {PROBE_TOOL.name: compile_arguments(PROBE_TOOL)}
+        self._declared, self._answer_declared = {PROBE_TOOL.name: declared(PROBE_TOOL)}, outer._answer_declared
 
 
 def _probe_turns(parser) -> list[tuple[str, list[str]]]:
@@ -148,17 +170,17 @@ def _probe_turns(parser) -> list[tuple[str, list[str]]]:
     ]
 
 
-def _validator(spec: ToolSpec) -> Draft202012Validator:
-    schema = dict(spec.parameters)
-    if "properties" in schema and "additionalProperties" not in schema:
-        schema["additionalProperties"] = False  # an argument the schema does not name is a mistake, not an extra
-    return Draft202012Validator(schema)
+def declared(spec: ToolSpec) -> dict[str, Any]:
+    """The tool's declaration as every template is given it: valid Unicode, NUL shown as U+FFFD (NUL is the
+    character of the content placeholders). Its depth is bounded by the schema's compilation."""
+    return _without_nul(valid_json(spec.declaration()))
 
 
-def argument_error(validator: Draft202012Validator, arguments: dict[str, Any]) -> str | None:
-    """Why `arguments` do not match the tool's schema (the most relevant error), or None."""
-    error = best_match(validator.iter_errors(arguments))
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    return error.message + (f" (at {where})" if where else "")
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value

@@ -83,7 +83,10 @@ class RewardScorer:
         return ScoredGroup(group, tuple(self.score_batch(items, protocol=protocol, max_policy_tokens=max_policy_tokens)))
 
     def _read(self, trajectory: Trajectory, protocol: ToolProtocol) -> tuple[FormatResult, str | None]:
-        """The format verdict and the extracted answer (from the model's own text)."""
+        """The format verdict and the extracted answer (from the model's own text). A trajectory that ended in an
+        error (a failure inside it, `Trajectory.error`) has no answer: its reward is the format penalty."""
+        if trajectory.finish_reason == "error":
+            return FormatResult(False, f"the trajectory ended in an error: {trajectory.error}", ""), None
         strict = self.cfg.format_strictness == "strict"
         fmt = check_response(trajectory, protocol, strict=strict, eos_strings=self.cfg.eos_strings)
         return fmt, protocol.extract_answer(fmt.model_text)

@@ -20,6 +20,12 @@ exhausted"), `max_turns` generation segments, policy-token and total-token limit
 ends on the policy budget ends the trajectory, even at a call: nothing could read the output).
 Malformed calls get an error message as their tool output, never an exception.
 
+A rollout never dies of its input: a failure inside one trajectory (its prompt, a parse, a tool, the tokenizer,
+the template) ends that trajectory with finish reason "error" and the reason on `Trajectory.error` (the scorer
+gives it the format penalty), and no row waits for ever (`rollout.watchdog`: each call's deadline, and a
+watchdog that names and ends a row left waiting). What still raises from `rollout` is the caller's (a refill
+that raised) or the machinery's (a backend failure), never one row's.
+
 A rollout can grow while it runs (`refill`): when a problem's group finishes, a callback may
 name further problems, whose sequences join the running batch (on the hf clock, like a tool's
 result, `readmit_after_steps` after the group closed). Dynamic sampling uses
@@ -52,6 +58,7 @@ from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids 
 from pipeline.rollout.metrics import RolloutStats
 from pipeline.rollout.offered import tools_for
 from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.watchdog import describe
 from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
 from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
 from pipeline.tools.base import Tool, tool_specs
@@ -163,9 +170,23 @@ class RolloutEngine:
 
     def _new_sequence(self, problem: Problem) -> Sequence:
         tools = tools_for(problem, tuple(self.tools))
-        dialogue = self.renderer.start(problem, tools)
+        try:
+            dialogue = self.renderer.start(problem, tools)
+        except Exception as err:  # noqa: BLE001 - this problem's prompt: its row ends, the rollout goes on
+            return self._unpromptable(problem, tools, err)
         return Sequence(problem=problem, tools=tools, prompt_ids=dialogue.prompt_ids,
                         shared_prefix_len=dialogue.shared_prefix_len, dialogue=dialogue)
+
+    def _unpromptable(self, problem: Problem, tools: tuple[ToolName, ...], err: Exception) -> Sequence:
+        """A row whose prompt could not be built: it samples nothing and ends with finish reason "error" when the
+        scheduler first takes it. Its prompt ids are the question as plain text (never empty: a batch row must
+        have a token; nothing of it is trained, it has no sampled token)."""
+        try:
+            prompt = encode_plain(self.tokenizer, problem.question)
+        except Exception:  # noqa: BLE001 - the question itself is what failed
+            prompt = []
+        return Sequence(problem=problem, tools=tools, prompt_ids=prompt or [min(self.eos_ids)],
+                        error=f"its prompt could not be built: {describe(err)}")
 
     def segment_texts(self, seq: Sequence) -> tuple[str, ...]:
         """The policy's text between insertions, each run decoded alone without the end-of-sequence token

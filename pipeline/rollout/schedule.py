@@ -8,12 +8,19 @@ reports each segment's end; the scheduler runs tool calls on the event loop and 
 - `_ClockedRun` (continuous, hf): a row rejoins at a decoding step fixed when it called, so batches,
   and every log-prob's rounding, do not depend on tool latency (see rollout.engine).
 - `_TurnSynchronousRun`: TAPO/ToRL's rounds; everyone waits for the slowest tool of a turn.
+
+A failure inside one trajectory ends that trajectory, never the rollout (`_fail`: finish reason "error", the
+reason on `Trajectory.error`): its segment cannot be read or answered (`segment_ended` contains it), its tool
+outputs cannot be rendered (`_insert`), a callback on the event loop raised (`_call_tools`), its prompt could
+not be built (`take_ready`). No row waits for ever: each call has a deadline, and a row with no progress past
+the watchdog's limit is named and ended (`rollout.watchdog`); the decoder polls the watchdog wherever it waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import threading
 import time
 from collections import deque
@@ -23,13 +30,17 @@ from typing import TYPE_CHECKING
 from tqdm import tqdm
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.protocols import ParsedCall, TemplateError
+from pipeline.protocols import ParsedCall
+from pipeline.protocols.tokens import valid_text
 from pipeline.rollout.sequence import Sequence
+from pipeline.rollout.watchdog import Stuck, Watchdog, bounded_call, call_deadline_s, describe
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Group, Problem, ToolCall, ToolName, ToolResult
 
 if TYPE_CHECKING:
     from pipeline.rollout.engine import RolloutEngine, _Draws
+
+log = logging.getLogger(__name__)
 
 BUDGET_EXHAUSTED = "tool budget exhausted: give your final answer now"
 NO_OUTPUT = "[no output] print() the values you need"
@@ -60,6 +71,9 @@ class _Run:
         self.bar: tqdm | None = None  # set by the engine for the length of the rollout
         self.error: BaseException | None = None  # raised by the refill callback (re-raised by the engine)
         self.abandoned = False  # the awaiting side has gone: every wait of the decoder ends (RolloutAbandoned)
+        self.deadlines = {name: call_deadline_s(tool) for name, tool in engine.tools.items()}
+        self.watchdog = Watchdog.for_tools(engine.tools)
+        self.parked_rows: dict[int, Sequence] = {}  # watchdog key -> the row waiting on the event loop
 
     def abandon(self) -> None:
         """Either side, any time: the decoder thread stops at its next call into the scheduler, or at once if
@@ -74,12 +88,24 @@ class _Run:
 
     # --- called from the decoder thread -------------------------------------------------
     def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
+        self.end_stuck_rows()
         with self.cond:
             self._check_open()
             taken = [self.ready.popleft() for _ in range(min(max_n, len(self.ready)))]
-        return [(s, self.engine.renderer.stop_strings(s.tools)) for s in taken]
+            self._taken(len(taken))
+        rows = []
+        for s in taken:
+            if s.error and s.finish_reason is None:  # its prompt could not be built (`RolloutEngine._new_sequence`)
+                self._finish(s, "error")
+            else:
+                rows.append((s, self.engine.renderer.stop_strings(s.tools)))
+        return rows
+
+    def _taken(self, n: int) -> None:  # holds self.cond
+        """`n` rows were handed to the decoder (a turn-synchronous run counts its turn)."""
 
     def wait_ready(self, timeout_s: float) -> None:
+        self.end_stuck_rows()
         with self.cond:
             self._check_open()
             if not self.ready and self.open > 0:
@@ -92,6 +118,16 @@ class _Run:
             return self.open
 
     def segment_ended(self, seq: Sequence, reason: str) -> None:
+        """The decoder's report that a row's segment ended. Whatever fails while it is read and answered ends
+        that row (`_fail`), never the decoder."""
+        try:
+            self._segment_ended(seq, reason)
+        except RolloutAbandoned:
+            raise
+        except Exception as err:  # noqa: BLE001 - a parse, a renderer or a tokenizer failing on this row's text
+            self._fail(seq, f"its segment could not be read or answered: {describe(err)}")
+
+    def _segment_ended(self, seq: Sequence, reason: str) -> None:
         seq.turns += 1
         if reason == "budget":
             return self._finish(seq, "max_tokens")
@@ -128,7 +164,41 @@ class _Run:
         return results
 
     def _start_calls(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
-        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, self._insert)
+        key = self._watch(seq, calls, results, id(seq))
+        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, self._insert, key)
+
+    def _watch(self, seq: Sequence, calls: Calls, results: Results, key: int) -> int:
+        """Register a row whose calls go to the event loop with the watchdog (under `key`); returns the key."""
+        running = [c for c, r in zip(calls, results, strict=True) if r is None]
+        what = ", ".join(f"{c.tool}({c.input[:40]!r})" for c in running)
+        self.watchdog.parked(key, self.row_label(seq), f"tool call(s) {what}", queued=len(running))
+        with self.cond:
+            self.parked_rows[key] = seq
+        return key
+
+    def row_label(self, seq: Sequence) -> str:
+        """A row's name in logs and reasons: its problem's id and its index in the draw order."""
+        return f"{seq.problem.id}#{self.draws.index.get(id(seq), '?')}"
+
+    def end_stuck_rows(self) -> None:
+        """End every row the watchdog finds stuck (decoder thread, wherever it waits or steps)."""
+        for stuck in self.watchdog.stuck():
+            with self.cond:
+                seq = self.parked_rows.pop(stuck.key, None)
+            if seq is not None:
+                self._end_stuck(stuck, seq)
+
+    def _end_stuck(self, stuck: Stuck, seq: Sequence) -> None:
+        self._fail(seq, stuck.reason)
+
+    def _fail(self, seq: Sequence, reason: str) -> None:
+        """End `seq` for a failure inside it (either side, any time; a row already ended or queued is left)."""
+        with self.cond:
+            if seq.finish_reason is not None or any(s is seq for s in self.ready):
+                return
+        seq.error = valid_text(reason)
+        log.warning("trajectory %s ended with an error: %s", self.row_label(seq), reason)
+        self._finish(seq, "error")
 
     def _budget_spent(self, seq: Sequence) -> bool:
         cfg = self.engine.cfg
@@ -136,29 +206,47 @@ class _Run:
 
     # --- event loop side ----------------------------------------------------------------
     def _spawn(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int],
-               answered: Answered) -> None:
-        task = self.loop.create_task(self._call_tools(seq, calls, results, call_span, answered))
+               answered: Answered, key: int) -> None:
+        task = self.loop.create_task(self._call_tools(seq, calls, results, call_span, answered, key))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def _call_tools(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int],
-                          answered: Answered) -> None:
-        """Run a segment's calls that need running, concurrently; answer them all, in the order written."""
-        pending = [i for i, result in enumerate(results) if result is None]
-        ran = await asyncio.gather(*(self._call_tool(calls[i]) for i in pending))
-        done = list(results)
-        for i, result in zip(pending, ran, strict=True):
-            done[i] = result
-        answered(seq, calls, done, call_span)
+                          answered: Answered, key: int) -> None:
+        """Run a segment's calls that need running, concurrently; answer them all, in the order written. Whatever
+        fails here ends the row (`_lost`): a raise on the event loop would be logged and the row wait for ever."""
+        try:
+            pending = [i for i, result in enumerate(results) if result is None]
+            ran = await asyncio.gather(*(self._call_tool(calls[i], key) for i in pending))
+            done = list(results)
+            for i, result in zip(pending, ran, strict=True):
+                done[i] = result
+            if self._release(key):  # else the watchdog ended the row: its late answer is dropped
+                answered(seq, calls, done, call_span)
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            self._release(key)
+            self._lost(key, seq, f"its tool calls could not be answered: {describe(err)}")
 
-    async def _call_tool(self, call: ParsedCall) -> ToolResult:
+    def _release(self, key: int) -> bool:
+        with self.cond:
+            self.parked_rows.pop(key, None)
+        return self.watchdog.released(key)
+
+    def _lost(self, key: int, seq: Sequence, reason: str) -> None:
+        """A row's answer was lost on the event loop: end it (where it would have been answered)."""
+        self._fail(seq, reason)
+
+    async def _call_tool(self, call: ParsedCall, key: int) -> ToolResult:
         t0 = time.perf_counter()
         try:
             async with self.limits[call.tool]:
-                result = await self.engine.tools[call.tool](call.input)
-        except Exception as err:  # a tool that breaks its contract must still not kill the batch (nor train it)
-            result = ToolResult.failure(f"{type(err).__name__}: {err}", status="client_error",
-                                        latency_s=time.perf_counter() - t0, infrastructure=True)
+                self.watchdog.started(key)
+                result = await bounded_call(self.engine.tools[call.tool], call.tool, call.input,
+                                            self.deadlines[call.tool])
+        except Exception as err:  # noqa: BLE001 - an unknown tool: its call fails, the batch goes on
+            result = ToolResult.failure(describe(err), status="client_error", latency_s=time.perf_counter() - t0,
+                                        infrastructure=True)
+        self.watchdog.answered(key)
         self.tool_results.append((call.tool, result))
         return result
 
@@ -168,16 +256,21 @@ class _Run:
 
     # --- either side --------------------------------------------------------------------
     def _insert(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
-        """Append the protocol's rendering of the calls' outputs (mask 0) and record the calls."""
+        """Append the protocol's rendering of the calls' outputs (mask 0) and record the calls. Outputs it cannot
+        render end the row: never train on a context the template would not show."""
+        if seq.finish_reason is not None:  # ended while its calls ran (the watchdog): nothing to append
+            return
         cfg = self.engine.cfg
+        results = [r if valid_text(r.output) is r.output else
+                   ToolResult(valid_text(r.output), r.ok, r.status, r.error and valid_text(r.error), r.latency_s,
+                              r.infrastructure) for r in results]  # recorded as shown (the scorer looks for it)
         shown = [cut_middle(r.output.strip() or (NO_OUTPUT if r.ok else "error"), cfg.max_tool_output_chars)
                  for r in results]
         try:
             ids = self.engine.renderer.reply(seq.dialogue, seq.response_ids[call_span[0]:call_span[1]],
                                              list(zip(calls, shown, strict=True)))
-        except TemplateError as err:  # never train on a context the template would not show: stop the rollout
-            self.error = self.error or err
-            return self._finish(seq, "error")
+        except Exception as err:  # noqa: BLE001 - a template or tokenizer failing on this row's outputs
+            return self._fail(seq, f"its tool outputs could not be rendered: {describe(err)}")
         room = cfg.max_total_tokens - len(seq.context_ids)
         output_span = seq.append_inserted(ids[:max(room, 0)])
         seq.tool_calls += [ToolCall(call.tool, call.input, result, call_span, output_span)
@@ -246,11 +339,8 @@ class _TurnSynchronousRun(_Run):
         self.in_turn = 0  # taken by the decoder this turn and not yet parked or finished
         self.parked: list[Sequence] = []
 
-    def take_ready(self, max_n: int) -> list[tuple[Sequence, tuple[str, ...]]]:
-        taken = super().take_ready(max_n)
-        with self.cond:
-            self.in_turn += len(taken)
-        return taken
+    def _taken(self, n: int) -> None:  # holds self.cond
+        self.in_turn += n
 
     def _requeue(self, seq: Sequence) -> None:
         with self.cond:
@@ -323,16 +413,23 @@ class _ClockedRun(_Run):
                 _, order, apply = heapq.heappop(self._due)
                 while order not in self._arrived:
                     self._check_open()
+                    self.end_stuck_rows()  # a row whose answer was lost arrives as its failure
                     self.cond.wait(0.05)
             apply()
 
     def _start_calls(self, seq: Sequence, calls: Calls, results: Results, call_span: tuple[int, int]) -> None:
-        order = self._ask()
+        order = self._watch(seq, calls, results, self._ask())
 
         def answered(s: Sequence, c: Calls, done: Results, span: tuple[int, int]) -> None:
             self._arrive(order, lambda: self._insert(s, c, done, span))
 
-        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, answered)
+        self.loop.call_soon_threadsafe(self._spawn, seq, calls, results, call_span, answered, order)
+
+    def _lost(self, key: int, seq: Sequence, reason: str) -> None:
+        self._arrive(key, lambda: self._fail(seq, reason))  # at its due step, like the answer it stands for
+
+    def _end_stuck(self, stuck: Stuck, seq: Sequence) -> None:
+        self._arrive(stuck.key, lambda: self._fail(seq, stuck.reason))
 
     def _schedule_refill(self, k: int) -> None:
         order = self._ask()

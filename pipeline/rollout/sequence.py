@@ -33,6 +33,7 @@ class Sequence:
     segment_start: int = 0  # response index where the current sampled segment began
     turns: int = 0
     finish_reason: FinishReason | None = None
+    error: str = ""  # why it ended with finish_reason "error" (`Trajectory.error`)
     # Its own sampling generator: a row's draws must not depend on which other rows share
     # its batch, which depends on tool latency (resumed runs would otherwise diverge).
     rng: torch.Generator = field(default_factory=torch.Generator, repr=False)
@@ -91,6 +92,7 @@ class Sequence:
             turns=self.turns,
             entropies=tuple(self.entropies),
             segments=segments,
+            error=self.error,
         )
 
 

@@ -287,7 +287,11 @@ class VLLMDecoder:
             raise
         finally:
             self._track_busy(-1)
-        scheduler.segment_ended(seq, reason)
+        try:  # the scheduler ends a row whose segment fails (`segment_ended`); what escapes it is never lost here
+            scheduler.segment_ended(seq, reason)
+        except BaseException as err:  # a task's exception is only logged: the row would never finish
+            self._error = err
+            raise
 
     async def _generate(self, seq: Sequence, stops: tuple[str, ...]) -> str:
         p = self.params

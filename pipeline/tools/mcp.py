@@ -113,7 +113,8 @@ class McpServer:
         if missing:
             self.close()
             raise McpUnavailable(f"MCP server {self.entry.name!r} has no tool(s) {missing}; it lists {sorted(names)}")
-        return [(t.name, ToolSpec(self.entry.prefix + t.name, t.description or t.name, dict(t.input_schema)))
+        return [(t.name, ToolSpec(self.entry.prefix + t.name, t.description or t.name, dict(t.input_schema),
+                                  origin=f"MCP server {self.entry.name!r}"))
                 for t in tools if not self.entry.tools or t.name in self.entry.tools]
 
     async def _supervise(self, listed: Future) -> None:

@@ -4,20 +4,26 @@ Without this rule a verifier that reads one value out of the answer pays for lis
 the complex verifier read the first number, so "1000 or 5000" and "between 960 and 5000" scored
 1 for gold 1000, and token F1 gives "Paris or London" 0.5 for gold Paris. RL finds such a hack.
 
-Candidates are found two ways, for every verifier kind:
-- alternatives in words: parts joined by " or " / " nor " / " vs " / " and/or " (also `\\text{ or }`, `\\lor`,
-  `\\vee`, "∨", "oder", "ou"), or an answer "between A and B"; in the text kinds (fact, em, f1) also parts joined
-  by "/" or "|" or set on separate lines;
+Candidates are found two ways, for every verifier kind, with the joining words of every language the verifiers
+read (hedge_words.py: "or", ranges, "and", "between", words that introduce another answer and words of doubt,
+compared as a reader sees them: `ᴏʀ`, `ｏｒ` and Cyrillic `оr` are "or"):
+- alternatives in words: parts joined by "or" in any language (" or ", " eller ", "或", also `\\text{ or }`,
+  `\\lor`, `\\vee`, "∨", " vs ", " and/or ", glued between digits: "3or1"), by a word that introduces another
+  answer ("alternatively", "otherwise", "unless", "sinon"), or after a separator by a word of doubt (", maybe X",
+  "(perhaps X)"), or an answer "between A and B" ("entre A et B"); in the text kinds (fact, em, f1) also parts
+  joined by "/" or "|" or set on separate lines (a newline or a LaTeX line break `\\\\`);
 - to a text kind (fact, em, f1) asked for one number (the gold is one), any two different numbers: token F1 gave
   "42 43" 0.67 against 42;
 - numbers as alternatives: two numbers joined only by a connective: "or", "to", "and" after
-  "between", "nor", "vs", "~", "|", "?", an ellipsis or an en or em dash ("98 – 99"), and for the numeric-text
-  kinds (complex, calculator, which read one number) also "and", a comma, a semicolon, "±", an ASCII dash
-  ("960-5000"; in math "x-1" is an expression, so not there), "/" for the complex kind (which reads the first
-  number of "98/99"; to the others it is a fraction), a gap of separating punctuation alone ("98? 99?"), or
-  a line break. A number in
+  "between", "nor", "vs", "~", "|", "?", an ellipsis or an en or em dash ("98 – 99"), or by joining words of any
+  language with glue among them and punctuation around them ("3 (maybe 1)", "3, but could be 1", "3 eller 1",
+  "3 bis 5", "3或1"); for the numeric-text kinds (complex, calculator, which read one number) also "and" in any
+  language, a comma, a semicolon, "±", an ASCII dash ("960-5000"; in math "x-1" is an expression, so not
+  there), "/" for the complex kind (which reads the first number of "98/99"; to the others it is a fraction), a
+  gap of separating punctuation alone ("98? 99?"), or a line break (a LaTeX `\\\\` too). A number in
   parentheses after another ("3.5 million (2020)") is a qualifier, not a candidate, unless a
-  connective opens the parentheses ("1000 (or 5000)").
+  joining word opens the parentheses ("1000 (or 5000)").
+A word of doubt beside one answer ("3 (possibly)") names no second candidate and is left to the kind.
 Candidates that are equal ("1000 or 1,000") are one value. A gold answer that itself names
 several values ("2, 3", "x = 2 or x = 3") turns the rule off for that gold alias: the kind's own
 comparison decides.
@@ -26,21 +32,65 @@ comparison decides.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from fractions import Fraction
 
-NUMERIC_TEXT_KINDS = frozenset({"complex", "calculator"})
+from pipeline.reward.hedge_words import (AND, BETWEEN, DOUBT, GLUE, OR, OR_BETWEEN_NUMBERS, OTHERWISE, TO, fold,
+                                         is_unspaced, words)
 
+NUMERIC_TEXT_KINDS = frozenset({"complex", "calculator"})
+TEXT_KINDS = frozenset({"fact", "em", "f1"})
+
+_OR, _OR_NUMBERS = words(OR), words(OR_BETWEEN_NUMBERS)
+_OTHERWISE, _DOUBT = words(OTHERWISE), words(DOUBT)
+_JOINING = _OR | _OR_NUMBERS | words(TO) | _OTHERWISE | _DOUBT  # join two numbers in every kind
+_AND = words(AND)  # and in the numeric-text kinds
+_GLUE = frozenset(fold(word) for word in GLUE)
+_SPLITTERS = _OR | _OTHERWISE | {"vs", "vs.", "versus", "and/or"}  # separate parts wherever they stand
+
+
+def _alternation(found: Iterable[str]) -> str:
+    """A pattern matching any of `found`, the longest first, behind a look-ahead at their first characters (so a
+    position where none starts costs one test, not one per word)."""
+    ordered = sorted(found, key=lambda w: (-len(w), w))
+    firsts = "".join(sorted({re.escape(w[0]) for w in ordered}))
+    return rf"(?=[{firsts}])(?:{'|'.join(map(re.escape, ordered))})"
+
+
+def _spaced(found: Iterable[str]) -> str:
+    return _alternation(w for w in found if not is_unspaced(w))
+
+
+def _unspaced(found: Iterable[str]) -> str:
+    """Unspaced words, each but where it begins a longer listed word it does not stand for ("或" is "or", "或许"
+    is "perhaps")."""
+    found = {w for w in found if is_unspaced(w) and w != "か"}  # kana か is "or" only between numbers
+    longer = {w for w in _JOINING | _AND | _GLUE if is_unspaced(w)} - found
+    firsts = "".join(sorted({re.escape(w[0]) for w in found}))
+    alternatives = "|".join(
+        re.escape(w) + "".join(f"(?!{re.escape(u[len(w):])})" for u in sorted(longer) if u.startswith(w))
+        for w in sorted(found, key=lambda w: (-len(w), w)))
+    return rf"(?=[{firsts}])(?:{alternatives})"
+
+
+_AFTER_WORD = r"(?![\w'’-])"
+_GLUED = [w for w in _JOINING if len(w) > 1 and " " not in w]  # written between digits: "3or1", "3to5"
 # Every pattern here reads text a policy wrote, so none may backtrack more than linearly: runs of whitespace are
 # taken whole (possessive `++`, and `(?<!\s)` so that a match starts only where a run does); "between" is split
-# in code. The former patterns took hours on an answer of a few thousand spaces.
+# in code. The former patterns took hours on an answer of a few thousand spaces. They read folded text (`fold`).
 _WORD_ALTERNATIVE_RE = re.compile(
-    r"(?<!\s)\s++(?:or|nor|vs\.?|versus|and/or|oder|ou)\s++|(?<!\s)\s*+\((?:or|nor)\s++|(?<!\s)\s*+∨\s*+"
-    r"|\\text\{\s*+or\s*+\}|\\lor\b|\\vee\b", re.IGNORECASE)
+    rf"(?<!\s)\s++{_spaced(_SPLITTERS)}{_AFTER_WORD}\s*+"  # " or ", " eller ", " otherwise "
+    rf"|(?<!\s)\s*+[(,;:—–]\s*+{_spaced(_SPLITTERS | _DOUBT)}{_AFTER_WORD}\s*+"  # "(or ", ", maybe "
+    rf"|(?<!\s)\s*+(?:{_unspaced(_SPLITTERS)})\s*+"  # "或", "または"
+    rf"|(?<!\s)\s*+[(,;:、—–]\s*+(?:{_unspaced(_DOUBT)})\s*+"  # "，可能"
+    rf"|(?<=\d){_spaced(_GLUED)}(?=[-+]?\.?\d)"  # "3or1"
+    rf"|(?<!\s)\s*+∨\s*+|\\text\{{\s*+{_spaced(_SPLITTERS)}\s*+\}}|\\lor\b|\\vee\b")
+_LATEX_BREAK = r"\\\\|\\(?:newline|linebreak|cr)(?![A-Za-z])"
+_LATEX_BREAK_RE = re.compile(_LATEX_BREAK)
 # in text answers also "Paris/London", "Paris | London" and one per line; in math these are 1/2, |x| and layout
-_TEXT_ALTERNATIVE_RE = re.compile(_WORD_ALTERNATIVE_RE.pattern + r"|(?<![ \t])[ \t]*+[/|\n][ \t\n]*+", re.IGNORECASE)
-TEXT_KINDS = frozenset({"fact", "em", "f1"})
-_BETWEEN_START_RE = re.compile(r"\W*+(?:somewhere\s++)?between\s++", re.IGNORECASE)
-_AND_RE = re.compile(r"(?<!\s)\s++and\s++", re.IGNORECASE)
+_TEXT_ALTERNATIVE_RE = re.compile(_WORD_ALTERNATIVE_RE.pattern + rf"|(?<![ \t])[ \t]*+(?:[/|\n]|{_LATEX_BREAK})[ \t\n]*+")
+_BETWEEN_START_RE = re.compile(rf"\W*+(?:somewhere\s++)?{_spaced(words(BETWEEN))}\s++")
+_AND_RE = re.compile(rf"(?<!\s)\s++{_spaced(_AND)}\s++")
 _NUMBER_RE = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?(?!,*+\d)",
                         re.ASCII)
 _ONE_NUMBER_RE = re.compile(r"\s*+[-+]?(?:\d{1,3}(?:,\d{3})++|\d++)(?:\.\d+)?%?\s*")
@@ -53,11 +103,19 @@ _LIST_RE = re.compile(r"[,;]|(?<!\s)\s++and\s++")
 _SCALE_RE = re.compile(r"\s*(?:%|\\%|thousand|million|billion|trillion)?", re.IGNORECASE)
 _CONNECTIVES = {"or", "to", "nor", "~", "or maybe", "or perhaps", "or possibly", "or about", "or so", "or else",
                 "and/or", "vs", "vs.", "versus", "oder", "ou", "o", "|", "||", "∨", "\\lor", "\\vee", "?", "…", "...",
-                "–", "—"}  # fmt: skip
-_NUMERIC_TEXT_CONNECTIVES = {",", ";", "-", "and"}
-_SEPARATING = frozenset("?!…:|;,\"'")
+                "–", "—", "〜"}  # fmt: skip
+_NUMERIC_TEXT_CONNECTIVES = {",", ";", "-", "and", "&"}
+_SEPARATING = frozenset("?!…:|;,\"'、")
 _PLUS_MINUS_RE = re.compile(r"±|∓|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])")  # 98 ± 1 is an interval: two candidates to a reader of one number
 _MAX_NUMBERS = 64  # an answer with more numbers than this is judged on its first ones
+
+
+_GAP_BLANKS_RE = re.compile(  # what stands around joining words between two numbers without joining anything
+    r"[\s,;:()\[\]{}!?.…—–\-\"`*_$|/~、。，；：（）「」【】]++|'(?!\w)|(?<!\w)'"
+    r"|\\(?:text[a-z]*+|math[a-z]*+|mbox|quad|qquad)(?![A-Za-z])|\\[,;:! \\]")
+_MAX_GAP = 120  # characters between two numbers read for joining words: theirs are short, and each gap is read once
+_UNSPACED_JOINING_RE = re.compile(_alternation(w for w in _JOINING | _AND | _GLUE if is_unspaced(w)))
+_PHRASE_WORDS = max(w.count(" ") + 1 for w in _JOINING | _AND | _GLUE)
 
 
 def is_hedged(predicted: str, gold: str, kind: str) -> bool:
@@ -93,9 +151,10 @@ def _names_several(gold: str, kind: str) -> bool:
 
 
 def _several_candidates(text: str, kind: str) -> bool:
-    between = _between(text)
+    folded = fold(text)  # parts are compared, never read: their folded form is as good
+    between = _between(folded)
     splitter = _TEXT_ALTERNATIVE_RE if kind in TEXT_KINDS else _WORD_ALTERNATIVE_RE
-    parts = [_canonical(p) for p in (between or splitter.split(text))]
+    parts = [_canonical(p) for p in (between or splitter.split(folded))]
     if len({p for p in parts if p}) > 1:
         return True
     if kind in NUMERIC_TEXT_KINDS and _PLUS_MINUS_RE.search(text):
@@ -133,17 +192,41 @@ def _alternative_numbers(text: str, kind: str) -> list[Fraction]:
     connectives = _CONNECTIVES | (_NUMERIC_TEXT_CONNECTIVES if kind in NUMERIC_TEXT_KINDS else set())
     if kind == "complex":  # reads the first number of "98/99"; to the calculator kind it is a fraction
         connectives = connectives | {"/"}
+    joining = _JOINING | _AND if kind in NUMERIC_TEXT_KINDS else _JOINING
     found: list[Fraction] = []
     for left, right in zip(matches, matches[1:]):
         after_left = _SCALE_RE.match(text, left.end()).end()
-        gap = " ".join(text[after_left:right.start()].casefold().split())
+        raw = text[after_left:right.start()]
+        gap = " ".join(fold(raw).split())
         before = text[max(0, left.start() - 40):left.start()].rstrip().casefold()
         between = gap == "and" and before.endswith("between") and not before[:-7][-1:].isalnum()
         opens_alternative = gap.startswith("(") and gap[1:].strip() in connectives
         if (gap in connectives or between or opens_alternative or _signed_range(gap, right.group(), kind)
-                or _side_by_side(text[left.end():right.start()], gap, kind)):
+                or _side_by_side(_LATEX_BREAK_RE.sub("\n", text[left.end():right.start()]), gap, kind)
+                or _joined_by_words(gap, joining)):
             found += [_value(left.group()), _value(right.group())]
     return [v for v in found if v is not None]
+
+
+def _joined_by_words(gap: str, joining: frozenset[str]) -> bool:
+    """Whether the (folded) text between two numbers joins them as alternatives: set apart from the punctuation,
+    brackets and LaTeX text wrappers around them, its words are joining words and glue, at least one joining
+    ("(maybe", ", but could be", "eller", "或者", "\\text{ or }")."""
+    if len(gap) > _MAX_GAP:
+        return False
+    spaced = _UNSPACED_JOINING_RE.sub(lambda m: f" {m.group()} ", gap)
+    tokens = _GAP_BLANKS_RE.sub(" ", spaced).split()
+    # reach[i]: None when tokens[:i] cannot be read as joining words and glue, else whether one of them joins
+    reach: list[bool | None] = [False] + [None] * len(tokens)
+    for i in range(len(tokens)):
+        if reach[i] is None:
+            continue
+        for width in range(1, min(_PHRASE_WORDS, len(tokens) - i) + 1):
+            phrase = " ".join(tokens[i:i + width])
+            joins = phrase in joining
+            if joins or phrase in _GLUE:
+                reach[i + width] = bool(reach[i + width]) or joins or bool(reach[i])
+    return reach[-1] is True
 
 
 def _side_by_side(raw_gap: str, gap: str, kind: str) -> bool:

@@ -6,6 +6,12 @@ policy that degenerates into repetition stalls every reward call of the trainer.
 verifiers runs here on 100,000-character answers made of the pieces such patterns trip on, each call limited to
 4 s of the process's CPU time (a CPU-time timer, not wall time, so a busy machine does not fail it): linear
 readers need well under a second, a quadratic one minutes.
+
+The readers of the rollout run here too, with the pieces that tripped them: each model family's call parser and
+every protocol's `read_segment` (the hermes parser was quadratic in unclosed `<tool_call>` tags: 12 s at 100,000
+characters, the chat-tools scorer through it 25 s), the format check with the engine's outputs to find (quadratic
+in `<response>x</response>` pairs: 18 s), the scorer of a tag and of a chat-tools trajectory, and the engine's cut
+of a tool output.
 """
 
 from __future__ import annotations
@@ -27,16 +33,32 @@ PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", 
           "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{",
           "<answer>", "<answer>1", "<think>", "</answer>", "**", "`", "*", "_", "\\(", "\\mathbf{", "Answer: ", "٤",
           "1\u202f000", "\u202f", "**Answer:** ", "negative ", "more than ", " or more", "1..", ":.", ">", "\\geq ", "1+",
-          " squared", "half of ", " million"]
+          " squared", "half of ", " million",
+          # the rollout's readers: calls, tags, wrappers, nesting, invalid text, and the hedge words of every language
+          "<tool_call>", "</tool_call>", "<tool_call>{", "<response>x</response>", "<response>", "</response>\n", "[",
+          '{"a":', '[{"name": "f", "arguments": ', "[TOOL_CALLS] [", "<|python_tag|>{", "```python\n", "```\n",
+          "<code>", "</code>", "\ud83d", "\x00", "或", " eller ", "ᴏʀ ", "1 (maybe ", "\\\\ ", "1 или "]
 ENDINGS = ["", "!"]
 SIZE = 100_000
 CALL_LIMIT_S = 4.0  # CPU seconds for one reader on one answer: linear readers need < 1 s, quadratic ones minutes
 
 READ_ALL = textwrap.dedent("""
     import json, signal, sys
-    from pipeline.protocols import protocol_for
-    from pipeline.reward import check_format, hedging, numeric, numeval, presentation, qualifiers, textmatch, unicode_math, verifiers
+    from pipeline.config.reward import RewardConfig
+    from pipeline.config.tools import ChatToolsConfig
+    from pipeline.protocols import PROTOCOLS, protocol_for, tool_parsers
+    from pipeline.reward import RewardScorer, check_format, hedging, numeric, numeval, presentation, qualifiers, textmatch, unicode_math, verifiers
+    from pipeline.reward import format as check
+    from pipeline.tools import shown
+    from pipeline.types import Problem, ToolCall, ToolResult, Trajectory
     tags = protocol_for("tapo")
+    protocols = dict(PROTOCOLS)
+    scorer, problem = RewardScorer(RewardConfig()), Problem("p", "q", ("1",), "complex", "s", "train")
+
+    def trajectory(s):
+        call = ToolCall("code", "c", ToolResult(s[:2000], True), (0, 1), (1, 2))
+        return Trajectory("p", (1,), (2, 3), (1, 0), (0.0, 0.0), (call,), "stop", s, 2, segments=(s, s))
+
     readers = {
         "extract_answer (tapo)": tags.extract_answer, "check_format (tapo)": lambda s: check_format(s, tags, []),
         "visible": presentation.visible, "readable": presentation.readable,
@@ -54,7 +76,21 @@ READ_ALL = textwrap.dedent("""
         "number_span_in_text": numeric.number_span_in_text,
         "is_qualified": lambda s: [qualifiers.is_qualified(s, at, at + 1, evaluates_notation=n)
                                    for at in (0, len(s) // 2, len(s)) for n in (True, False)],
+        "check_format (tapo, outputs)": lambda s: [check_format(s, tags, found) for found in (["x"], [s], [s[:500]])],
+        "cut_middle": lambda s: shown.cut_middle(s, 1024), "shown_as": lambda s: check.shown_as(s, s[: len(s) // 3]),
+        "score (tapo)": lambda s: scorer.score(problem, trajectory(s), protocol=tags, max_policy_tokens=100),
     }
+    for family, parser in tool_parsers.PARSERS.items():
+        readers[f"parse ({family})"] = parser.parse
+        chat = protocol_for("chat-tools", ChatToolsConfig(parser=family))
+        readers[f"score (chat-tools, {family})"] = (
+            lambda s, chat=chat: scorer.score(problem, trajectory(s), protocol=chat, max_policy_tokens=100))
+        protocols[f"chat-tools ({family})"] = chat
+    for name, protocol in protocols.items():
+        readers[f"read_segment ({name})"] = lambda s, p=protocol: [p.read_segment(s, ("code", "search"), at_eos=e)
+                                                                     for e in (False, True)]
+        readers[f"grammar_violation ({name})"] = lambda s, p=protocol: p.grammar_violation(s, strict=True,
+                                                                                           eos_strings=("<|im_end|>",))
     pieces, endings, size, limit = json.loads(sys.argv[1])
 
     class TooSlow(Exception):

@@ -98,13 +98,16 @@ def shown(line: bytes) -> str:
     return repr(line[:_SHOWN]) + ("..." if len(line) > _SHOWN else "")
 
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^"{}\[\]:,\s]+|\s+')
+# A string (one the prefix cut stays one token, to its end: never read as the bare words inside it), a bracket
+# or separator, a bare value, or blanks.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[{}\[\]:,]|[^"{}\[\]:,\s]+|\s+')
 
 
 def top_level_id(prefix: bytes) -> Any:
     """The `id` of the JSON object a line starts with, if its first bytes hold it (at depth 1), else None."""
     depth, key, after_colon = 0, None, False
-    for token in _TOKEN.findall(prefix.decode("utf-8", "replace")):
+    tokens = _TOKEN.findall(prefix.decode("utf-8", "replace"))
+    for at, token in enumerate(tokens):
         if token[0] in "{[":
             depth += 1
         elif token[0] in "}]":
@@ -113,6 +116,8 @@ def top_level_id(prefix: bytes) -> Any:
             after_colon = True
             continue
         elif depth == 1 and after_colon and key == '"id"' and not token.isspace():
+            if token[0] != '"' and at == len(tokens) - 1:
+                return None  # a number the prefix may have cut ("1" of "10")
             with contextlib.suppress(ValueError):
                 value = json.loads(token)
                 return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None

@@ -68,6 +68,7 @@ def hostile(request: pytest.FixtureRequest, starts: Path) -> Iterator[McpTool]:
     tool, = mcp_tools(request.param)
     yield tool
     asyncio.run(tool.aclose())
+    assert pids(starts) and all(gone(pid) for pid in pids(starts)), "a server outlived its connection's close"
 
 
 def echo(tool: McpTool, *texts: str) -> list[ToolResult]:

@@ -10,7 +10,10 @@ once; nothing outside this package asks which protocol is configured.
 - torl: markdown fences, answer in `\\boxed{}` (torl.py);
 - chat-tools: the model's own chat template and call format (chat_tools.py; its parsers per model family in
   tool_parsers.py, its token-exact rendering in chat_renderer.py and chat_template.py);
-- answers.py: the `<answer>` and `\\boxed{}` readers they share with the math normaliser.
+- answers.py: the `<answer>` and `\\boxed{}` readers they share with the math normaliser;
+- reading.py: what every reader of the policy's text shares: the total, depth-bounded JSON decoder of calls and
+  the check that no call hands a tool invalid Unicode. Every reader here is a total function, linear in its text:
+  any string gets a value or a typed refusal (a malformed call, a format violation, no answer), never an exception.
 
 Departure from the anchors: they cut decoded text at the tool tag and re-tokenize it;
 here parsing reads the text but the tokens stay exactly as sampled (see rollout.engine).

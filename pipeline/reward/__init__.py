@@ -12,8 +12,11 @@ protocol owns its grammar and answer extraction, this package the scoring around
 
 Rules every verifier kind follows (verifiers.py):
 - No credit for hedging (hedging.py): an answer naming several different candidate values
-  ("1000 or 5000", "between 960 and 5000", "Paris or London") scores 0 against a gold that
-  names one, whatever value the kind would have read out of it.
+  ("1000 or 5000", "between 960 and 5000", "Paris or London", "3 (maybe 1)", "3 eller 1") scores 0 against a
+  gold that names one, whatever value the kind would have read out of it; the joining words are read in every
+  language the verifiers read (hedge_words.py).
+- Every reader here is total and linear in its text: any response gets a verdict (hostile nesting, lone
+  surrogates or NUL included), never an exception.
 - A percentage is its value divided by 100 ("0.42%" is 0.0042), unless the problem asks for a
   percentage (its gold is written with %, or its question names percent): then "25%" also
   matches gold 25.

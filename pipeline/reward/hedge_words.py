@@ -21,12 +21,13 @@ Words of scripts written without spaces (Chinese, Japanese, Thai, Lao, Khmer, Bu
 around them (`UNSPACED`), except kana `か`, which is "or" only between two numbers.
 
 Every word is compared as the reader sees it (`fold`): compatibility forms (full-width `ｏｒ`, mathematical
-`𝐨𝐫`), small capitals (`ᴏʀ`) and Latin look-alikes of other scripts (Cyrillic `о`, Greek `ο`) read as their Latin
-letters, case ignored.
+`𝐨𝐫`), small capitals (`ᴏʀ`), letters under accents or combining decoration (`o̲r̲`) and Latin look-alikes of other
+scripts (Cyrillic `о`, Greek `ο`) read as their plain Latin letters, case ignored.
 """
 
 from __future__ import annotations
 
+import re
 import unicodedata
 
 OR = {
@@ -126,9 +127,16 @@ _LOOK_ALIKES = dict(zip("аеорсхуіјѕԁһԛԝοαρτυνικχ", "aeopc
 _FOLD_TABLE = str.maketrans({**_SMALL_CAPITALS, **_LOOK_ALIKES})
 
 
+# combining marks that decorate Latin, Greek and Cyrillic letters (accents, `o̲r̲`, `o̶r̶`); not the vowel signs of
+# other scripts, nor kana's voicing marks (`が` is not `か`)
+_DECORATION_RE = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+
+
 def fold(text: str) -> str:
-    """`text` as the hedge rule compares it: compatibility forms as their plain letters (NFKC), small capitals and
-    Latin look-alikes as Latin letters, case folded. Linear; ASCII text is only lower-cased."""
+    """`text` as the hedge rule compares it: compatibility forms as their plain letters (NFKC), without accents and
+    other combining decoration, small capitals and Latin look-alikes as Latin letters, case folded. Linear; ASCII
+    text is only lower-cased."""
     if text.isascii():
         return text.lower()
-    return unicodedata.normalize("NFKC", text).casefold().translate(_FOLD_TABLE)
+    bare = _DECORATION_RE.sub("", unicodedata.normalize("NFKD", text))
+    return unicodedata.normalize("NFKC", bare).casefold().translate(_FOLD_TABLE)

@@ -52,7 +52,7 @@ def full_width(word: str) -> str:
 
 LOOK_ALIKES = str.maketrans("aeopcxy", "аеорсху")  # Cyrillic letters that read as these Latin ones
 FORMS = {"as listed": str, "capitals": str.upper, "small capitals": small_capitals, "full width": full_width,
-         "look-alikes": lambda w: w.translate(LOOK_ALIKES)}
+         "look-alikes": lambda w: w.translate(LOOK_ALIKES), "underlined": lambda w: "".join(f"{ch}\u0332" for ch in w)}
 
 
 def positions(word: str) -> list[str]:
@@ -71,7 +71,8 @@ def test_hedge_words_join_two_numbers_in_every_position(kind: str) -> None:
 
 @pytest.mark.parametrize("form_name", sorted(FORMS))
 def test_hedge_words_in_any_form_a_reader_takes_for_them(form_name: str) -> None:
-    """Capitals, small capitals (`ᴏʀ`), full-width letters (`ｏｒ`) and Cyrillic look-alikes (`оr`) are the word."""
+    """Capitals, small capitals (`ᴏʀ`), full-width letters (`ｏｒ`), underlined letters (`o̲r̲`) and Cyrillic look-alikes
+    (`оr`) are the word."""
     latin = [w for w in BETWEEN_NUMBERS + SEPARATING if w.isascii() and w.isalpha()]
     missed = [f"3 {FORMS[form_name](w)} 17" for w in latin for kind in ("complex", "math", "f1")
               if not is_hedged(f"3 {FORMS[form_name](w)} 17", "3", kind)]

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"pipeline.types", "pipeline.repeatable"},
     {"pipeline.paths", "pipeline.outputs", "pipeline.jsonl", "pipeline.config"},
     {"pipeline.tools", "pipeline.protocols", "pipeline.model", "pipeline.services"},
-    {"pipeline.reward", "pipeline.rollout", "pipeline.tracking"},
+    {"pipeline.reward", "pipeline.rollout", "pipeline.inference", "pipeline.tracking"},
     {"pipeline.rl", "pipeline.data"},
     {"pipeline.trainer", "pipeline.sampling", "pipeline.evaluation"},
     {"pipeline.distributed"},

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.protocols.reading import JSON_WHITESPACE, JsonRead, read_json
+from pipeline.protocols.reading import JSON_WHITESPACE, JsonRead, invalid_unicode, read_json
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class ToolCallParser(ABC):
         return RawCall(name, arguments)
 
     def call_json(self, name: str, arguments: dict[str, Any]) -> str:
-        return json.dumps({"name": name, self.arguments_key: arguments}, ensure_ascii=False)
+        return _written({"name": name, self.arguments_key: arguments})
 
 
 class HermesParser(ToolCallParser):
@@ -159,8 +159,15 @@ class MistralParser(ToolCallParser):
         return tuple(dataclasses.replace(self.read_object(v), source=json.dumps(v, ensure_ascii=False)) for v in value)
 
     def render(self, calls: Sequence[tuple[str, dict[str, Any]]], thought: str) -> str:
-        listed = json.dumps([{"name": name, "arguments": args} for name, args in calls], ensure_ascii=False)
+        listed = _written([{"name": name, "arguments": args} for name, args in calls])
         return f"{thought}{self.marker} {listed}" if thought else f"{self.marker} {listed}"
+
+
+def _written(value: Any) -> str:
+    """`value` as JSON a model writes (characters as themselves), or with every non-ASCII character escaped when
+    a string holds a lone surrogate, which no tokenizer encodes (the parser then refuses that call)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if invalid_unicode(text) is None else json.dumps(value)
 
 
 def _skip(text: str, pos: int, chars: str) -> int:

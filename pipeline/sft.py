@@ -40,7 +40,7 @@ from pipeline.config.reward import RewardConfig
 from pipeline.data.answerable import shows_answer
 from pipeline.data.broken import refuse_if_none_kept, service_of
 from pipeline.jsonl import read_problems, write_json
-from pipeline.model import enable_activation_checkpointing, load_policy, model_device
+from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_forward
 from pipeline.tracking.progress import progress
 from pipeline.repeatable import make_repeatable
 from pipeline.protocols import Dialogue, ParsedCall, Renderer, ToolProtocol, protocol_of
@@ -149,7 +149,7 @@ def to_batch(traces: list[Trace], pad_id: int) -> TrainBatch:
 
 
 def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch, micro_size: int,
-             share_prefixes: bool = True) -> float:
+             share_prefixes: bool = True, autocast: torch.dtype | None = None) -> float:
     """Cross-entropy over mask-1 tokens, normalised once by the batch's mask-1 count. A micro-batch's rows
     run as their prefix tree where that costs less (`pipeline.trainer.prefix_tree`): the system turn every trace
     opens with (274 tokens of TAPO's both-tool prompt, SmolLM2) then runs once, not once per row."""
@@ -158,7 +158,7 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
     total = 0.0
     for micro in micro_batches(batch, micro_size):
         logprobs_BT, _ = token_logprobs_and_entropy(model, micro, temperature=0.0, with_entropy=False,
-                                                    share_prefixes=share_prefixes)
+                                                    share_prefixes=share_prefixes, autocast=autocast)
         loss = -(logprobs_BT * micro.loss_mask_BT).sum() / max(batch.n_policy_tokens, 1)
         loss.backward()
         total += float(loss.detach())
@@ -169,7 +169,8 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = Path("metrics")) -> dict[str, float]:
     sc = cfg.sft
-    model, tokenizer = load_policy(sc.init_model, cfg.model.dtype, cfg.model.device)
+    # float32 master weights whatever model.dtype is; the forward runs in model.dtype (pipeline.model)
+    model, tokenizer = load_policy(sc.init_model, "float32", cfg.model.device)
     metrics: dict[str, float] = {"sft/traces": 0.0}
     with tracked_run(cfg.run, "sft", {"sft": sc.model_dump(), "model": cfg.model.model_dump()}):
         if sc.enabled:
@@ -195,6 +196,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
     if sc.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
+    autocast = training_forward(cfg.model.dtype, "float32", "none", model_device(model))
     order = random.Random(cfg.run.seed)
     steps_per_epoch = math.ceil(len(traces) / sc.batch_size)
     t0, step, loss = time.perf_counter(), 0, float("nan")
@@ -203,7 +205,7 @@ def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str
         shuffled = order.sample(traces, len(traces))
         for i in range(0, len(shuffled), sc.batch_size):
             batch = to_batch(shuffled[i : i + sc.batch_size], tokenizer.pad_token_id).to(model_device(model))
-            loss = sft_step(model, optimizer, batch, micro_size=min(sc.batch_size, 4))
+            loss = sft_step(model, optimizer, batch, micro_size=min(sc.batch_size, 4), autocast=autocast)
             log_metrics({"sft/loss": loss}, step=step)
             step += 1
             bar.update(1)

@@ -55,7 +55,7 @@ import torch
 from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
 from pipeline.distributed.launch import die_with_launcher, leave_process_group
-from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_autocast
+from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_forward
 from pipeline.repeatable import make_repeatable
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir, write_json_durably
 from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
@@ -84,7 +84,7 @@ from pipeline.trainer.replicas import OneProcess, Replicas
 from pipeline.trainer.run_folder import HISTORY, check_resumable, run_folder, take, training_identity
 from pipeline.trainer.run_inputs import changed_inputs, mark_finished, record_inputs, run_inputs
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
-                                     mean_over_updates, old_logprobs_source)
+                                     mean_over_updates, old_logprobs_source, update_settings)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
 from pipeline.types import ToolName, ScoredGroup, TrainBatch
 
@@ -127,8 +127,10 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
     weights, tepo = policy_weights(tc.finetune), tepo_variant(cfg.reward)
-    # DeepSpeed moves each rank's copy to its own device; a single process uses model.device
-    model, tokenizer = load_policy(tc.init_model, cfg.model.dtype, "cpu" if cfg.distributed.enabled else cfg.model.device)
+    # DeepSpeed moves each rank's copy to its own device; a single process uses model.device. One process trains
+    # float32 master weights whatever model.dtype is (its forward runs in model.dtype: pipeline.model)
+    held = weights.held_dtype(cfg.model.dtype, deepspeed=cfg.distributed.enabled)
+    model, tokenizer = load_policy(tc.init_model, held, "cpu" if cfg.distributed.enabled else cfg.model.device)
     if tc.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model = weights.prepare(model)
@@ -155,16 +157,15 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
     engine.calls = start.rollout_calls
     keep = group_filter(tc.algorithm, tepo)
     device = model_device(replicas.model)
-    autocast = training_autocast(tc.autocast, device)  # `auto`: bf16 only where the device multiplies it natively
-    print(f"train.autocast {tc.autocast}: the update's forward in {autocast or cfg.model.dtype} on {device}",
-          file=sys.stderr, flush=True)
-    settings = UpdateSettings(tc.micro_batch_size, tc.grad_clip, cfg.rollout.temperature,
-                              share_prefixes=replicas.share_prefixes, autocast=autocast)
+    autocast = training_forward(cfg.model.dtype, held, tc.autocast, device)  # `auto`: bf16 where the device has it
+    print(f"train.autocast {tc.autocast}, model.dtype {cfg.model.dtype}: the update's forward in {autocast or held} "
+          f"over {held} weights on {device}", file=sys.stderr, flush=True)
+    settings = update_settings(tc.micro_batch_size, tc.grad_clip, cfg.rollout.temperature, replicas, autocast)
     return Training(
         cfg, tokenizer, replicas, scheduler, engine, sharded(engine) if cfg.distributed.enabled else engine,
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
-        old_logprobs_source(tc.logprobs_source), make_reference(cfg, device, autocast), settings,
+        old_logprobs_source(tc.logprobs_source), make_reference(cfg, device, held), settings,
         OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
 
 
@@ -200,7 +201,7 @@ def prepared_batch(t: Training, groups: list[ScoredGroup]) -> tuple[TrainBatch, 
     batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id, t.cfg.train.mask_tool_output
                              ).to(model_device(t.replicas.module))
     batch = t.old_logprobs.attach(t.replicas, batch, t.settings)
-    return t.reference.attach(batch, t.settings.micro_batch_size, t.settings.temperature), weight
+    return t.reference.attach(batch, t.settings), weight
 
 
 def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup] = ()) -> dict[str, float]:
@@ -209,12 +210,13 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
     if not kept:  # the same on every rank: rollouts are all-gathered
         return {"train/skipped": 1.0}
     tc = t.cfg.train
+    lr = t.scheduler.optimizer.param_groups[0]["lr"]  # the rate these updates step with (not the next step's)
     batches = [prepared_batch(t, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
     updates = [apply_policy_gradient(t.replicas, batch, t.loss, t.settings, weight)
                for _ in range(tc.ppo_epochs) for batch, weight in batches]
     t.scheduler.step()
     t.replicas.sync(t.engine)  # weight sync (a no-op for hf in one process: it samples from the trained model)
-    return mean_over_updates(updates) | {"train/lr": t.scheduler.get_last_lr()[0], "train/skipped": 0.0}
+    return mean_over_updates(updates) | {"train/lr": lr, "train/skipped": 0.0}
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,

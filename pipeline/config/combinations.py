@@ -42,8 +42,19 @@ def _value_at(cfg: RunConfig, dotted: str) -> object:
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(("train.autocast", "model.dtype"),
                 lambda c: c.train.autocast != "none" and c.model.dtype != "float32",
-                "mixed precision keeps float32 weights and optimiser state and casts only the forward "
-                "(train.autocast needs model.dtype float32)"),
+                "a lower model.dtype already sets the forward's precision (over float32 master weights in one "
+                "process, DeepSpeed's own under distributed.enabled); train.autocast casts the forward of float32 "
+                "weights only (train.autocast needs model.dtype float32)"),
+    Unsupported(("model.dtype", "distributed.enabled"),
+                lambda c: c.model.dtype == "float16" and not c.distributed.enabled,
+                "float16 gradients underflow without loss scaling, which only DeepSpeed's fp16 mode brings; one "
+                "process trains float32 master weights with the forward in model.dtype (use bfloat16 or float32, "
+                "or distributed.enabled true)"),
+    Unsupported(("model.dtype", "sft.enabled"),
+                lambda c: c.model.dtype == "float16" and c.sft.enabled,
+                "the SFT stage trains in one process, with float32 master weights and the forward in model.dtype, "
+                "and float16 gradients need loss scaling it does not have (use bfloat16 or float32, or sft.enabled "
+                "false)"),
     Unsupported(("train.refill_dropped_groups", "rollout.schedule"),
                 lambda c: c.train.refill_dropped_groups and c.rollout.schedule != "continuous",
                 "a refill joins the running rollout, which turn-synchronous rounds do not have "

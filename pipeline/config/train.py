@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import StageConfig
 
@@ -86,11 +86,21 @@ class LoraFinetune(StageConfig):
     kind: Literal["lora"] = "lora"
     r: int = Field(16, ge=1, le=1024, description="Rank of the low-rank update.")
     alpha: float = Field(32.0, gt=0.0, description="LoRA scale numerator: the update is (alpha / r) * B @ A.")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input while training (0 keeps the importance ratio exact).")
+    dropout: float = Field(0.0, description=(
+        "Dropout on the adapter input: 0 only. Every dropout is off in the update, so that it trains the policy the "
+        "sampler sampled from (with dropout the first mini-batch's ratio is not 1; pipeline.model.without_dropout)."))
     target_modules: tuple[str, ...] = Field(
         ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), min_length=1,
         description="Names of the linear layers that get an adapter (Llama/Qwen/SmolLM naming).",
     )
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, value: float) -> float:
+        if value != 0.0:
+            raise ValueError("must be 0: every dropout is off in the update, so that it trains the policy the sampler "
+                             "sampled from (with dropout the first mini-batch's importance ratio is not 1)")
+        return value
 
 
 FinetuneConfig = Annotated[FullFinetune | LoraFinetune, Field(discriminator="kind")]

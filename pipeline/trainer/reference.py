@@ -4,7 +4,11 @@ GRPO (DeepSeekMath) keeps pi_ref = the initial policy and penalises KL(pi || pi_
 DAPO drops it. `make_reference` resolves the choice once at set-up: `FrozenReference` when the
 loss has a KL term, `NoReference` (nothing loaded, batches unchanged) otherwise. The copy is
 loaded from `train.init_model`, not from a checkpoint, so a resumed run anchors to the same
-model as an uninterrupted one.
+model as an uninterrupted one. It is loaded in the policy's own dtype and runs the update's own
+forward (`logprobs_as_updated`: the same micro-batches, packed or padded layout and precision), so
+KL(pi || pi_ref) is exactly 0 before the first step, in one process and under data parallelism
+(where rows run padded): a reference run in another layout or precision reported the difference as
+KL and its term pushed a gradient (norm 0.107 at step 0, bf16 autocast on 2 ranks).
 """
 
 from __future__ import annotations
@@ -19,17 +23,17 @@ from pipeline.config import RunConfig
 from pipeline.rl.loss import needs_reference
 from pipeline.model import load_policy
 from pipeline.types import TrainBatch
-from pipeline.trainer.update import masked_logprobs_no_grad
+from pipeline.trainer.update import UpdateSettings, logprobs_as_updated
 
 
 class Reference(Protocol):
-    def attach(self, batch: TrainBatch, micro_batch_size: int, temperature: float) -> TrainBatch: ...
+    def attach(self, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch: ...
 
 
 class NoReference:
     """No KL term: batches go to the loss as they are."""
 
-    def attach(self, batch: TrainBatch, micro_batch_size: int, temperature: float) -> TrainBatch:
+    def attach(self, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
         return batch
 
 
@@ -38,22 +42,22 @@ class FrozenReference:
     """A frozen model whose log-probs of the sampled tokens ride along in the batch."""
 
     model: torch.nn.Module
-    autocast: torch.dtype | None = None  # the update's precision (train.autocast), so that KL(pi || pi_ref) is 0 at step 0
 
     def __post_init__(self) -> None:
         self.model.eval()
         self.model.requires_grad_(False)
 
-    def attach(self, batch: TrainBatch, micro_batch_size: int, temperature: float) -> TrainBatch:
-        """The batch with `ref_logprobs_BT` (0 off the loss mask), at the rollout temperature like the policy's."""
-        ref_BT = masked_logprobs_no_grad(self.model, batch, micro_batch_size, temperature, self.autocast)
+    def attach(self, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
+        """The batch with `ref_logprobs_BT` (0 off the loss mask), by the update's forward (`settings`: its
+        micro-batches, layout, precision and the rollout temperature)."""
+        ref_BT = logprobs_as_updated(self.model, batch, settings)
         return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
-def make_reference(cfg: RunConfig, device: torch.device, autocast: torch.dtype | None) -> Reference:
-    """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none. `autocast`: the
-    update's precision as resolved at set-up (`training_autocast`), so that KL(pi || pi_ref) is 0 at step 0."""
+def make_reference(cfg: RunConfig, device: torch.device, held_dtype: str) -> Reference:
+    """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none. `held_dtype`: the
+    dtype the policy was loaded in (`PolicyWeights.held_dtype`), so that both start from the same weights."""
     if not needs_reference(cfg.train.algorithm):
         return NoReference()
-    model, _ = load_policy(cfg.train.init_model, cfg.model.dtype, str(device))
-    return FrozenReference(model, autocast)
+    model, _ = load_policy(cfg.train.init_model, held_dtype, str(device))
+    return FrozenReference(model)

@@ -14,10 +14,18 @@ padding runs: on groups sampled by learning_cpu's SFT model, 2.4x fewer position
 than the prompt-shared padded batch before (`benchmarks/shared_prefix_update.py`, CPU). The mask is
 dense, [P, P] for P packed tokens, so attention costs more than in a padded batch; a micro-batch
 whose rows share little runs padded instead (`shared_prefix.packing_pays`, a FLOP estimate; on a
-GPU, where dense masks behave differently, not measured). The output head runs only at the trained
+GPU, where dense masks behave differently, not measured). The mask carries the model's own attention
+variants, a sliding window per layer type (`pipeline.trainer.tree_attention`); a model whose attention it
+cannot express always runs padded, decided at set-up (`update_settings`). The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
-Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.autocast`) the
-forward runs in bf16 mixed precision with the head and all state in float32 (`forward_precision`).
+Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.autocast`, or a
+lower `model.dtype` over float32 master weights: `pipeline.model.training_forward`) the forward runs in bf16
+mixed precision with the head and all state in float32 (`forward_precision`). The old log-probs recomputed
+before the update and a KL reference's run the update's own forward (`logprobs_as_updated`): the same
+micro-batches, layout and precision, so that before the first step the ratio is exactly 1 and the KL 0,
+in one process and under data parallelism alike. Every dropout is off in the update (`without_dropout`),
+as it is in the sampler's and those forwards' eval mode: with dropout on, the first mini-batch's ratio
+was not 1.
 Rows are gathered with index_select, never advanced indexing: a repeated index would sum its gradients in
 thread order on CPU, and the same batch would give other weights run to run (`pipeline.repeatable`).
 """
@@ -26,15 +34,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pipeline.model import without_dropout
 from pipeline.rl.loss import PolicyLoss
 from pipeline.trainer.replicas import OneProcess, Replicas
 from pipeline.trainer.weights import FullWeights
 from pipeline.trainer.prefix_tree import PackedTree, pack_tree, packing_pays, prefix_tree
+from pipeline.trainer.tree_attention import TreeAttention, Unpackable, tree_attention
 from pipeline.types import TrainBatch
 
 ENTROPY_CHUNK = 2048  # trained tokens per vocabulary chunk ([2048, 150k] float32: 1.2 GB)
@@ -68,10 +79,13 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     # The head keeps positions first-1 .. T-1 (position j predicts token j+1): kept index c predicts
     # token first+c, so the trained tokens' column offsets from `first` index the kept positions.
     rows_N, cols_N = batch.loss_mask_BT[:, first:].nonzero(as_tuple=True)
-    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()) if share_prefixes else None
+    # a model whose attention the tree mask cannot express runs padded whoever asks (`tree_attention`)
+    attention = tree_attention(model.config) if share_prefixes else None
+    packable = isinstance(attention, TreeAttention)
+    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()) if packable else None
     with forward_precision(autocast, batch.input_ids_BT.device):
         if tree is not None and packing_pays(tree.positions(), B, T, _hidden_size(model)):
-            logits_NV = _logits_over_prefix_tree(model, batch, pack_tree(tree), rows_N, first + cols_N)
+            logits_NV = _logits_over_prefix_tree(model, batch, pack_tree(tree), attention, rows_N, first + cols_N)
         else:
             with _head_only_at(model, rows_N, cols_N):
                 logits_NV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
@@ -95,6 +109,20 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     trained = (rows_N, first + cols_N)
     return (logits_NV.new_zeros((B, T), dtype=out_dtype).index_put(trained, logprobs_N),
             logits_NV.new_zeros((B, T), dtype=out_dtype).index_put(trained, entropy_N))
+
+
+def update_settings(micro_batch_size: int, grad_clip: float, temperature: float, replicas: Replicas,
+                    autocast: torch.dtype | None) -> UpdateSettings:
+    """The update's settings, decided once at set-up. Rows run as prefix trees where the replicas do
+    (`Replicas.share_prefixes`) and the tree mask can express the model's attention; otherwise padded,
+    and the log says why."""
+    share = replicas.share_prefixes
+    attention = tree_attention(replicas.module.config)
+    if share and isinstance(attention, Unpackable):
+        print(f"train: rows run padded, not as prefix trees: a tree mask cannot express the model's {attention.why}",
+              file=sys.stderr, flush=True)
+        share = False
+    return UpdateSettings(micro_batch_size, grad_clip, temperature, share_prefixes=share, autocast=autocast)
 
 
 def forward_precision(autocast: torch.dtype | None, device: torch.device) -> contextlib.AbstractContextManager:
@@ -156,29 +184,35 @@ def _outside_autocast(head: torch.nn.Module) -> Callable[..., torch.Tensor]:
 
 
 def masked_logprobs_no_grad(model: torch.nn.Module, batch: TrainBatch, micro_batch_size: int,
-                            temperature: float, autocast: torch.dtype | None = None) -> torch.Tensor:
-    """[B, T] log-probs of the batch's tokens under `model`, without gradient, 0 off the loss mask
-    (old log-probs recomputed by the policy, or a frozen reference's), in the update's precision."""
+                            temperature: float, autocast: torch.dtype | None = None,
+                            share_prefixes: bool = True) -> torch.Tensor:
+    """[B, T] log-probs of the batch's tokens under `model`, without gradient, 0 off the loss mask."""
+    settings = UpdateSettings(micro_batch_size, float("inf"), temperature, share_prefixes, autocast)
+    return logprobs_as_updated(model, batch, settings)
+
+
+def logprobs_as_updated(model: torch.nn.Module, batch: TrainBatch, settings: UpdateSettings,
+                        passes: int = 0) -> torch.Tensor:
+    """[B, T] log-probs of the batch's tokens under `model`, without gradient, 0 off the loss mask, by the
+    update's own forward: its micro-batches, layout (packed or padded) and precision, so that a model equal
+    to the policy gives exactly the update's log-probs (old log-probs recomputed, a KL reference's). At least
+    `passes` forwards run, the last micro-batch repeated (a ZeRO-3 rank runs as many as the busiest)."""
+    parts = micro_batches(batch, settings.micro_batch_size)
     with torch.no_grad():
-        parts = [token_logprobs_and_entropy(model, micro, temperature, with_entropy=False, share_prefixes=True,
-                                            autocast=autocast)[0]
-                 for micro in micro_batches(batch, micro_batch_size)]
-    return padded_cat(parts, batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
+        out = [token_logprobs_and_entropy(model, parts[min(i, len(parts) - 1)], settings.temperature,
+                                          with_entropy=False, share_prefixes=settings.share_prefixes,
+                                          autocast=settings.autocast)[0] for i in range(max(passes, len(parts)))]
+    return padded_cat(out[: len(parts)], batch.input_ids_BT.shape[1]) * batch.loss_mask_BT
 
 
 def recomputed_old_logprobs(replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
     """The batch with its old log-probs taken from the policy before this step's first update, by the
-    update's own forward (same precision, packing and head: the ratio is exactly 1 before the first step).
-    Every rank runs as many forwards as the busiest (ZeRO-3 gathers parameters inside each)."""
-    parts = micro_batches(batch, settings.micro_batch_size)
-    n_passes = replicas.all_reduce_max(len(parts))
+    update's own forward (same precision, packing and head; dropout off in both: the ratio is exactly 1 before
+    the first step). Every rank runs as many forwards as the busiest (ZeRO-3 gathers parameters inside each)."""
+    n_passes = replicas.all_reduce_max(len(micro_batches(batch, settings.micro_batch_size)))
     replicas.model.eval()
-    with torch.no_grad():
-        out = [token_logprobs_and_entropy(replicas.model, parts[min(i, len(parts) - 1)], settings.temperature,
-                                          with_entropy=False, share_prefixes=settings.share_prefixes,
-                                          autocast=settings.autocast)[0] for i in range(n_passes)]
-    old_BT = padded_cat(out[: len(parts)], batch.input_ids_BT.shape[1])
-    return dataclasses.replace(batch, old_logprobs_BT=old_BT * batch.loss_mask_BT)
+    old_BT = logprobs_as_updated(replicas.model, batch, settings, passes=n_passes)
+    return dataclasses.replace(batch, old_logprobs_BT=old_BT)
 
 
 class SampledLogprobs:
@@ -200,26 +234,26 @@ def old_logprobs_source(name: str) -> SampledLogprobs | RecomputedLogprobs:
     return RecomputedLogprobs() if name == "recompute" else SampledLogprobs()
 
 
-def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: PackedTree, rows_N: torch.Tensor,
-                             tokens_N: torch.Tensor) -> torch.Tensor:
+def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: PackedTree, attention: TreeAttention,
+                             rows_N: torch.Tensor, tokens_N: torch.Tensor) -> torch.Tensor:
     """[N, V] logits predicting token tokens_N[n] of row rows_N[n], running each distinct prefix once.
 
     The rows' prefix tree (`pipeline.trainer.prefix_tree`) runs as one packed sequence under a tree mask, each
     token at its own position: what rows share runs once (its gradient is the sum over the rows below),
     and no padding runs. Token t of a row is predicted at position t - 1, in the node of the row's path
-    that holds that position (same context, hence the same logits for every row through it)."""
+    that holds that position (same context, hence the same logits for every row through it). The mask is cut
+    for each kind of attention the model's layers run (`attention`: sliding windows)."""
     device = batch.input_ids_BT.device
     wanted = [packed.index(row, token - 1) for row, token in zip(rows_N.tolist(), tokens_N.tolist(), strict=True)]
     heads = sorted(set(wanted))
     slot = {p: i for i, p in enumerate(heads)}
     ids_P = batch.input_ids_BT[packed.rows_P.to(device), packed.positions_P.to(device)]
-    dtype = model.get_input_embeddings().weight.dtype
-    blocked = torch.zeros(packed.attend_PP.shape, dtype=dtype).masked_fill(~packed.attend_PP, torch.finfo(dtype).min)
+    masks = attention.masks(packed.attend_PP, packed.positions_P, model.get_input_embeddings().weight.dtype)
+    masks = {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict) else masks.to(device)
     cols = torch.tensor(heads, dtype=torch.long, device=device)
     with _head_only_at(model, torch.zeros_like(cols), cols):
         logits = model(input_ids=ids_P[None], position_ids=packed.positions_P[None].to(device),
-                       attention_mask=blocked[None, None].to(device), use_cache=False,
-                       logits_to_keep=len(ids_P)).logits
+                       attention_mask=masks, use_cache=False, logits_to_keep=len(ids_P)).logits
     # index_select, not logits[index]: rows through one node repeat its index, and the backward of advanced
     # indexing adds repeated rows' gradients in whatever order the threads run (not reproducible on CPU)
     return logits.index_select(0, torch.tensor([slot[p] for p in wanted], dtype=torch.long, device=device))
@@ -267,7 +301,8 @@ def apply_policy_gradient(replicas: Replicas, batch: TrainBatch, loss: PolicyLos
     passes as the busiest rank (ZeRO reduces gradients inside every backward, so all ranks
     must call it equally often) but contributes nothing.
     """
-    replicas.model.train()
+    replicas.model.train()  # gradient checkpointing runs in training mode only
+    without_dropout(replicas.module)  # the sampler's forward is in eval mode: the update must see its policy
     replicas.zero_grad()
     # the loss's normaliser, and the count of sampled tokens that the diagnostics are means over
     denominator, n_tokens = replicas.all_reduce_sum([loss.denominator(batch) * weight,

@@ -3,6 +3,11 @@
 Chosen once at set-up from `train.finetune`; the trainer then asks the chosen object, never
 which kind it has:
 
+* `held_dtype(model_dtype, deepspeed)`: the dtype the policy (and a KL reference) is loaded in, so that
+  the optimiser never steps low-precision weights (`pipeline.model`, precision): float32 master weights
+  for full fine-tuning in one process (the forward runs in model.dtype under autocast), model.dtype
+  under DeepSpeed (whose bf16 and fp16 modes keep float32 masters) and for LoRA's frozen base (peft
+  keeps the adapter float32; checked);
 * `prepare(model)`: the module the optimiser, the loss and the `hf` rollout backend share
   (the `hf` backend samples from the adapted model itself, so its weight sync stays free);
 * `trainable(model)`: the parameters the optimiser holds (LoRA: the adapter only, so AdamW
@@ -33,6 +38,7 @@ PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the wrapped mode
 
 
 class PolicyWeights(Protocol):
+    def held_dtype(self, model_dtype: str, deepspeed: bool) -> str: ...
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]: ...
     def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]: ...
@@ -42,6 +48,10 @@ class PolicyWeights(Protocol):
 @dataclass(frozen=True)
 class FullWeights:
     """Every weight trains; the model is used and saved as loaded."""
+
+    def held_dtype(self, model_dtype: str, deepspeed: bool) -> str:
+        _refuse_unscaled_float16(model_dtype, deepspeed)
+        return model_dtype if deepspeed else "float32"
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         return model
@@ -66,12 +76,19 @@ class LoraWeights:
 
     cfg: LoraFinetune
 
+    def held_dtype(self, model_dtype: str, deepspeed: bool) -> str:
+        _refuse_unscaled_float16(model_dtype, deepspeed)
+        return model_dtype  # the base is frozen: in model.dtype it only runs, and costs half the memory
+
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
         lora = LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.alpha, lora_dropout=self.cfg.dropout,
                           target_modules=list(self.cfg.target_modules), bias="none", task_type="CAUSAL_LM")
         adapted = get_peft_model(model, lora)
         if not any(isinstance(m, LoraLayer) for m in adapted.modules()):
             raise ValueError(f"train.finetune.target_modules {list(self.cfg.target_modules)} match no layer of the model")
+        low = sorted({str(p.dtype) for p in adapted.parameters() if p.requires_grad and torch.finfo(p.dtype).bits < 32})
+        if low:  # peft upcasts adapters over a bf16 base (autocast_adapter_dtype); an optimiser must not step these
+            raise ValueError(f"the LoRA adapter's weights are {low}, not float32")
         return adapted
 
     def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -99,6 +116,12 @@ class LoraWeights:
         if not isinstance(model, PeftModel):
             raise TypeError(f"expected the peft-wrapped policy, got {type(model).__name__}")
         return model.merge_and_unload()
+
+
+def _refuse_unscaled_float16(model_dtype: str, deepspeed: bool) -> None:
+    if model_dtype == "float16" and not deepspeed:
+        raise ValueError("model.dtype float16 without distributed.enabled: float16 gradients need loss scaling, which "
+                         "only DeepSpeed's fp16 mode brings (use bfloat16 or float32)")
 
 
 def policy_weights(cfg: FinetuneConfig) -> PolicyWeights:

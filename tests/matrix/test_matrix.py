@@ -70,6 +70,8 @@ def refused(tmp_path: Path, overrides: dict, capsys) -> str:
 
 UNSUPPORTED_CASES = {  # one params change per refused combination (each rule of combinations.py, and the train section's)
     "train.autocast+model.dtype": {"train.autocast": "bfloat16", "model.dtype": "bfloat16"},
+    "model.dtype+distributed.enabled": {"model.dtype": "float16", "train.autocast": "none", "sft.enabled": False},
+    "model.dtype+sft.enabled": {"model.dtype": "float16", "train.autocast": "none", "distributed.enabled": True},
     "train.refill_dropped_groups+rollout.schedule": {"train.refill_dropped_groups": True,
                                                       "rollout.schedule": "turn-synchronous"},
     "train.finetune.kind+distributed.enabled": {"train.finetune": {"kind": "lora"}, "distributed.enabled": True},

@@ -161,10 +161,10 @@ def step_gradient(groups: list[ScoredGroup], reference_seed: int) -> tuple[torch
     batch = make_train_batch(groups, token_advantages(groups, algo, variant(TepoOff()), group_filter(algo, variant(TepoOff()))), pad_id=0)
     batch = dataclasses.replace(batch, old_logprobs_BT=batch.old_logprobs_BT.double(),  # float64 throughout
                                 loss_mask_BT=batch.loss_mask_BT.double(), advantages_BT=batch.advantages_BT.double())
-    batch = FrozenReference(tiny_llama(VOCAB, seed=reference_seed, dtype=torch.float64)).attach(batch, 4, 1.0)
+    settings = UpdateSettings(4, 1e9, 1.0)
+    batch = FrozenReference(tiny_llama(VOCAB, seed=reference_seed, dtype=torch.float64)).attach(batch, settings)
     model = tiny_llama(VOCAB, seed=1, dtype=torch.float64)
-    policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, make_policy_loss(algo),
-                         UpdateSettings(4, 1e9, 1.0))
+    policy_gradient_step(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, make_policy_loss(algo), settings)
     return torch.cat([p.grad.flatten() for p in model.parameters()]), batch.n_policy_tokens
 
 

@@ -90,9 +90,9 @@ def test_the_reference_runs_in_the_update_precision_so_kl_starts_at_zero() -> No
     """The policy starts as the reference: in the same precision their log-probs agree exactly; a float32
     reference against a bf16 policy would report (and penalise) the cast's noise as KL."""
     batch = _agreeing_group(64)
-    same = FrozenReference(tiny_llama(64, seed=4), autocast=BF16).attach(batch, 4, 1.0)
+    same = FrozenReference(tiny_llama(64, seed=4)).attach(batch, UpdateSettings(4, 1e9, 1.0, True, autocast=BF16))
     assert _step(tiny_llama(64, seed=4), same, kl_coef=1.0)["train/ref_kl"] == 0.0
-    full = FrozenReference(tiny_llama(64, seed=4)).attach(batch, 4, 1.0)
+    full = FrozenReference(tiny_llama(64, seed=4)).attach(batch, UpdateSettings(4, 1e9, 1.0, True))
     assert _step(tiny_llama(64, seed=4), full, kl_coef=1.0)["train/ref_kl"] > 0.0
 
 

@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.config import ConfigError
 from pipeline.trainer.lr_schedule import lr_multiplier
-from pipeline.train import set_up
+from pipeline.train import set_up, update
+from tests.helpers.training import collect_batch
 from tests.train.toy_task import build_direct_model, toy_config
 
 
@@ -60,3 +61,27 @@ def test_the_config_rejects_an_unknown_decay(tmp_path: Path) -> None:
         toy_config(tmp_path, tmp_path, lr_decay="step")
     with pytest.raises(ConfigError, match="train.min_lr_ratio"):
         toy_config(tmp_path, tmp_path, min_lr_ratio=1.5)
+
+
+def test_the_logged_rate_is_the_rate_each_step_stepped_with(tmp_path: Path) -> None:
+    """`train/lr` of a step is the rate its optimiser steps used (it was the next step's: one step ahead)."""
+    model_dir = build_direct_model(tmp_path / "model")
+    cfg = toy_config(tmp_path, model_dir, steps=4, warmup_steps=2, lr_decay="linear", min_lr_ratio=0.1, lr=1e-3,
+                     ppo_epochs=2)
+    tr = set_up(cfg, {}, resume=False)
+    used: list[float] = []
+    tr.replicas.optimizer.register_step_pre_hook(lambda opt, *_: used.append(opt.param_groups[0]["lr"]))
+    expected, updates = lr_multiplier("linear", 2, 4, 0.1), 0
+    try:
+        for _ in range(4):
+            kept, _ = collect_batch(tr)
+            used.clear()
+            logged = update(tr, kept)
+            if logged["train/skipped"]:  # no informative group: no optimiser step, the schedule stays
+                continue
+            assert len(used) == 2 and set(used) == {logged["train/lr"]}
+            assert logged["train/lr"] == pytest.approx(1e-3 * expected(updates))
+            updates += 1
+    finally:
+        tr.engine.close()
+    assert updates >= 2

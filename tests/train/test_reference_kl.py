@@ -16,8 +16,12 @@ from pipeline.model import load_policy
 from pipeline.trainer.reference import FrozenReference, NoReference, make_reference
 from pipeline.train import run
 from pipeline.types import TrainBatch
-from pipeline.trainer.update import UpdateSettings, policy_gradient_step, token_logprobs_and_entropy
+from pipeline.trainer.replicas import OneProcess
+from pipeline.trainer.update import (UpdateSettings, apply_policy_gradient, policy_gradient_step,
+                                     recomputed_old_logprobs, token_logprobs_and_entropy)
+from pipeline.trainer.weights import FullWeights
 from tests.helpers.tiny import tiny_llama
+from tests.train.test_shared_prefix import _agreeing_group
 from tests.train.test_learning import read_history
 from tests.train.test_loss import _random_batch, batch_of
 from tests.train.toy_task import build_direct_model, toy_config
@@ -74,7 +78,7 @@ def test_kl_pulls_the_policy_back_to_the_reference() -> None:
     batch = _random_batch(64)
     batch = dataclasses.replace(batch, advantages_BT=torch.zeros_like(batch.advantages_BT))
     reference = FrozenReference(tiny_llama(64, seed=7, dtype=torch.float64))
-    batch = reference.attach(batch, micro_batch_size=3, temperature=1.0)
+    batch = reference.attach(batch, UpdateSettings(3, 1e9, 1.0))
     assert batch.ref_logprobs_BT is not None and torch.all(batch.ref_logprobs_BT[batch.loss_mask_BT == 0] == 0)
     policy = tiny_llama(64, seed=8, dtype=torch.float64)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3, weight_decay=0.0)
@@ -92,13 +96,13 @@ def test_kl_pulls_the_policy_back_to_the_reference() -> None:
 
 def test_reference_is_chosen_once_from_the_config(tmp_path: Path) -> None:
     model_dir = build_direct_model(tmp_path / "model", sft_steps=2)
-    assert isinstance(make_reference(toy_config(tmp_path, model_dir), torch.device("cpu"), None), NoReference)
-    ref = make_reference(toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}), torch.device("cpu"), None)
+    assert isinstance(make_reference(toy_config(tmp_path, model_dir), torch.device("cpu"), "float32"), NoReference)
+    ref = make_reference(toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}), torch.device("cpu"), "float32")
     assert isinstance(ref, FrozenReference)
     initial, _ = load_policy(model_dir)
     assert all(torch.equal(a, b) for a, b in zip(ref.model.state_dict().values(), initial.state_dict().values()))
     batch = _random_batch(64)
-    assert NoReference().attach(batch, 4, 1.0) is batch
+    assert NoReference().attach(batch, UpdateSettings(4, 1e9, 1.0)) is batch
 
 
 def test_a_run_with_kl_logs_the_divergence_from_the_initial_model(tmp_path: Path) -> None:
@@ -111,3 +115,31 @@ def test_a_run_with_kl_logs_the_divergence_from_the_initial_model(tmp_path: Path
     history = read_history(tmp_path / "metrics" / "train_history.jsonl")
     assert history[0]["train/ref_kl"] < 1e-6
     assert max(history[s]["train/ref_kl"] for s in (1, 2, 3)) > 1e-4
+
+
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("share", [False, True], ids=["padded", "packed"])  # data parallelism runs padded
+@pytest.mark.parametrize("micro", [2, 4])
+def test_the_reference_the_old_logprobs_and_the_update_run_one_forward(share: bool, autocast, micro: int) -> None:
+    """Before the first step the policy is the reference: the reference's log-probs, the recomputed old ones and
+    the update's own are the same numbers (same micro-batches, layout and precision), so the ratio is exactly 1,
+    the KL exactly 0, and with zero advantages nothing moves. A reference run packed beside a padded update (data
+    parallelism) or in another precision reported their difference as KL and pushed a gradient."""
+    batch = _agreeing_group(64)  # shared prefixes and uneven lengths: packing and padding differ in rounding
+    batch = dataclasses.replace(batch, advantages_BT=torch.zeros_like(batch.advantages_BT))
+    settings = UpdateSettings(micro, 1e9, 1.0, share_prefixes=share, autocast=autocast)
+    batch = FrozenReference(tiny_llama(64, seed=4)).attach(batch, settings)
+    policy = tiny_llama(64, seed=4)
+    replicas = OneProcess(policy, torch.optim.SGD(policy.parameters(), lr=1.0), 1e9, FullWeights(), share)
+    batch = recomputed_old_logprobs(replicas, batch, settings)
+    assert torch.equal(batch.old_logprobs_BT, batch.ref_logprobs_BT)
+    seen: list[tuple[torch.Tensor, TrainBatch]] = []
+    loss = make_policy_loss(DAPOLoss(kl_coef=1.0))
+    watched = dataclasses.replace(loss, fn=lambda lp, micro_batch: seen.append((lp.detach(), micro_batch))
+                                  or loss.fn(lp, micro_batch))
+    metrics = apply_policy_gradient(replicas, batch, watched, settings)
+    for logprobs_BT, micro_batch in seen:  # every micro-batch of the first update: ratio exactly 1
+        scored = micro_batch.loss_mask_BT.bool()
+        assert torch.equal(logprobs_BT[scored], micro_batch.old_logprobs_BT[scored].to(logprobs_BT.dtype))
+    assert metrics["train/ref_kl"] == 0.0 and metrics["train/approx_kl"] == 0.0
+    assert metrics["train/grad_norm"] == 0.0

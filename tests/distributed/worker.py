@@ -7,8 +7,8 @@
    initial weights) loads the checkpoint and repeats the second step.
 3. Export: an HF directory gathered from the ZeRO-3 shards in-process, and one merged from
    the shards on disk offline.
-4. With a params file: the trainer end to end (`trainer_worker`), in the same launch to pay
-   the process start-up once.
+4. With a params file: the trainer end to end (`trainer_worker`), and precision and layout under data
+   parallelism (`precision_worker`), in the same launch to pay the process start-up once.
 Rank 0 writes what it saw to OUT/result.pt (and OUT/trainer.pt); the tests make the assertions.
 """
 
@@ -145,9 +145,10 @@ def main(out: Path, params: Path | None) -> None:
     if torch.distributed.get_rank() == 0:
         torch.save(result, out / "result.pt")
     if params is not None:
-        from tests.distributed import trainer_worker
+        from tests.distributed import precision_worker, trainer_worker
 
         trainer_worker.main(params, out)
+        precision_worker.main(params, out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-_PRIVATE_USE = range(0xE000, 0xF900)  # where a placeholder's sign is chosen: a character no text of the rendering holds
+# Where a placeholder's sign is chosen, a character no text of the rendering holds: the private-use area, then
+# plane 15's (a declaration would need 72,000 distinct private-use characters to use every one).
+_PRIVATE_USE = (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE))
 
 
 class TemplateError(ValueError):
@@ -136,7 +138,7 @@ class DeclaredText:
         used: set[str] = set()
         for text in texts:
             used.update(text)
-        sign = next((chr(c) for c in _PRIVATE_USE if chr(c) not in used), None)
+        sign = next((chr(c) for block in _PRIVATE_USE for c in block if chr(c) not in used), None)
         if sign is None:
             raise TemplateError("no private-use character is free to stand for declared special-token text")
         return Hidden(sign, self.strings)

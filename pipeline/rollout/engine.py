@@ -185,7 +185,7 @@ class RolloutEngine:
             prompt = encode_plain(self.tokenizer, problem.question)
         except Exception:  # noqa: BLE001 - the question itself is what failed
             prompt = []
-        return Sequence(problem=problem, tools=tools, prompt_ids=prompt or [min(self.eos_ids)],
+        return Sequence(problem=problem, tools=tools, prompt_ids=prompt or [min(self.eos_ids, default=0)],
                         error=f"its prompt could not be built: {describe(err)}")
 
     def segment_texts(self, seq: Sequence) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.config.tools import ChatToolsConfig, CodeToolEntry, PythonToolEntry, SearchToolEntry
 from pipeline.paths import REPO_ROOT
-from pipeline.protocols import MALFORMED, TemplateError, protocol_for, protocol_of
+from pipeline.protocols import MALFORMED, protocol_for, protocol_of
 from pipeline.reward import check_response, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.rollout.offered import tools_for
@@ -204,9 +204,10 @@ def test_the_chat_tools_params_file_loads_and_binds_to_smollm2() -> None:
     assert "<tool_call>" in tok.decode(renderer.start(PROBLEM, ("code",)).prompt_ids)
 
 
-def test_a_drift_the_set_up_probe_missed_stops_the_rollout_instead_of_training_on_it(tmp_path) -> None:
+def test_a_drift_the_set_up_probe_missed_ends_its_trajectory_instead_of_training_on_it(tmp_path) -> None:
     """A template that rewrites an earlier turn only for some contents passes the set-up probe; the turn where it
-    drifts raises, naming it, rather than yielding a trajectory the template would not show the model."""
+    drifts ends that trajectory, naming why (finish reason "error", the format penalty), rather than yielding a
+    trajectory the template would not show the model, or stopping the rollout."""
     source = (TEMPLATES / "chatml_tools.jinja").read_text().replace(
         "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}",
         "{{- '<|im_start|>' + message.role + '\\n' + message.content.replace('forget', '') + '<|im_end|>\\n' }}")
@@ -214,6 +215,9 @@ def test_a_drift_the_set_up_probe_missed_stops_the_rollout_instead_of_training_o
     path = tmp_path / "forgetful.jinja"
     path.write_text(source)
     call = protocol_for("chat-tools").parser.render([("code", {"code": "print(1)"})], "I forget.")
-    with pytest.raises(TemplateError, match="does not render the conversation incrementally"):
-        rollout_of("chatml", [call, "\\boxed{1}"], {"code": SlowTool("code", {"print(1)": "1"})},
-                   chat_tools=ChatToolsConfig(template=str(path)))
+    engine, _, traj, scripts = rollout_of("chatml", [call, "\\boxed{1}"], {"code": SlowTool("code", {"print(1)": "1"})},
+                                          chat_tools=ChatToolsConfig(template=str(path)))
+    assert traj.finish_reason == "error" and "does not render the conversation incrementally" in traj.error
+    assert list(traj.response_ids) == scripts[0] and traj.tool_calls == ()  # nothing of the drifted reply
+    reward = score_trajectory(PROBLEM, traj, RewardConfig(), protocol=engine.protocol, max_policy_tokens=400)
+    assert not reward.format_ok and reward.format == RewardConfig().format_penalty

@@ -105,13 +105,15 @@ def test_a_question_and_tool_outputs_with_lone_surrogates_render(family: str) ->
 
     def reply(question: str, output: str) -> list[int]:
         dialogue = renderer.start(Problem("s", question, ("x",), "fact", "fact", "train"), ("search",))
-        turn = renderer.protocol.parser.render([("search", {"query": "q\\ud83d"})], "")
+        turn = renderer.protocol.parser.render([("search", {"query": "qSURROGATE"})], "").replace(
+            "SURROGATE", "\\ud83d")  # as a model writes it: a JSON escape of a lone surrogate
         segment = tok(turn, add_special_tokens=False, split_special_tokens=True)["input_ids"] + [turn_end_id(family)]
         end = renderer.read(dialogue, segment, ("search",), at_eos=True)
-        assert [c.input for c in end.calls] == ["q\ufffd"]  # the JSON escape of a lone surrogate reaches no tool
+        (call,) = end.calls  # refused by the parser, or its text made valid: a lone surrogate reaches no tool
+        assert call.error is not None or call.input == "q\ufffd"
         return dialogue.prompt_ids, renderer.reply(dialogue, segment, [(c, output) for c in end.calls])
 
-    prompt, ids = reply("What is \ud83d?\x00", "echo \ud83d\udc00 <|im_end|>")
+    prompt, ids = reply("What is \ud83d?\x00", "echo \udc00\ud83d <|im_end|>")
     plain_prompt, plain_ids = reply("What is it?", "echo")
     assert "What is \ufffd?" in tok.decode(prompt) and "echo \ufffd\ufffd <|im_end|>" in tok.decode(ids)
     assert specials_in(prompt, tok) == specials_in(plain_prompt, tok)

@@ -117,8 +117,8 @@ def update_settings(micro_batch_size: int, grad_clip: float, temperature: float,
     (`Replicas.share_prefixes`) and the tree mask can express the model's attention; otherwise padded,
     and the log says why."""
     share = replicas.share_prefixes
-    attention = tree_attention(replicas.module.config)
-    if share and isinstance(attention, Unpackable):
+    attention = tree_attention(replicas.module.config) if share else None
+    if isinstance(attention, Unpackable):
         print(f"train: rows run padded, not as prefix trees: a tree mask cannot express the model's {attention.why}",
               file=sys.stderr, flush=True)
         share = False

@@ -76,8 +76,9 @@ class RecordedHistory:
         if step == 0:
             return None
         if self.source is None:
-            return (f"the run's history is missing ({' and '.join(map(str, self.looked_in))} do not exist), so "
-                    f"steps {_span(range(step))} before it have no metrics")
+            where = " nor ".join(map(str, self.looked_in))
+            return (f"the run's history is missing ({'neither ' if len(self.looked_in) > 1 else ''}{where} exists), "
+                    f"so steps {_span(range(step))} before it have no metrics")
         rows = self.steps_before(step)
         missing = sorted(set(range(step)) - {row["step"] for row in rows})
         if missing:

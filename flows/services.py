@@ -2,7 +2,8 @@
 
 `running_services(cfg, tools)` is a context manager the other flows use; `services_flow`
 runs it as a Prefect flow that keeps the services up until interrupted. A service whose
-URL is set in params is used as it is, not started. The services started here are health-checked
+URL is set in params is used as it is, not started; on the way out every service started here is stopped at
+once, in parallel, each within a bounded grace (`stop_all`). The services started here are health-checked
 every `HEALTH_INTERVAL_S` while they run, and one that died is restarted on its port (at most
 `MAX_RESTARTS` times each, every restart logged); one given up on stays down, and the run that
 needs it stops on its outage (train.max_step_outage_share), naming it.
@@ -17,14 +18,15 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
 
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import flow, get_run_logger
 
 from flows.common import load_or_exit
 from pipeline.config import RunConfig
-from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
+from pipeline.services.processes import (ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service,
+                                         stop_all)
 from pipeline.types import ToolName
 
 LOG_DIR = Path("logs/services")
@@ -42,10 +44,10 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
     started: list[ServiceProcess] = []
 
     def start(service: ServiceProcess) -> str:
-        started.append(stack.enter_context(service))
+        started.append(service.start())  # a start that fails or is interrupted stops its own process
         return service.url
 
-    with ExitStack() as stack:
+    try:
         if "code" in tools:
             urls["code"] = cfg.sandbox.url or start(python_service(
                 "sandbox", "sandbox.code", cfg.sandbox.server_args(ranks), cfg.sandbox.port or free_port(), log_dir))
@@ -54,9 +56,11 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
             urls["search"] = cfg.search.url or start(python_service(
                 "search", "sandbox.search", ["--redis-url", redis_url, "--params", params_path],
                 cfg.search.port or free_port(), log_dir))
-        # entered last, so it stops watching before the services are stopped
-        stack.enter_context(ServiceSupervisor(started, interval_s=health_interval_s, max_restarts=max_restarts))
-        yield urls
+        # it stops watching (and cancels a restart on the way) before the services are stopped
+        with ServiceSupervisor(started, interval_s=health_interval_s, max_restarts=max_restarts):
+            yield urls
+    finally:
+        stop_all(started)  # in parallel, each within its grace: an interrupted stage ends promptly
 
 
 @flow(name="services", log_prints=True)

@@ -9,6 +9,10 @@ tail is quoted when start-up fails.
 A `ServiceSupervisor` watches running services from a thread and restarts one that exited or
 stopped answering its health check (on the same port, so its URL stays valid), a bounded number
 of times, logging each restart and each give-up.
+
+Stopping is bounded, so an interrupted stage ends promptly: `stop_all` stops services in parallel, each
+SIGTERM then SIGKILL within its grace; a start interrupted on the way (a signal, the supervisor stopped while it
+restarts a service) stops what it started instead of waiting out its start-up timeout.
 """
 
 from __future__ import annotations
@@ -82,7 +86,10 @@ class ServiceProcess:
     def url(self) -> str:
         return f"{self.scheme}://{LOOPBACK}:{self.port}"
 
-    def start(self, timeout_s: float = 60.0, *, any_thread: bool = False) -> ServiceProcess:
+    def start(self, timeout_s: float = 60.0, *, any_thread: bool = False,
+              cancel: threading.Event | None = None) -> ServiceProcess:
+        """Start and wait until healthy; `cancel` set on the way (or any exception, a signal's included) stops
+        the process again instead of leaving it half-started."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -95,18 +102,23 @@ class ServiceProcess:
             preexec_fn=parent_death_signal(any_thread),
         )
         log.close()
-        self._wait_ready(timeout_s)
+        try:
+            self._wait_ready(timeout_s, cancel)
+        except BaseException:
+            self.stop(grace_s=2.0)
+            raise
         return self
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, timeout_s: float, cancel: threading.Event | None = None) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if cancel is not None and cancel.is_set():
+                raise RuntimeError(f"{self.name}: start-up cancelled")
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with code {self.process.returncode} during start-up:\n{self.log_tail()}")
             if self._healthy():
                 return
             time.sleep(0.1)
-        self.stop()
         raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f}s on port {self.port}:\n{self.log_tail()}")
 
     def _healthy(self) -> bool:
@@ -144,6 +156,17 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def stop_all(services: list[ServiceProcess], grace_s: float = 5.0) -> None:
+    """Stop every service at once, each in its own thread: the whole takes one service's bound (SIGTERM, `grace_s`,
+    SIGKILL, `grace_s`), not the sum of them."""
+    threads = [threading.Thread(target=s.stop, args=(grace_s,), name=f"stop-{s.name}", daemon=True)
+               for s in services]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(2 * grace_s + 1.0)
 
 
 def redis_service(data_dir: Path, port: int | None = None) -> ServiceProcess:
@@ -193,8 +216,8 @@ class ServiceSupervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._stop.set()  # also cancels a restart in progress (ServiceProcess.start's `cancel`)
+        self._thread.join(timeout=self.interval_s + 5.0)  # a health check takes at most ~1 s
 
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -222,8 +245,9 @@ class ServiceSupervisor:
                  f"({self.restarts[service.name]} of {self.max_restarts})")
         service.stop(grace_s=2.0)
         try:
-            service.start(self.start_timeout_s, any_thread=True)
+            service.start(self.start_timeout_s, any_thread=True, cancel=self._stop)
             self._misses[service.name] = 0
             self.log(f"service {service.name} restarted at {service.url}")
         except (OSError, RuntimeError, TimeoutError) as err:
-            self.log(f"error: restarting service {service.name} failed: {err}")
+            if not self._stop.is_set():  # else the run is ending: nothing failed
+                self.log(f"error: restarting service {service.name} failed: {err}")

@@ -85,13 +85,15 @@ class InferenceClient:
         raise GenerateFailed(message)
 
     async def _server(self, key: str, tried: set[tuple[str, int]]) -> Server:
-        """A READY server for `key`, one this request has not failed on if there is one (waits for one to be up)."""
+        """A READY server for `key` (waits for one): preferably one this request has not failed on; else one it failed
+        on whose keeper has checked it since and found it answering (a transient error, and no other server)."""
         while True:
             ready = self.pool.ready()
             fresh = [s for s in ready if (s.name, s.generation) not in tried]
-            if fresh:
-                name = self.router.choose(key, [s.name for s in fresh])
-                return next(s for s in fresh if s.name == name)
+            candidates = fresh or [s for s in ready if not s.check.is_set()]
+            if candidates:
+                name = self.router.choose(key, [s.name for s in candidates])
+                return next(s for s in candidates if s.name == name)
             await asyncio.sleep(0.1)
 
     async def _attempt(self, server: Server, token_ids: Sequence[int], sampling: Sampling,

@@ -88,9 +88,9 @@ class Keeper(threading.Thread):
             if self.process is not None and self.process.process is not None and self.process.process.poll() is not None:
                 return f"exited with code {self.process.process.returncode}"
             checked = server.check.is_set()
-            server.check.clear()
             if healthy(server.url):
                 misses = 0
+                server.check.clear()  # verified: a request may be sent to it again
                 continue
             misses += 1
             if checked or misses >= self.unhealthy_polls:

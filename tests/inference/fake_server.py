@@ -96,6 +96,9 @@ class Handler(BaseHTTPRequestHandler):
             STATE["requests"] += 1
             if len(body["token_ids"]) > 1000:
                 return self._answer(400, {"detail": "prompt too long"})
+            if body["token_ids"][0] == 999 and not STATE.get("failed_once"):  # one transient server error
+                STATE["failed_once"] = True
+                return self._answer(500, {"detail": "transient"})
             return self._answer(200, generate(body, self.token_delay))
         with LOCK:
             if parts.path == "/pause":

@@ -158,6 +158,14 @@ async def test_a_server_that_keeps_dying_is_given_up_and_the_run_stops_loudly(po
         guard.check()
 
 
+async def test_a_transient_error_on_the_only_server_is_retried_there_once_its_keeper_checked_it(pool_of) -> None:
+    pool = pool_of(1)
+    async with InferenceClient(pool, deadline_s=20.0, attempts=2) as client:
+        generation = await client.generate("t", [999], Sampling(max_tokens=4))
+    assert generation.attempts == 2 and client.counts.failures["fake-0"] == 1
+    assert pool.servers[0].restarts == 0 and pool.servers[0].generation == 1  # answering: not restarted
+
+
 async def test_a_request_the_server_refuses_is_the_callers_error_not_an_outage(pool_of) -> None:
     pool = pool_of(1)
     async with InferenceClient(pool, deadline_s=10.0, attempts=3) as client:

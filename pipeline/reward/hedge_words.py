@@ -6,8 +6,10 @@ lists cover the official languages of the European Union and of the United Natio
 (Hindi, Bengali, Portuguese, Japanese, Punjabi, Marathi, Telugu, Turkish, Korean, Vietnamese, Tamil, Urdu,
 Indonesian, Persian, Swahili, ...), each word a reader of that language takes to join alternatives:
 
-- `OR`: "or". A word that is also a common word or name elsewhere (Dutch "of" is English "of", Finnish "tai" is
-  Mount Tai, Welsh "neu" is German "new") is in `OR_BETWEEN_NUMBERS` instead: "or" only between two numbers.
+- `OR`: "or". A word that is also a common word or name elsewhere (Finnish "tai" is Mount Tai, Welsh "neu" is
+  German "new") is in `OR_BETWEEN_NUMBERS` instead: "or" only between two numbers. Dutch and Afrikaans "of" is
+  in neither: between two numbers it is the English partitive ("3 of 5 people" answers 3), which the verifiers
+  read far more often; the Dutch reader's "ofwel" stays.
 - `TO`: a range ("3 bis 5", "3 à 5", "3から5"), between two numbers.
 - `AND`: "and", between two numbers, to the kinds that read one number out of text (as English "and" is).
 - `BETWEEN`: "between A and B" at the start of an answer.
@@ -49,7 +51,7 @@ OR = {
     "Thai": ("หรือ",), "Lao": ("ຫຼື",), "Khmer": ("ឬ",), "Burmese": ("သို့မဟုတ်",),
 }  # fmt: skip
 OR_BETWEEN_NUMBERS = {
-    "Dutch": ("of",), "Afrikaans": ("of",), "Spanish": ("o", "u"), "Italian": ("o",), "Catalan": ("o",),
+    "Spanish": ("o", "u"), "Italian": ("o",), "Catalan": ("o",),
     "Tagalog": ("o",), "Finnish": ("tai", "vai"), "Latvian": ("vai",), "Czech": ("nebo",), "Slovenian": ("ali",),
     "Croatian": ("ili",), "Serbian": ("ili",), "Bosnian": ("ili",), "Maltese": ("jew",), "Irish": ("nó",),
     "Welsh": ("neu",), "Basque": ("edo",), "Vietnamese": ("hay",), "Swahili": ("au",), "Hausa": ("ko",),

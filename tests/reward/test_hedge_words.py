@@ -123,7 +123,7 @@ def test_hedge_words_beside_one_answer_name_no_second(word: str, kind: str) -> N
     ("complex", "3 May 2020", "3"), ("complex", "3.5 million (2020)", "3500000"),
     ("complex", "98 million people in 2020", "98000000"), ("math", "x^2 - 1", "x^2-1"),
     ("calculator", "3 \\times 10^{4}", "30000"), ("fact", "Mount Tai", "Mount Tai"), ("fact", "Oder", "Oder"),
-    ("complex", "about 3 \\text{ million}", "3000000")])
+    ("complex", "about 3 \\text{ million}", "3000000"), ("complex", "3 of 5 people", "3")])
 def test_hedge_words_leave_one_value_alone(kind: str, predicted: str, gold: str) -> None:
     """Glue alone ("may") joins nothing, and a word listed only between numbers ("tai") splits no answer."""
     assert not is_hedged(predicted, gold, kind)

@@ -108,6 +108,9 @@ class NCCLTransport:
     def finish(self, prepared: Path | None) -> None:
         pass
 
+    def discard(self, prepared: Path | None) -> None:
+        pass
+
     def _broadcast(self, source: WeightSource, names: list[str]) -> None:
         sent = 0
         for name, tensor in source.tensors():

@@ -78,6 +78,9 @@ class Transport(Protocol):
     def finish(self, prepared: Path | None) -> None:
         """The push is over (the pool now catches restarted servers up from `prepared`)."""
 
+    def discard(self, prepared: Path | None) -> None:
+        """The push was refused: what `prepare` made is not kept."""
+
 
 @dataclass
 class PushReport:
@@ -114,8 +117,11 @@ class FileTransport:
         check_layout(layout, {n: tuple(t.shape) for n, t in tensors.items()})  # what the iterator really gave
         path = self.directory / f"tapo-weights-{os.getpid()}-{id(self)}-v{version}.safetensors"
         partial = path.with_suffix(".partial")
-        save_file(tensors, str(partial), metadata={VERSION_KEY: str(version)})
-        os.replace(partial, path)  # a server never reads a half-written file
+        try:
+            save_file(tensors, str(partial), metadata={VERSION_KEY: str(version)})
+            os.replace(partial, path)  # a server never reads a half-written file
+        finally:
+            partial.unlink(missing_ok=True)
         return path
 
     def load(self, servers: list[Server], source: WeightSource, version: int, prepared: Path | None) -> dict[str, str]:
@@ -125,6 +131,10 @@ class FileTransport:
         if self._previous is not None and self._previous != prepared:
             self._previous.unlink(missing_ok=True)
         self._previous = prepared
+
+    def discard(self, prepared: Path | None) -> None:
+        if prepared is not None and prepared != self._previous:
+            prepared.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._previous is not None:
@@ -177,6 +187,7 @@ class WeightPusher:
                 failed = self._timed(report, "load_s", lambda: self.transport.load(targets, source, version, prepared))
             except control.WeightsRefused:
                 self.pool.loaded(*before)
+                self.transport.discard(prepared)
                 on_all(targets, lambda s: control.resume(s.url, self.deadline_s))
                 raise
             self._dead(report, failed)

@@ -108,6 +108,8 @@ class Handler(BaseHTTPRequestHandler):
             elif parts.path == "/update_weight_version":
                 STATE["version"] = body["new_version"]
             elif parts.path == "/collective_rpc" and body["method"] == "tapo_load_file":
+                if body["args"][1] == "13":  # the receiver's refusal (a file that is not the checkpoint's)
+                    return self._answer(200, {"results": [{"loaded": 0, "refused": "not the checkpoint's"}]})
                 STATE["loads"] += 1
                 return self._answer(200, {"results": [{"loaded": 1, "refused": ""}]})
             elif parts.path == "/collective_rpc" and body["method"] == "tapo_layout":

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from pipeline.inference.client import GenerateFailed, GenerateRejected, InferenceClient
+from pipeline.inference.control import WeightsRefused
 from pipeline.inference.layout import WeightLayoutError
 from pipeline.inference.outages import InferenceOutage, ServerOutageGuard
 from pipeline.inference.pool import ServerPool, Supervision
@@ -189,6 +190,11 @@ async def test_a_push_mid_request_pauses_loads_versions_and_resumes(pool_of, tmp
     with pytest.raises(WeightLayoutError, match="shapes differ"):
         pusher.push(WeightSource.of_tensors({"w": torch.ones(3, 2)}), 2)  # refused before any server is paused
     assert pool.current()[0] == 1
+    with pytest.raises(WeightsRefused, match="not the checkpoint's"):  # refused by the server's receiver
+        pusher.push(WeightSource.of_tensors({"w": torch.ones(2, 2)}), 13)
+    assert pool.current()[0] == 1 and not list(tmp_path.glob("*v13*"))  # nothing of it kept
+    async with InferenceClient(pool, deadline_s=10.0, attempts=1) as client:  # resumed: it generates
+        assert set((await client.generate("after", [1], Sampling(max_tokens=3))).versions) == {1}
     # a server that comes back (here: marked dead, as after a failed load) loads the current file before routing
     pool.servers[0].mark_dead("test")
     wait_for(lambda: pool.servers[0].generation == 2 and pool.servers[0].state is ServerState.READY)

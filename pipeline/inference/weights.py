@@ -110,6 +110,7 @@ class FileTransport:
     def __init__(self, directory: Path, deadline_s: float) -> None:
         self.directory, self.deadline_s = Path(directory), deadline_s
         self._previous: Path | None = None
+        sweep_stale_files(self.directory)
 
     def prepare(self, source: WeightSource, version: int, layout: Layout) -> Path:
         check_layout(layout, source.shapes)
@@ -139,6 +140,28 @@ class FileTransport:
     def close(self) -> None:
         if self._previous is not None:
             self._previous.unlink(missing_ok=True)
+
+
+def sweep_stale_files(directory: Path) -> list[Path]:
+    """Remove the weight files of trainers that are gone (a SIGKILLed one cannot remove its own; in /dev/shm a file
+    holds memory until it is removed). The writer's pid is in the name; a live pid keeps its files."""
+    removed = []
+    for path in Path(directory).glob("tapo-weights-*-*-v*"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not _running(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def on_all(servers: Iterable[Server], fn: Callable[[Server], object]) -> dict[str, str]:

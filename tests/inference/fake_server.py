@@ -4,7 +4,8 @@ and the push sequence in the main environment in seconds (tests/vllm/test_server
 Standard library only. `python fake_server.py --port P [--token-delay S]`. Token i of an answer is
 (sum(prompt) + i) % 97 with log-prob -1; pause (mode keep) freezes answers in flight, resume continues them, and the
 spans of `weight_versions` say which version each token was sampled under. It starts a child process of its own
-(as vLLM starts its engine and workers) and ends it on SIGTERM, as vLLM does.
+(as vLLM starts its engine and workers) and a shared-memory segment, and ends and unlinks them on SIGTERM, as vLLM
+does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing import shared_memory
 from urllib.parse import parse_qs, urlsplit
 
 STATE = {"paused": False, "version": "default", "loads": 0, "requests": 0, "calls": [], "world_size": 1}
@@ -129,10 +131,13 @@ def main() -> None:
     STATE["world_size"] = args.world_size
     Handler.token_delay = args.token_delay
     engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # the "engine" child
+    segment = shared_memory.SharedMemory(create=True, size=1 << 16)  # as vLLM's message queues: unlinked on SIGTERM
 
     def shut_down(*_: object) -> None:
         engine.kill()
         engine.wait()
+        segment.close()
+        segment.unlink()
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, shut_down)

@@ -215,6 +215,7 @@ def test_a_server_killed_mid_request_is_retried_restarted_and_caught_up(pool: Se
             await asyncio.sleep(1.5)
             home = client.router.home["victim"]
             keeper = next(k for k in pool.keepers if k.server.name == home)
+            pool.segments = keeper.process.shared_memory
             os.killpg(keeper.process.process.pid, signal.SIGKILL)
             generation = await request
             assert client.counts.failures[home] == 1 and client.counts.failed_requests == 0
@@ -229,6 +230,7 @@ def test_a_server_killed_mid_request_is_retried_restarted_and_caught_up(pool: Se
         time.sleep(1.0)
     assert victim.restarts == 1 and any(f"{home} " in m and "restarting it (1 of 2)" in m for m in pool.messages)
     assert control.weight_version(victim.url, 10.0) == "1"  # it loaded the current file before it was routed to
+    assert pool.segments and not any(Path(p).exists() for p in pool.segments)  # vLLM's shared memory not left
     other = next(s for s in pool.servers if s.name != home)
     sampling = Sampling(max_tokens=32, seed=4, ignore_eos=True)
     with httpx.Client(timeout=120) as http:  # the restarted server holds the same weights as the other one

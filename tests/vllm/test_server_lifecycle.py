@@ -1,7 +1,7 @@
 """No vLLM server outlives the process that started it, even when that process is SIGKILLed (needs `.venv-vllm`):
 a child process starts a real server through the pool and is killed with SIGKILL once the server answers; the
 server's parent-death signal takes its API server down, which stops its engine and workers, and nothing of its
-process group is left."""
+process group, nor of its shared memory in /dev/shm, is left."""
 
 from __future__ import annotations
 
@@ -43,13 +43,14 @@ def test_a_sigkilled_parent_leaves_no_server_process(tiny_dir: Path, tmp_path: P
         spec = LaunchSpec("orphan", Path({str(tiny_dir)!r}), free_port(), Path({str(tmp_path)!r}),
                           python=sys.executable, max_model_len=512, kv_cache_gib=1)
         pool = ServerPool.launched([spec], Supervision(start_timeout_s=600.0, max_restarts=0)).start()
-        print(pool.keepers[0].process.process.pid, flush=True)
+        print(pool.keepers[0].process.process.pid, ",".join(pool.keepers[0].process.shared_memory), flush=True)
         time.sleep(3600)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     group = None
     try:
-        group = int(parent.stdout.readline())
+        first, *rest = parent.stdout.readline().split()
+        group, segments = int(first), rest[0].split(",") if rest else []
         assert len(group_members(group)) >= 3  # the API server, its engine core and worker
         parent.kill()  # SIGKILL: nothing in the parent runs
         parent.wait()
@@ -57,6 +58,7 @@ def test_a_sigkilled_parent_leaves_no_server_process(tiny_dir: Path, tmp_path: P
         while group_members(group):
             assert time.monotonic() < end, f"left behind: {group_members(group)}"
             time.sleep(0.5)
+        assert segments and not [p for p in segments if Path(p).exists()]  # nor its shared memory
     finally:
         parent.kill()
         if group is not None and group_members(group):  # a failed run must not leak what it tests for

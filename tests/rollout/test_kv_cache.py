@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicCache
 
-from benchmarks.kv_cache import decode
 from pipeline.rollout.kv_cache import MIN_HEADROOM_TOKENS, GrowingCache
+from tests.helpers.greedy import greedy_logits
 from tests.helpers.tiny import tiny_llama
 
 
@@ -22,8 +22,8 @@ def test_decoding_through_a_growing_cache_gives_identical_logits() -> None:
     kv = _prefix_kv(model, ids[:, :-1])
     steps = 2 * MIN_HEADROOM_TOKENS + 5  # past the first buffer's capacity: a regrowth happens on the way
     # Greedy tokens are fed back, so a single wrong cache column on any step changes the last logits.
-    _, dynamic = decode(model, DynamicCache(ddp_cache_data=kv), 3, 9, steps)
-    _, growing = decode(model, GrowingCache(kv), 3, 9, steps)
+    dynamic = greedy_logits(model, DynamicCache(ddp_cache_data=kv), 3, 9, steps)
+    growing = greedy_logits(model, GrowingCache(kv), 3, 9, steps)
     assert torch.equal(dynamic, growing)
 
 

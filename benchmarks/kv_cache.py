@@ -7,26 +7,27 @@ a context of T tokens, B rows, feeding the greedy token back; the only differenc
 - baseline: `DynamicCache`, which `torch.cat`s the whole cache of every layer on every step.
 The two must give bit-identical logits (checked; the JSON says so). Order alternates across
 repeats (machines here are noisy). Last line: one JSON object; `ratio` = our steps/s / baseline
-steps/s at the headline shape (B 16, T 400: a group's rows over a system prompt and a tool turn).
+steps/s at the headline shape (the first of `--shapes`, B 16, T 400: a group's rows over a system prompt and a tool
+turn).
 
-    .venv/bin/python -m benchmarks.kv_cache [--repeats 3] [--steps 32] [--threads 2]
+    .venv/bin/python -m benchmarks.kv_cache [--repeats 3] [--steps 32] [--threads 2] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from benchmarks import harness
+from benchmarks.preset_run import policy_dir, workspace
 from pipeline.model import load_policy
-from benchmarks.rollout_overlap import local_policy_dir
 from pipeline.rollout.kv_cache import GrowingCache
 
 SHAPES = ((16, 400), (16, 800), (64, 400))  # (rows B, context tokens T)
-HEADLINE = (16, 400)
+QUICK = {"repeats": 1, "steps": 2, "threads": 1, "shapes": ["2x16"]}
 
 
 def context_kv(model, B: int, T: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -56,17 +57,21 @@ def decode(model, cache, B: int, T: int, steps: int) -> tuple[float, torch.Tenso
     return (time.perf_counter() - t0) / steps, out.logits[:, -1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--shapes", nargs="+", default=[f"{b}x{t}" for b, t in SHAPES],
+                        help="rows x context tokens; the first is the headline")
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
-    model_dir = local_policy_dir()
-    model = load_policy(model_dir, "float32")[0].eval()
+    shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
+    with workspace(None, args.quick) as ws:
+        model_dir = policy_dir(ws)
+        model = load_policy(model_dir, "float32")[0].eval()
     figures: dict[str, dict[str, float]] = {}
-    for B, T in SHAPES:
+    for B, T in shapes:
         kv = context_kv(model, B, T)
         times: dict[str, list[float]] = {"ours": [], "baseline": []}
         identical = True
@@ -84,10 +89,10 @@ def main() -> None:
                         "identical_logits": identical}
         print(f"B={B} T={T}: ours {1000 * ours_s:.1f} ms/step, DynamicCache {1000 * base_s:.1f} ms/step, "
               f"ratio {base_s / ours_s:.2f}, identical logits: {identical}", flush=True)
-    headline = figures[f"B{HEADLINE[0]}_T{HEADLINE[1]}"]
-    print(json.dumps({"model": model_dir.name, "steps": args.steps, "repeats": args.repeats, "threads": args.threads,
-                      **figures, "ratio": headline["ratio"],
-                      "identical_logits": all(f["identical_logits"] for f in figures.values())}))
+    headline = figures[f"B{shapes[0][0]}_T{shapes[0][1]}"]
+    harness.last_line({"model": model_dir.name, "steps": args.steps, "repeats": args.repeats, "threads": args.threads,
+                       **figures, "ratio": headline["ratio"],
+                       "identical_logits": all(f["identical_logits"] for f in figures.values())}, args.quick)
 
 
 if __name__ == "__main__":

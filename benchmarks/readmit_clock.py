@@ -8,16 +8,18 @@ token is forced to a script (benchmarks.rollout_overlap.ForcedScript), so every 
 tool calls. Tools are in-process doubles that answer after a latency drawn from `--latency-ms` (a remote service);
 nothing else is needed (no model download, no services).
 
+The rollout settings are params.yaml's, with each configuration's schedule and clock and the benchmark's batch and
+limits on top (loaded strictly: `benchmarks.harness.derive`).
+
 Last line: one JSON object; `ratio` = clocked (k = `--headline-k`) traj/s over on-arrival traj/s.
 
-    nice -n 10 .venv/bin/python -m benchmarks.readmit_clock [--trajectories 32] [--ks 0 2 8 32]
+    nice -n 10 .venv/bin/python -m benchmarks.readmit_clock [--trajectories 32] [--ks 0 2 8 32] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import time
@@ -26,6 +28,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from benchmarks import harness
 from benchmarks.rollout_overlap import QUERIES, ForcedScript, scripts_for
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.engine import RolloutEngine
@@ -34,6 +37,8 @@ from pipeline.types import Problem, ToolResult
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QUICK = {"trajectories": 2, "turns": 2, "filler": [2, 4], "latency_ms": [1.0, 5.0], "ks": [0, 2], "headline_k": 2,
+         "repeats": 1, "max_batch": 2, "layers": 1, "hidden": 32, "vocab": 2000, "threads": 1}
 
 
 class DelayedTool:
@@ -49,15 +54,6 @@ class DelayedTool:
 
     async def aclose(self) -> None:
         pass
-
-
-class Forced(ForcedScript):
-    """ForcedScript that also serves the prompts' shared system turn, prefilled alone once (its logits go unread)."""
-
-    def _locate(self, context: list[int]) -> int:
-        if not any(q in self.tok.decode(context) for q in self.scripts):
-            return self.tok.eos_token_id
-        return super()._locate(context)
 
 
 def tokenizer_for(problems: list[Problem], scripts: dict[str, list[str]]) -> PreTrainedTokenizerFast:
@@ -84,13 +80,22 @@ def random_llama(layers: int, hidden: int, vocab: int) -> LlamaForCausalLM:
     return LlamaForCausalLM(cfg).eval()
 
 
+def rollout_config(args, schedule: str, k: int) -> RolloutConfig:
+    """params.yaml's rollout settings with this configuration's schedule and clock (refilled dynamic sampling, a
+    training setting, is off: it needs the continuous schedule)."""
+    turns = args.turns
+    return harness.derive({
+        "train.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.readmit_after_steps": k,
+        "rollout.max_batch_sequences": args.max_batch, "rollout.max_tool_calls": turns, "rollout.max_turns": turns + 1,
+        "rollout.max_policy_tokens": (60 + args.filler[1]) * (turns + 1), "rollout.max_total_tokens": 4096,
+        "rollout.temperature": 1.0}, harness.base_params(args.quick)).rollout
+
+
 def measure(model, tok, problems, scripts, args, schedule: str, k: int) -> dict:
     turns = args.turns
-    cfg = RolloutConfig(schedule=schedule, readmit_after_steps=k, max_batch_sequences=args.max_batch,
-                        max_tool_calls=turns, max_turns=turns + 1, max_policy_tokens=(60 + args.filler[1]) * (turns + 1),
-                        max_total_tokens=4096, temperature=1.0)
+    cfg = rollout_config(args, schedule, k)
     tools = {name: DelayedTool(name, *args.latency_ms, seed=i) for i, name in enumerate(("search", "code"))}
-    engine = RolloutEngine(Forced(model, tok, scripts), tok, tools, cfg, seed=0)
+    engine = RolloutEngine(ForcedScript(model, tok, scripts), tok, tools, cfg, seed=0)
     t0 = time.perf_counter()
     result = engine.rollout(problems, 1)
     wall = time.perf_counter() - t0
@@ -100,21 +105,23 @@ def measure(model, tok, problems, scripts, args, schedule: str, k: int) -> dict:
     return {"traj_per_s": len(trajs) / wall, "idle_fraction": result.stats.idle_fraction}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trajectories", type=int, default=32)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--filler", type=int, nargs=2, default=[4, 40])
     ap.add_argument("--latency-ms", type=float, nargs=2, default=[100.0, 500.0])
     ap.add_argument("--ks", type=int, nargs="+", default=[0, 2, 8, 32], help="readmit_after_steps values (0 = on arrival)")
-    ap.add_argument("--headline-k", type=int, default=RolloutConfig().readmit_after_steps)
+    ap.add_argument("--headline-k", type=int, default=None, help="default: params' rollout.readmit_after_steps")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=49152, help="SmolLM2's (sampling cost grows with it)")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = harness.parse(ap, argv, QUICK)
+    if args.headline_k is None:
+        args.headline_k = harness.derive(params=harness.base_params(args.quick)).rollout.readmit_after_steps
     torch.set_num_threads(args.threads)
     problems = [Problem(f"b{i}", f"Question {i}: combine the facts.", ("0",), "complex", "bench", "test")
                 for i in range(args.trajectories)]
@@ -134,7 +141,7 @@ def main() -> None:
         figures[name] = row
         print(f"{name}: traj/s {row['traj_per_s']:.3f}, generator idle {row['idle_fraction']:.1%}", flush=True)
     figures["ratio"] = figures[f"continuous/{args.headline_k}"]["traj_per_s"] / figures["continuous/0"]["traj_per_s"]
-    print(json.dumps(figures))
+    harness.last_line(figures, args.quick)
 
 
 if __name__ == "__main__":

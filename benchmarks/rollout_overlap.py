@@ -22,14 +22,17 @@ script only fixes the number of turns.
 Prints per configuration: trajectories/s of both schedules, their ratio, generator idle
 fraction. Last line: one JSON object; `ratio` is the scaled model's at the most turns.
 
-    nice -n 10 .venv/bin/python -m benchmarks.rollout_overlap [--models policy scaled] [--trajectories 16]
+    nice -n 10 .venv/bin/python -m benchmarks.rollout_overlap [--models policy scaled] [--trajectories 16] [--quick]
+
+The rollout settings are params.yaml's (`rollout`), with the benchmark's own (schedule, batch, limits) on top; the
+tool services are started from the same params (`benchmarks.services`), the search service over a BM25 index of
+the default corpus built here.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import tempfile
@@ -40,27 +43,19 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import Cache, DynamicCache
 
-from pipeline.config import RunConfig
+from benchmarks import harness
+from benchmarks.preset_run import policy_dir, workspace
+from benchmarks.services import tool_services
 from pipeline.config.rollout import RolloutConfig
 from pipeline.model import load_policy
-from pipeline.paths import REPO_ROOT
-from sandbox.search.build_index import build_index
-from pipeline.services.processes import free_port, python_service, redis_service
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.tools.search import SearchClient
 from pipeline.types import Problem, ToolResult
 from pipeline.rollout.engine import RolloutEngine
 
 QUERIES = ["capital of France", "Wikipedia history", "largest ocean", "first moon landing"]
-
-
-def local_policy_dir() -> Path:
-    """The SFT policy if the pipeline wrote one, else the base model."""
-    model_dir = next((d for d in (REPO_ROOT / "models/sft", REPO_ROOT / "models/base") if (d / "config.json").is_file()),
-                     None)
-    if model_dir is None:
-        raise SystemExit("no model: run `python -m flows.prepare_model` first (writes models/base)")
-    return model_dir
+QUICK = {"trajectories": 2, "filler": [2, 4], "turns": [2], "latency_ms": [1.0, 5.0], "repeats": 1, "max_batch": 2,
+         "scaled_layers": 1, "scaled_hidden": 64, "threads": 1}
 
 
 class ForcedScript(torch.nn.Module):
@@ -116,9 +111,12 @@ class ForcedScript(torch.nn.Module):
         return self._locate(context)
 
     def _locate(self, context: list[int]) -> int:
-        """The next scripted token, read from the decoded context (a new row, or after a tool output)."""
+        """The next scripted token, read from the decoded context (a new row, or after a tool output). The prompts'
+        shared system turn, which the decoder prefills alone once, names no question: its logits go unread."""
         text = self.tok.decode(context)
-        question = next(q for q in self.scripts if q in text)
+        question = next((q for q in self.scripts if q in text), None)
+        if question is None:
+            return self.tok.eos_token_id
         response = text[text.rfind(self.header) + len(self.header):]
         k = response.count("<response>")
         emitted = response[response.rfind("</response>\n") + len("</response>\n"):] if k else response
@@ -168,12 +166,19 @@ def scripts_for(problems: list[Problem], turns: int, filler: tuple[int, int]) ->
     return out
 
 
-def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], schedule: str, max_batch: int,
-            tool_concurrency: int) -> dict:
-    cfg = RolloutConfig(schedule=schedule, max_batch_sequences=max_batch, max_tool_calls=turns, max_turns=turns + 1,
-                        tool_concurrency=tool_concurrency,
-                        max_policy_tokens=(60 + filler[1]) * (turns + 1), max_total_tokens=4096,
-                        temperature=1.0)
+def rollout_config(base: Path, schedule: str, turns: int, filler: tuple[int, int], max_batch: int,
+                   tool_concurrency: int) -> RolloutConfig:
+    """The base params' rollout settings with this measurement's schedule, batch and limits (validated). Refilled
+    dynamic sampling is a training setting this benchmark does not use; it is set off because it needs the
+    continuous schedule."""
+    return harness.derive({
+        "train.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.max_batch_sequences": max_batch,
+        "rollout.max_tool_calls": turns, "rollout.max_turns": turns + 1, "rollout.tool_concurrency": tool_concurrency,
+        "rollout.max_policy_tokens": (60 + filler[1]) * (turns + 1), "rollout.max_total_tokens": 4096,
+        "rollout.temperature": 1.0}, base).rollout
+
+
+def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], cfg: RolloutConfig) -> dict:
     forced = ForcedScript(model, tok, scripts_for(problems, turns, filler))
     engine = RolloutEngine(forced, tok, tools(), cfg, seed=0)
     t0 = time.perf_counter()
@@ -186,7 +191,7 @@ def measure(model, tok, tools, problems, turns: int, filler: tuple[int, int], sc
     return {"traj_per_s": len(trajs) / wall, "wall_s": wall, "idle_fraction": result.stats.idle_fraction}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", choices=["policy", "scaled"], default=["policy", "scaled"])
     ap.add_argument("--trajectories", type=int, default=16)
@@ -196,45 +201,40 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, nargs=2, default=[100.0, 500.0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--tool-concurrency", type=int, default=RolloutConfig().tool_concurrency,
-                    help="calls in flight per tool (rollout.tool_concurrency), the same for both schedules")
+    ap.add_argument("--tool-concurrency", type=int, default=None,
+                    help="calls in flight per tool, the same for both schedules (default: params' "
+                         "rollout.tool_concurrency)")
     ap.add_argument("--scaled-layers", type=int, default=4)
     ap.add_argument("--scaled-hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads of the generator (the tool services share the same cores)")
-    args = ap.parse_args()
+    args = harness.parse(ap, argv, QUICK)
     torch.set_num_threads(args.threads)
-    model_dir = local_policy_dir()
-    policy, tok = load_policy(str(model_dir))
-    models = {"policy": lambda: policy,
-              "scaled": lambda: scaled_model(model_dir, args.scaled_layers, args.scaled_hidden)}
+    base = harness.base_params(args.quick)
+    args.tool_concurrency = args.tool_concurrency or harness.derive(params=base).rollout.tool_concurrency
     problems = [Problem(f"b{i}", f"Question {i}: combine the facts.", ("0",), "complex", "bench", "test")
                 for i in range(args.trajectories)]
-    cfg = RunConfig()
-    figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
-                     "max_batch": args.max_batch, "tool_concurrency": args.tool_concurrency, "threads": args.threads,
-                     "policy_dir": model_dir.name,
-                     "scaled": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        search_cfg = cfg.search.model_copy(update={"index_dir": str(tmp / "index")})
-        build_index(search_cfg)
-        params = tmp / "params.yaml"
-        params.write_text(f"search:\n  index_dir: {tmp / 'index'}\n")
-        with redis_service(tmp / "redis") as redis, \
-                python_service("sandbox", "sandbox.code", cfg.sandbox.server_args(), free_port(), tmp) as sandbox, \
-                python_service("search", "sandbox.search", ["--redis-url", redis.url, "--params", str(params)],
-                               free_port(), tmp) as search:
+    with workspace(None, args.quick) as ws, tempfile.TemporaryDirectory() as tmp:
+        model_dir = policy_dir(ws)
+        policy, tok = load_policy(str(model_dir))
+        models = {"policy": lambda: policy,
+                  "scaled": lambda: scaled_model(model_dir, args.scaled_layers, args.scaled_hidden)}
+        figures: dict = {"trajectories": len(problems), "filler_tokens": args.filler, "latency_ms": args.latency_ms,
+                         "max_batch": args.max_batch, "tool_concurrency": args.tool_concurrency,
+                         "threads": args.threads, "policy_dir": model_dir.name,
+                         "scaled_model": {"layers": args.scaled_layers, "hidden": args.scaled_hidden}}
+        with tool_services(base, ("code", "search"), Path(tmp)) as (_, urls):
             def tools():
-                return {"code": CodeSandboxClient(sandbox.url),
-                        "search": DelayedSearch(SearchClient(search.url), *args.latency_ms, seed=0)}
+                return {"code": CodeSandboxClient(urls["code"]),
+                        "search": DelayedSearch(SearchClient(urls["search"]), *args.latency_ms, seed=0)}
             for name in args.models:
                 print(f"model {name}:", flush=True)
-                figures[name] = run_all(models[name](), tok, tools, problems, args)
+                figures[name] = run_all(models[name](), tok, tools, problems, args, base)
     headline = figures.get("scaled", figures.get("policy"))
     last = headline[f"turns_{args.turns[-1]}"]
     figures["ratio"], figures["idle_fraction"] = last["ratio"], last["ours_idle_fraction"]
-    print(json.dumps(figures))
+    figures["readmit_after_steps"] = harness.derive(params=base).rollout.readmit_after_steps  # ours: on arrival if 0
+    harness.last_line(figures, args.quick)
 
 
 def scaled_model(model_dir: Path, layers: int, hidden: int) -> torch.nn.Module:
@@ -247,15 +247,16 @@ def scaled_model(model_dir: Path, layers: int, hidden: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def run_all(model, tok, tools, problems, args) -> dict:
+def run_all(model, tok, tools, problems, args, base: Path) -> dict:
     figures: dict = {}
     for turns in args.turns:
         runs = {"turn-synchronous": [], "continuous": []}
+        configs = {schedule: rollout_config(base, schedule, turns, args.filler, args.max_batch, args.tool_concurrency)
+                   for schedule in runs}
         for r in range(args.repeats):  # alternate the order: the machine's load drifts
             order = ("turn-synchronous", "continuous") if r % 2 == 0 else ("continuous", "turn-synchronous")
             for schedule in order:
-                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler, schedule, args.max_batch,
-                                              args.tool_concurrency))
+                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler, configs[schedule]))
         sync = statistics.median(m["traj_per_s"] for m in runs["turn-synchronous"])
         ours = statistics.median(m["traj_per_s"] for m in runs["continuous"])
         row = {"sync_traj_per_s": sync, "ours_traj_per_s": ours, "ratio": ours / sync,

@@ -11,18 +11,18 @@ order alternates across repeats (machines here are noisy); each arm's best repea
 tokens are compared row by row: a prefill split in two rounds differently, so a rare near-tie may flip.
 Last line: one JSON object; `ratio` = our prompts/s / baseline prompts/s.
 
-    .venv/bin/python -m benchmarks.system_turn_prefix [--prompts 48] [--rows 16] [--tokens 32] [--repeats 3]
+    .venv/bin/python -m benchmarks.system_turn_prefix [--prompts 48] [--rows 16] [--tokens 32] [--repeats 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
-from benchmarks.rollout_overlap import local_policy_dir
+from benchmarks import harness
+from benchmarks.preset_run import policy_dir, workspace
 from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.rollout.engine import encode_prompt, system_turn_length
@@ -32,6 +32,7 @@ from pipeline.protocols import TapoProtocol
 from pipeline.rollout.sequence import Sequence
 
 TOOLS = ("search", "code")
+QUICK = {"prompts": 2, "rows": 2, "tokens": 2, "repeats": 1, "threads": 1}
 
 
 class AllAtOnce:
@@ -74,17 +75,18 @@ def timed(model, tokenizer, args, shared: bool) -> tuple[float, list[Sequence], 
     return time.perf_counter() - t0, seqs, stats.prefill_tokens
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--rows", type=int, default=16, help="rows decoded together (rollout.max_batch_sequences)")
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens a row")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
-    model_dir = local_policy_dir()
-    model, tokenizer = load_policy(model_dir, "float32")
+    with workspace(None, args.quick) as ws:
+        model_dir = policy_dir(ws)
+        model, tokenizer = load_policy(model_dir, "float32")
     seconds: dict[str, list[float]] = {"ours": [], "baseline": []}
     rows: dict[str, list[Sequence]] = {}
     prefilled: dict[str, int] = {}
@@ -98,11 +100,11 @@ def main() -> None:
     system_turn = rows["ours"][0].shared_prefix_len
     print(f"ours {args.prompts / ours_s:.2f} prompts/s, baseline {args.prompts / base_s:.2f} prompts/s, "
           f"ratio {base_s / ours_s:.2f}; system turn {system_turn} tokens; same greedy tokens on {same}/{args.prompts}")
-    print(json.dumps({"model": model_dir.name, "prompts": args.prompts, "rows": args.rows, "tokens": args.tokens,
-                      "repeats": args.repeats, "threads": args.threads, "system_turn_tokens": system_turn,
-                      "ours_s": round(ours_s, 3), "baseline_s": round(base_s, 3),
-                      "ours_prefill_tokens": prefilled["ours"], "baseline_prefill_tokens": prefilled["baseline"],
-                      "same_greedy_rows": same, "ratio": round(base_s / ours_s, 3)}))
+    harness.last_line({"model": model_dir.name, "prompts": args.prompts, "rows": args.rows, "tokens": args.tokens,
+                       "repeats": args.repeats, "threads": args.threads, "system_turn_tokens": system_turn,
+                       "ours_s": round(ours_s, 3), "baseline_s": round(base_s, 3),
+                       "ours_prefill_tokens": prefilled["ours"], "baseline_prefill_tokens": prefilled["baseline"],
+                       "same_greedy_rows": same, "ratio": round(base_s / ours_s, 3)}, args.quick)
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ epsilon_high=0.28, beta=0, use_cpu=True)`; its step time is taken between the tr
 step-begin and step-end callbacks (generation happens inside the step there too).
 The first step of each side is a warm-up and is reported but not averaged.
 
+Our side's config is params.yaml with `TRL_RECIPE` (everything TRL's step does differently from the main job's
+recipe: no KL and no anchored openings, no dynamic sampling or refill, one update on the whole batch, a constant
+learning rate, float32) and the sizes, loaded strictly (`benchmarks.harness.derive`): a params.yaml that no longer
+takes them stops the benchmark at once, naming the keys.
+
 Last line: JSON with seconds per step of each and "ratio" = TRL / ours (higher = we are faster).
-    python benchmarks/trainer_vs_trl.py [--steps 3] [--prompts 2] [--group 4] [--max-tokens 64]
+    python benchmarks/trainer_vs_trl.py [--steps 3] [--prompts 2] [--group 4] [--max-tokens 64] [--quick]
+Needs TRL (`pip install -e .[bench]`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 import sys
@@ -27,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import load_config
+from benchmarks import harness
+from benchmarks.preset_run import preset_run, workspace
 from pipeline.data.calculator import generate
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
@@ -36,21 +42,32 @@ from pipeline.protocols import TapoProtocol
 from pipeline.train import set_up, update
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+# What TRL's GRPOTrainer(loss_type="dapo", beta=0) does per step, against the main job's recipe: DAPO's clip range
+# without KL (so no anchored openings) and without dynamic sampling (so no refill, one generation round), one
+# optimiser step on the whole batch, a constant learning rate without warm-up or weight decay (TrainingArguments'
+# defaults), the update in float32, problems in file order. The algorithm mapping is replaced whole: a key params.yaml
+# adds to it later takes its class default here, not the main job's tuning.
+TRL_RECIPE = {
+    "train.algorithm": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28, "dynamic_sampling": False, "kl_coef": 0.0},
+    "train.anchor_dropped_tokens": 0, "train.refill_dropped_groups": False, "train.max_gen_rounds": 1,
+    "train.ppo_epochs": 1, "train.ppo_mini_batches": 1, "train.lr": 1e-6, "train.warmup_steps": 0,
+    "train.lr_decay": "constant", "train.weight_decay": 0.0, "train.grad_clip": 1.0, "train.autocast": "none",
+    "train.logprobs_source": "rollout", "train.gradient_checkpointing": False, "train.balance_sources": False,
+    "model.dtype": "float32", "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+}
+QUICK = {"steps": 2, "prompts": 1, "group": 2, "max_tokens": 8}
 
 
 def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[float], list[float]]:
     """Per-step seconds and mean completion tokens of our trainer."""
-    cfg = load_config(REPO_ROOT / "params.yaml", overrides={
-        "run.seed": 0, "train.init_model": args.model, "train.train_file": str(train_file),
-        "train.algorithm.kind": "dapo", "train.algorithm.eps_low": 0.2, "train.algorithm.eps_high": 0.28,
-        "train.algorithm.dynamic_sampling": False,
-        "train.steps": args.steps, "train.prompts_per_step": args.prompts, "train.max_gen_rounds": 1,
-        "train.micro_batch_size": args.prompts * args.group, "train.lr": 1e-6, "train.warmup_steps": 0,
-        "train.gradient_checkpointing": False, "train.checkpoint_dir": str(work / "ckpt"),
-        "rollout.group_size": args.group, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
+    cfg = harness.derive(TRL_RECIPE | {
+        "run.seed": 0, "run.tracking_uri": f"sqlite:///{work / 'mlruns.db'}", "train.init_model": args.model,
+        "train.train_file": str(train_file), "train.steps": args.steps, "train.prompts_per_step": args.prompts,
+        "train.micro_batch_size": args.prompts * args.group, "train.checkpoint_dir": str(work / "ckpt"),
+        "train.output_dir": str(work / "policy"), "rollout.group_size": args.group,
         "rollout.max_policy_tokens": args.max_tokens, "rollout.max_total_tokens": 4096,
         "rollout.max_batch_sequences": args.prompts * args.group,
-    })
+    }, harness.base_params(args.quick))
     tr = set_up(cfg, {}, resume=False)
     seconds, lengths = [], []
     for _ in range(args.steps):
@@ -118,18 +135,19 @@ def steady(seconds: list[float]) -> float:
     return statistics.mean(seconds[1:] if len(seconds) > 1 else seconds)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(REPO_ROOT / "models" / "base"))
+    parser.add_argument("--model", default=None, help="model dir (default: models/base; --quick: the tiny one)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
-    args = parser.parse_args()
-    if not (Path(args.model) / "config.json").is_file():
-        sys.exit(f"{args.model}: no model directory (python -m flows.prepare_model writes models/base)")
-    problems = generate(max(8, args.steps * args.prompts), seed=0)
-    with tempfile.TemporaryDirectory() as tmp:
+    args = harness.parse(parser, argv, QUICK)
+    with workspace(None, args.quick) as ws, tempfile.TemporaryDirectory() as tmp:
+        args.model = args.model or str(preset_run(ws).sft if args.quick else REPO_ROOT / "models" / "base")
+        if not (Path(args.model) / "config.json").is_file():
+            sys.exit(f"{args.model}: no model directory (python -m flows.prepare_model writes models/base)")
+        problems = generate(max(8, args.steps * args.prompts), seed=0)
         work = Path(tmp)
         write_problems(work / "train.jsonl", problems)
         ours_s, ours_len = ours(args, work / "train.jsonl", work)
@@ -143,7 +161,7 @@ def main() -> None:
         "trl_mean_completion_tokens": round(statistics.mean(trl_len), 1) if trl_len else None,
         "ratio": round(steady(trl_s) / steady(ours_s), 3),
     }
-    print(json.dumps(result))
+    harness.last_line(result, args.quick)
 
 
 if __name__ == "__main__":

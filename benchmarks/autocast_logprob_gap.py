@@ -15,7 +15,7 @@ The groups: with `--run` (a pipeline workspace where the learning-cpu preset ran
 4 layers) is cold-started on the tool-free toy coin flip of tests/train/toy_task.py and samples
 `--groups` groups of `--group-size` with the hf backend.
 
-    python benchmarks/autocast_logprob_gap.py [--run WORKSPACE] [--groups 8] [--threads 2]
+    python benchmarks/autocast_logprob_gap.py [--run WORKSPACE] [--groups 8] [--threads 2] [--quick]
 Last line: one JSON object; "ratio" = mean gap with recompute / mean gap with rollout log-probs
 (ours / baseline, lower is better), and each side's numbers.
 """
@@ -23,7 +23,6 @@ Last line: one JSON object; "ratio" = mean gap with recompute / mean gap with ro
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,10 +31,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from pipeline.trainer.batching import make_train_batch  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
-from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
 from pipeline.sft import sft_step, to_batch  # noqa: E402
 from pipeline.types import Group, RewardBreakdown, ScoredGroup, TrainBatch  # noqa: E402
@@ -44,6 +42,7 @@ from tests.train.toy_task import direct_traces, toy_problems, toy_tokenizer  # n
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
 MICRO = 4  # params.yaml's train.micro_batch_size
+QUICK = {"groups": 2, "group_size": 2, "sft_steps": 2, "threads": 1}
 
 
 def cold_started_model(sft_steps: int, seed: int):
@@ -59,8 +58,8 @@ def cold_started_model(sft_steps: int, seed: int):
     return model, tokenizer
 
 
-def toy_groups(model, tokenizer, n_groups: int, group_size: int, seed: int) -> list[Group]:
-    cfg = load_config(REPO_ROOT / "params.yaml", {"rollout.max_policy_tokens": 48, "rollout.max_tool_calls": 0})
+def toy_groups(model, tokenizer, n_groups: int, group_size: int, seed: int, quick: bool) -> list[Group]:
+    cfg = harness.derive({"rollout.max_policy_tokens": 48, "rollout.max_tool_calls": 0}, harness.base_params(quick))
     with RolloutEngine(model, tokenizer, {}, cfg.rollout, seed=seed) as engine:
         return engine.rollout(toy_problems(n_groups), group_size).groups
 
@@ -89,7 +88,7 @@ def gap_stats(new_BT: torch.Tensor, old_BT: torch.Tensor, mask_BT: torch.Tensor)
             "tokens": int(gaps.numel())}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=None,
                         help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
@@ -99,7 +98,7 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=60)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
     if args.run is not None:
         from benchmarks.preset_run import preset_run_or_exit
@@ -109,7 +108,7 @@ def main() -> None:
         model, tokenizer = load_policy(source, "float32", "cpu")
     else:
         model, tokenizer = cold_started_model(args.sft_steps, args.seed)
-        groups = toy_groups(model, tokenizer, args.groups, args.group_size, args.seed)
+        groups = toy_groups(model, tokenizer, args.groups, args.group_size, args.seed, args.quick)
         source = f"cold-started Llama h256 x4 layers ({sum(p.numel() for p in model.parameters())} parameters)"
     batch = as_batch(groups, tokenizer.pad_token_id)
     bf16 = torch.bfloat16
@@ -123,8 +122,8 @@ def main() -> None:
         print(side, stats, flush=True)
     rollout_gap = sides["rollout_autocast"]["mean_abs_logprob_gap"]
     ratio = sides["recompute_autocast"]["mean_abs_logprob_gap"] / rollout_gap if rollout_gap else float("nan")
-    print(json.dumps({"ratio": ratio, "sides": sides, "model": source, "groups": len(groups),
-                      "trajectories": len(batch), "threads": args.threads}))
+    harness.last_line({"ratio": ratio, "sides": sides, "model": source, "groups": len(groups),
+                       "trajectories": len(batch), "threads": args.threads}, args.quick)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ Each side's first pass over a group is timed apart from its fastest pass: in tra
 new shapes (its packed length), and kernels built per shape on first use would show in the first pass
 only (measured: first and fastest passes give the same ratio, 1.49 against 1.50).
 
-    python benchmarks/autocast_update.py [--run WORKSPACE] [--groups 3] [--reps 2] [--threads 2]
+    python benchmarks/autocast_update.py [--run WORKSPACE] [--groups 3] [--reps 2] [--threads 2] [--quick]
 `--run`: a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
 `dvc exp apply learning-cpu-s0`), its models/sft and data/curated/train.jsonl.
 Last line: one JSON object; "ratio" = float32 seconds / autocast seconds over all the groups on each side's
@@ -30,7 +30,6 @@ source each side's seconds; per side the log-prob mismatch.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -38,16 +37,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.preset_run import preset_run_or_exit  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks.preset_run import preset_run_or_exit, workspace  # noqa: E402
 from benchmarks.shared_prefix_update import group_batch, sample_groups  # noqa: E402
 from benchmarks.update_bench import timed_update  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
-from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
 from pipeline.trainer.update import token_logprobs_and_entropy  # noqa: E402
 
 SIDES = {"float32": None, "autocast": torch.bfloat16}
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # DAPO's clip range (params.yaml)
+QUICK = {"groups": 1, "reps": 1, "threads": 1}
 
 
 def sampler_gaps(model: torch.nn.Module, batch: TrainBatch, autocast: torch.dtype | None) -> torch.Tensor:
@@ -67,19 +67,20 @@ def mismatch(gaps: torch.Tensor) -> dict[str, float]:
             "tokens": int(gaps.numel())}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+    parser.add_argument("--run", type=Path, default=None,
                         help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
                              "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--groups", type=int, default=3, help="groups sampled per source")
     parser.add_argument("--reps", type=int, default=2, help="alternations of the two sides")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
-    groups, _ = sample_groups(args.run, args.groups, args.seed, reps=0)
-    model, tokenizer = load_policy(str(preset_run_or_exit(args.run).sft), "float32", "cpu")
+    with workspace(args.run, args.quick) as root:
+        groups, _ = sample_groups(root, args.groups, args.seed, reps=0)
+        model, tokenizer = load_policy(str(preset_run_or_exit(root).sft), "float32", "cpu")
     seconds: dict[str, dict[str, float]] = {}
     gaps: dict[str, list[torch.Tensor]] = {side: [] for side in SIDES}
     for i, group in enumerate(groups):
@@ -101,9 +102,9 @@ def main() -> None:
         return round(sum(s[f"float32_{kind}"] for s in seconds.values())
                      / sum(s[f"autocast_{kind}"] for s in seconds.values()), 3)
 
-    print(json.dumps({"ratio": ratio("first"), "ratio_repeat": ratio("best"), "seconds": seconds,
-                      "sampler_mismatch": {side: mismatch(torch.cat(g)) for side, g in gaps.items()},
-                      "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}))
+    harness.last_line({"ratio": ratio("first"), "ratio_repeat": ratio("best"), "seconds": seconds,
+                       "sampler_mismatch": {side: mismatch(torch.cat(g)) for side, g in gaps.items()},
+                       "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads}, args.quick)
 
 
 if __name__ == "__main__":

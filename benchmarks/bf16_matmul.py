@@ -6,7 +6,7 @@ AVX2-only CPU oneDNN has no bf16 kernels and a bf16 product is emulated. This ti
 update makes (packed tokens x hidden 576 against the projections 576 -> 1536 and 1536 -> 576), alternating, the
 fastest of `--reps`, and prints whether `auto` would choose bf16 here.
 
-    python -m benchmarks.bf16_matmul [--tokens 512] [--reps 5] [--threads 2]
+    python -m benchmarks.bf16_matmul [--tokens 512] [--reps 5] [--threads 2] [--quick]
 
 Last line: one JSON object; "ratio" = float32 seconds / bf16 seconds (above 1: bf16 is faster here).
 """
@@ -14,14 +14,15 @@ Last line: one JSON object; "ratio" = float32 seconds / bf16 seconds (above 1: b
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 
+from benchmarks import harness
 from pipeline.model import bf16_is_native
 
 SHAPES = {"up (576 -> 1536)": (576, 1536), "down (1536 -> 576)": (1536, 576)}
+QUICK = {"tokens": 16, "reps": 1, "threads": 1}
 
 
 def fastest(left: torch.Tensor, right: torch.Tensor, reps: int) -> float:
@@ -34,12 +35,12 @@ def fastest(left: torch.Tensor, right: torch.Tensor, reps: int) -> float:
     return min(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     seconds = {"float32": 0.0, "bfloat16": 0.0}
@@ -51,12 +52,12 @@ def main() -> None:
         for key, value in row.items():
             seconds[key] += value
         print(f"{name}: float32 {row['float32'] * 1e3:.2f} ms, bfloat16 {row['bfloat16'] * 1e3:.2f} ms")
-    print(json.dumps({
+    harness.last_line({
         "cpu_capability": torch.backends.cpu.get_cpu_capability(), "bf16_native": bf16_is_native(torch.device("cpu")),
         "autocast_auto_chooses": "bfloat16" if bf16_is_native(torch.device("cpu")) else "float32",
         "float32_ms": round(seconds["float32"] * 1e3, 3), "bfloat16_ms": round(seconds["bfloat16"] * 1e3, 3),
         "tokens": args.tokens, "threads": args.threads, "ratio": round(seconds["float32"] / seconds["bfloat16"], 4),
-    }))
+    }, args.quick)
 
 
 if __name__ == "__main__":

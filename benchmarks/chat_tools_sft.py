@@ -9,8 +9,10 @@ model: accuracy, format-ok rate, right-tool rate (the first call is code), malfo
 DAPO after SFT is not run here (the learning_cpu benchmark's hour of 2 cores per protocol).
 
     python benchmarks/chat_tools_sft.py [--traces 48] [--test 40] [--epochs 1] [--lr 5e-5] [--threads N]
-                                        [--out runs/chat_tools_sft]
+                                        [--out runs/chat_tools_sft] [--model smollm2-135m-instruct] [--quick]
 
+Each protocol's rollout settings are params.yaml's with the protocol (and chat-tools' packaged hermes template) on
+top; the code sandbox is started from the same params (`benchmarks.services`).
 Last line: one JSON object with the figures per protocol and model.
 """
 
@@ -19,29 +21,32 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks import harness
+from benchmarks.preset_run import workspace
+from benchmarks.services import tool_services
 from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
-from pipeline.config.tools import ChatToolsConfig
 from pipeline.data.calculator import generate
 from pipeline.model import load_policy
 from pipeline.protocols import MALFORMED, protocol_of
 from pipeline.reward import RewardScorer
 from pipeline.rollout.backends.decoding import eos_ids
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.services.processes import free_port, python_service
 from pipeline.sft import scripted_traces, sft_step, to_batch
 from pipeline.tools.code import CodeSandboxClient
 from pipeline.types import Problem
 
-PROTOCOLS = {
-    "tapo": RolloutConfig(protocol="tapo"),
-    "chat-tools": RolloutConfig(protocol="chat-tools", chat_tools=ChatToolsConfig(template="hermes")),
+PROTOCOLS = {  # each protocol's settings over params.yaml's rollout section
+    "tapo": {"rollout.protocol": "tapo"},
+    "chat-tools": {"rollout.protocol": "chat-tools", "rollout.chat_tools.template": "hermes"},
 }
+QUICK = {"traces": 2, "test": 2, "threads": 1}
 
 
 def evaluate(model, tokenizer, rollout: RolloutConfig, problems: list[Problem], url: str) -> dict[str, float]:
@@ -76,32 +81,39 @@ def fine_tune(model, tokenizer, rollout: RolloutConfig, problems: list[Problem],
             "sft_seconds": time.perf_counter() - t0}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=int, default=48)
     parser.add_argument("--test", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--out", type=Path, default=Path("runs/chat_tools_sft"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where results.json goes (default: runs/chat_tools_sft; --quick: nowhere kept)")
+    parser.add_argument("--model", default=None, help="default: smollm2-135m-instruct; --quick: the tiny one")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     if args.threads:
         torch.set_num_threads(args.threads)
-    args.out.mkdir(parents=True, exist_ok=True)
+    base = harness.base_params(args.quick)
     train = generate(args.traces + 16, seed=11)  # a few spare: a trace is kept only when its program verifies
     test = generate(args.test, seed=12)
     results: dict[str, dict] = {}
-    with python_service("sandbox", "sandbox.code", ["--workers", "2"], free_port(), args.out).start(120) as sandbox:
-        for name, rollout in PROTOCOLS.items():
-            model, tokenizer = load_policy("smollm2-135m-instruct", "float32", "cpu")
-            results[name] = {"prompted": evaluate(model, tokenizer, rollout, test, sandbox.url)}
-            results[name]["sft"] = fine_tune(model, tokenizer, rollout, train, sandbox.url, args)
-            results[name]["after_sft"] = evaluate(model, tokenizer, rollout, test, sandbox.url)
+    with workspace(None, args.quick) as root, tempfile.TemporaryDirectory() as tmp, \
+            tool_services(base, ("code",), Path(tmp)) as (_, urls):
+        model_path = args.model or (str(root / "models" / "sft") if args.quick else "smollm2-135m-instruct")
+        out = args.out or (Path(tmp) if args.quick else Path("runs/chat_tools_sft"))
+        for name, settings in PROTOCOLS.items():
+            rollout = harness.derive(settings, base).rollout
+            model, tokenizer = load_policy(model_path, "float32", "cpu")
+            results[name] = {"prompted": evaluate(model, tokenizer, rollout, test, urls["code"])}
+            results[name]["sft"] = fine_tune(model, tokenizer, rollout, train, urls["code"], args)
+            results[name]["after_sft"] = evaluate(model, tokenizer, rollout, test, urls["code"])
             print(name, json.dumps(results[name]), flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print(json.dumps({"traces": args.traces, "test": args.test, "epochs": args.epochs, "lr": args.lr,
-                      **{name: {k: {m: round(v, 3) for m, v in r.items()} for k, r in res.items()}
-                         for name, res in results.items()}}))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+    harness.last_line({"traces": args.traces, "test": args.test, "epochs": args.epochs, "lr": args.lr,
+                       "model": model_path, **{name: {k: {m: round(v, 3) for m, v in r.items()} for k, r in res.items()}
+                                               for name, res in results.items()}}, args.quick)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ markdown table, one row per experiment (held-out accuracy per source and overall
 model, right tool, tool calls per problem; over the last quarter of training: reward, calls per trajectory, the
 share of entropy-reducing calls, the policy's entropy and KL to the SFT model); with --png, the training curves
 of every experiment and the held-out accuracy per arm. Last line: one JSON object with the same figures.
+`--quick` reads and runs nothing: each arm's command for seed 0, made from today's params.yaml and the arm's preset
+(both loaded strictly), and the experiments the repo holds.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import math
 import re
 from pathlib import Path
 
-from flows.experiment import experiment_config, experiment_file, experiment_refs
+from benchmarks import harness
+from flows.experiment import commands, experiment_config, experiment_file, experiment_refs
 from pipeline.evaluation.labels import compared_labels
 from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
@@ -130,12 +133,25 @@ def plot(histories: dict[str, list[dict]], rows: dict[str, dict], png: Path) -> 
     fig.savefig(png, dpi=100)
 
 
+def planned(repo: Path, arms: tuple[str, ...]) -> dict:
+    """Each arm's seed-0 command (`flows.experiment.commands`: the arm's preset against the repo's params.yaml; the
+    main job itself for dapo) and the experiments the repo holds."""
+    params = repo / "params.yaml"
+    presets = {arm: params if arm == "dapo" else repo / "configs" / "experiments" / f"{arm}.yaml" for arm in arms}
+    return {"commands": {arm: commands(preset, [0], arm, queue=False, base=params)[0]
+                         for arm, preset in presets.items()},
+            "experiments_found": list(experiments(repo, arms))}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.claims", description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout holding the experiments")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--png", type=Path, default=None, help="write the curves and accuracies here")
-    args = parser.parse_args(argv)
+    args = harness.parse(parser, argv, {})
+    if args.quick:
+        harness.last_line(planned(args.repo, tuple(args.arms)), quick=True)
+        return
     found = experiments(args.repo, tuple(args.arms))
     if not found:
         raise SystemExit(f"no experiment named <arm>-s<seed> for {args.arms} in {args.repo}")
@@ -149,8 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.png:
         plot(histories, rows, args.png)
         print(f"plots: {args.png}")
-    print(json.dumps({name: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()}
-                      for name, f in rows.items()}))
+    harness.last_line({name: {k: round(v, 4) if isinstance(v, float) else v for k, v in f.items()}
+                       for name, f in rows.items()}, quick=False)
 
 
 if __name__ == "__main__":

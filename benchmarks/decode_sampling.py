@@ -10,18 +10,18 @@ Logits are random with a realistic spread; vocabularies of SmolLM2 (49,152) and 
 Order alternates across repeats (machines here are noisy). Last line: one JSON object;
 `ratio` = our tokens/s / baseline tokens/s at B = 16 with SmolLM2's vocabulary (the embedded default).
 
-    .venv/bin/python -m benchmarks.decode_sampling [--repeats 5] [--steps 40] [--threads 2]
+    .venv/bin/python -m benchmarks.decode_sampling [--repeats 5] [--steps 40] [--threads 2] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
 import torch.nn.functional as F
 
+from benchmarks import harness
 from pipeline.rollout.backends.decoding import SamplingParams
 from pipeline.rollout.backends.next_token import sample_tokens
 from pipeline.rollout.sequence import Sequence
@@ -29,6 +29,7 @@ from pipeline.types import Problem
 
 VOCABS = {"smollm2": 49_152, "qwen2.5": 151_936}
 BATCHES = (16, 64)
+QUICK = {"repeats": 1, "steps": 2, "threads": 1}
 
 
 def rows(n: int) -> list[Sequence]:
@@ -61,12 +62,12 @@ def tokens_per_s(fn, logits: list[torch.Tensor], batch: int) -> float:
     return batch * len(logits) / (time.perf_counter() - t0)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40, help="decode steps per measurement")
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    args = harness.parse(ap, argv, QUICK)
     torch.set_num_threads(args.threads)
     configs = {f"{name}_B{batch}": (vocab, batch) for name, vocab in VOCABS.items() for batch in BATCHES}
     logits = {key: [torch.randn(batch, vocab, generator=torch.Generator().manual_seed(s)) * 4 for s in range(args.steps)]
@@ -89,8 +90,8 @@ def main() -> None:
                         "ratio": round(best["ours"] / best["baseline"], 2)}
         print(f"{key}: ours {best['ours']:.0f} tokens/s, baseline {best['baseline']:.0f} tokens/s, "
               f"ratio {best['ours'] / best['baseline']:.2f}", flush=True)
-    print(json.dumps({"threads": args.threads, "steps": args.steps, "repeats": args.repeats, **figures,
-                      "ratio": figures["smollm2_B16"]["ratio"]}))
+    harness.last_line({"threads": args.threads, "steps": args.steps, "repeats": args.repeats, **figures,
+                       "ratio": figures["smollm2_B16"]["ratio"]}, args.quick)
 
 
 if __name__ == "__main__":

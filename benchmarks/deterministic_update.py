@@ -12,7 +12,7 @@ rows with one prompt of 450 tokens (the TAPO system prompt and a question), rows
 first 40 tokens of the response (a thought and a call) and then run 60-250 tokens on their own; the base model
 (SmolLM2-135M-Instruct, models/base, float32 weights).
 
-    python benchmarks/deterministic_update.py [--groups 3] [--reps 3] [--threads 2]
+    python benchmarks/deterministic_update.py [--groups 3] [--reps 3] [--threads 2] [--quick]
 Last line: one JSON object; "ratio" = the baseline's seconds / ours over every pass (higher is better: 1.0 means
 the deterministic kernels cost nothing); per side the seconds and the distinct gradient digests per group.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness
 from benchmarks.update_bench import args_and_base_model, timed_update  # noqa: E402
 from pipeline.repeatable import use_deterministic_kernels  # noqa: E402
 from pipeline.trainer.update import masked_logprobs_no_grad  # noqa: E402
@@ -67,8 +67,8 @@ def gradient_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:12]
 
 
-def main() -> None:
-    args, model, _ = args_and_base_model(__doc__.splitlines()[0], groups=3)
+def main(argv: list[str] | None = None) -> None:
+    args, model, _ = args_and_base_model(__doc__.splitlines()[0], argv, groups=3)
     groups = [with_own_logprobs(model, shaped_group(model.config.vocab_size, seed)) for seed in range(args.groups)]
     seconds = dict.fromkeys(SIDES, 0.0)
     digests: dict[str, list[int]] = {side: [] for side in SIDES}
@@ -84,9 +84,9 @@ def main() -> None:
                       flush=True)
         for side in SIDES:
             digests[side].append(len(seen[side]))
-    print(json.dumps({"ratio": round(seconds["fast_kernels"] / seconds["deterministic"], 3),
-                      "seconds": {side: round(s, 2) for side, s in seconds.items()},
-                      "distinct_gradients_per_group": digests, "reps": args.reps, "threads": args.threads}))
+    harness.last_line({"ratio": round(seconds["fast_kernels"] / seconds["deterministic"], 3),
+                       "seconds": {side: round(s, 2) for side, s in seconds.items()},
+                       "distinct_gradients_per_group": digests, "reps": args.reps, "threads": args.threads}, args.quick)
 
 
 if __name__ == "__main__":

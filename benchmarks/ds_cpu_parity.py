@@ -6,7 +6,7 @@ DAPO denominator all-reduced. The optimiser is SGD with lr 1 and no clipping for
 compared step, so parameter change = -gradient: loss and full gradient are compared
 without reaching into DeepSpeed's partitioned gradient buffers. Then a few timed steps.
 
-    .venv/bin/python benchmarks/ds_cpu_parity.py [--steps 3] [--stages 2 3]
+    .venv/bin/python benchmarks/ds_cpu_parity.py [--steps 3] [--stages 2 3] [--quick]
 
 Last line: JSON with max_abs_diff (loss and gradients, all stages; goal <= 1e-5 in fp32),
 per-stage figures, and ratio = single-process step time / 2-process step time (first stage
@@ -16,7 +16,6 @@ listed, ZeRO-2 by default; ideal 2 on 2 idle cores).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.distributed.launch import leave_process_group, on_this_machine, run_ranks  # noqa: E402
@@ -39,6 +39,7 @@ from pipeline.trainer.update import UpdateSettings, apply_policy_gradient, polic
 
 VOCAB, GROUPS, GROUP_SIZE, T, MICRO = 512, 8, 4, 64, 4
 NO_CLIP = 1e9
+QUICK = {"steps": 1, "stages": [2]}
 
 
 def build_model(seed: int = 1) -> LlamaForCausalLM:
@@ -134,7 +135,7 @@ def compare(base: dict, ours: dict) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="timed steps after the compared one")
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3])
@@ -143,7 +144,7 @@ def main() -> None:
                              "OpenMP threads can be many times slower than 1, so the default compares 1 core vs 2")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     if args.worker is not None:
         worker(args.worker, args.steps, args.out)
         return
@@ -165,7 +166,7 @@ def main() -> None:
     report["max_abs_diff"] = max(max(s["loss_abs_diff"], s["grad_max_abs_diff"]) for s in stages)
     report["ratio"] = report[f"zero{args.stages[0]}"]["ratio"]  # ZeRO-2 by default: the recommended stage
     report["baseline_threads"] = args.threads
-    print(json.dumps(report))
+    harness.last_line(report, args.quick)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ same seed (the same problems in the same order); steps only sample (no update), 
 noisy). Speed = kept groups per second of rollout (what a training step needs).
 Last line: one JSON object; `ratio` = ours / baseline kept groups per second.
 
-    .venv/bin/python -m benchmarks.dynamic_sampling_rollout [--run WORKSPACE] [--steps 5]
+    .venv/bin/python -m benchmarks.dynamic_sampling_rollout [--run WORKSPACE] [--steps 5] [--quick]
 
 `--run` is a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
 `dvc exp apply learning-cpu-s0`): its models/sft and data/curated/train.jsonl.
@@ -24,25 +24,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks.preset_run import preset_config, preset_run_or_exit
+from benchmarks import harness
+from benchmarks.preset_run import PresetRun, preset_config, preset_run_or_exit, workspace
 from flows.common import tools_needed
 from flows.services import running_services
 from pipeline.model import load_policy
 from pipeline.config import RunConfig
-from pipeline.paths import REPO_ROOT
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.train import Training, set_up
 from pipeline.types import Collected
 
 SETTINGS = {"rounds@16": (False, 16), "rounds@24": (False, 24), "refill@24": (True, 24)}
 BASELINE, OURS = "rounds@16", "refill@24"
+QUICK = {"steps": 2, "prompts": 2}
 
 
 @dataclasses.dataclass
@@ -81,8 +81,8 @@ def decode_ms_by_rows(model_dir: str, rows: tuple[int, ...] = (4, 8, 16, 24, 32)
     out = {}
     for b in rows:
         with torch.no_grad():
-            prefill = model(input_ids=torch.randint(0, 1000, (b, context), generator=torch.Generator().manual_seed(b)),
-                            use_cache=True, logits_to_keep=1)
+            ids = torch.randint(0, model.config.vocab_size, (b, context), generator=torch.Generator().manual_seed(b))
+            prefill = model(input_ids=ids, use_cache=True, logits_to_keep=1)
             cache = GrowingCache([(layer.keys, layer.values) for layer in prefill.cache.layers], context + 40)
             attn, token = torch.ones(b, context, dtype=torch.long), torch.zeros(b, 1, dtype=torch.long)
             for s in range(28):
@@ -96,17 +96,23 @@ def decode_ms_by_rows(model_dir: str, rows: tuple[int, ...] = (4, 8, 16, 24, 32)
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+    parser.add_argument("--run", type=Path, default=None,
                         help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
                              "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--steps", type=int, default=5, help="rollout steps per setting")
     parser.add_argument("--prompts", type=int, default=3, help="problems per step")
     parser.add_argument("--seed", type=int, default=2)
     parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
-    args = parser.parse_args()
-    run, work = preset_run_or_exit(args.run), Path(tempfile.mkdtemp(prefix="dynamic-sampling-"))
+    args = harness.parse(parser, argv, QUICK)
+    with workspace(args.run, args.quick) as root, tempfile.TemporaryDirectory(prefix="dynamic-sampling-") as tmp:
+        out = measure(args, preset_run_or_exit(root), Path(tmp))
+    harness.last_line(out, args.quick)
+
+
+def measure(args: argparse.Namespace, run: PresetRun, work: Path) -> dict:
+    """The settings' figures, each setting's trainer working under `work`."""
 
     def config(name: str) -> RunConfig:  # the preset's RL settings, this setting's two knobs
         refill, rows = SETTINGS[name]
@@ -133,7 +139,7 @@ def main() -> None:
            "decode_ms_by_rows": latency, "settings": {n: t.figures(args.steps) for n, t in tallies.items()}}
     if BASELINE in tallies and OURS in tallies:
         out["ratio"] = round(tallies[OURS].kept / tallies[OURS].seconds / (tallies[BASELINE].kept / tallies[BASELINE].seconds), 3)
-    print(json.dumps(out))
+    return out
 
 
 if __name__ == "__main__":

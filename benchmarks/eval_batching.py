@@ -12,7 +12,7 @@ With the real code sandbox and search service (its Redis cache flushed before ea
 evaluates the same model on the same problems in turn, as the preset configures the evaluation otherwise; the
 responses must be the same as the baseline's (greedy decoding: batching must not change an answer).
 
-    python -m benchmarks.eval_batching [--run WORKSPACE] [--model models/sft] [--batch 32 48]
+    python -m benchmarks.eval_batching [--run WORKSPACE] [--model models/sft] [--batch 32 48] [--quick]
 
 `--run` is a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
 `dvc exp apply learning-cpu-s0`): its held-out problems (data/curated/test.jsonl) and the model `--model`
@@ -23,33 +23,33 @@ The last line is one JSON object; `ratio` = ours (the first --batch) / baseline 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import redis
 
-from benchmarks.preset_run import preset_config, preset_run_or_exit
+from benchmarks import harness
+from benchmarks.preset_run import PresetRun, preset_config, preset_run_or_exit, workspace
 from flows.common import tools_needed
 from flows.services import running_services
 from pipeline.config import RunConfig
 from pipeline.evaluation import evaluate
 from pipeline.jsonl import iter_json_lines
-from pipeline.paths import REPO_ROOT
 from pipeline.services.processes import redis_service
 
 BASELINE_CHUNK, BASELINE_ROWS = 16, 16
+QUICK = {"batch": [8]}
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+    parser.add_argument("--run", type=Path, default=None,
                         help="a pipeline workspace where the learning-cpu preset ran (its data/curated/test.jsonl "
                              "and models; default: this repo)")
     parser.add_argument("--model", default=None, help="model dir inside --run, or a path (default: its SFT model)")
     parser.add_argument("--batch", type=int, nargs="+", default=[32, 48], help="rows decoded together, ours")
-    return parser.parse_args()
+    return harness.parse(parser, argv, QUICK)
 
 
 def setting(cfg: RunConfig, name: str, chunk: int, batch: int) -> RunConfig:
@@ -66,15 +66,20 @@ def responses(eval_dir: Path) -> dict[str, str]:
     return {r["id"]: r["response"] for _, r in iter_json_lines(eval_dir / "eval_samples.jsonl")}
 
 
-def main() -> None:
-    args = parse_args()
-    run = preset_run_or_exit(args.run)
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    with workspace(args.run, args.quick) as root, tempfile.TemporaryDirectory(prefix="eval-batching-") as tmp:
+        result = measure(args, preset_run_or_exit(root), Path(tmp))
+    harness.last_line(result, args.quick)
+
+
+def measure(args: argparse.Namespace, run: PresetRun, work: Path) -> dict:
+    """Each setting's seconds and accuracy, and how many of its responses are the baseline's."""
     model = run.sft if args.model is None else next(
         (p for p in (Path(args.model), run.root / args.model) if (p / "config.json").is_file()), None)
     if model is None:
         raise SystemExit(f"--model {args.model}: no model dir (config.json) there nor in {run.root}")
     n = sum(1 for _ in iter_json_lines(run.test))  # ours: every held-out problem in one chunk
-    work = Path(tempfile.mkdtemp(prefix="eval-batching-"))
     cfg = preset_config(run.root, work)
     settings = {"baseline": (BASELINE_CHUNK, BASELINE_ROWS)} | {f"ours_batch{b}": (n, b) for b in args.batch}
     seconds, accuracy, evaluated = {}, {}, 0
@@ -99,9 +104,9 @@ def main() -> None:
         "questions_per_s": {k: round(evaluated / v, 4) for k, v in seconds.items()}, "mix_accuracy": accuracy,
         "identical_responses": {k: round(sum(r == baseline[i] for i, r in responses(out / k).items()) / evaluated, 3)
                                 for k in settings if k != "baseline"},
-        "output_dir": str(work), "ratio": round(seconds["baseline"] / seconds[first], 3),
+        "ratio": round(seconds["baseline"] / seconds[first], 3),
     }
-    print(json.dumps(result), flush=True)
+    return result
 
 
 if __name__ == "__main__":

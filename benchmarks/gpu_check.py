@@ -10,7 +10,7 @@ length so the token counts are fixed). `--tiny` runs the same code on 2 CPU rank
 
     .venv/bin/python benchmarks/gpu_check.py              # every visible GPU (1-8), < 8 min
     .venv/bin/python benchmarks/gpu_check.py --nproc 4    # the first 4
-    .venv/bin/python benchmarks/gpu_check.py --tiny       # 2 gloo ranks on the CPU, seconds
+    .venv/bin/python benchmarks/gpu_check.py --tiny       # 2 gloo ranks on the CPU, seconds (--quick: the same)
 
 Last line: JSON with the ranks, step_s (median optimiser step after the first, slowest rank), generation and
 training tokens/s (all ranks), mfu (model FLOPs per second per GPU / the GPU's dense bf16 peak; null when the
@@ -22,7 +22,6 @@ layers * hidden * sequence FLOPs per trained token (forward + backward; checkpoi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import harness  # noqa: E402
 from pipeline.rl.advantage import group_advantages  # noqa: E402
 from pipeline.config.distributed import DistributedConfig  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
@@ -76,6 +76,7 @@ def tiny() -> Qwen2Config:
 GPU = Setup(qwen2_0p5b(), prompts=16, group=4, prompt_len=128, new_tokens=256, micro=8, steps=3, dtype="bfloat16")
 CPU_TINY = Setup(tiny(), prompts=2, group=2, prompt_len=8, new_tokens=8, micro=2, steps=2, dtype="float32")
 TINY_RANKS = 2
+QUICK = {"tiny": True}  # the GPU part needs a GPU; its code runs on the CPU with --tiny
 
 
 def sync(device: torch.device) -> None:
@@ -179,12 +180,12 @@ def summary(s: Setup, ranks: list[dict]) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help=f"tiny model on {TINY_RANKS} CPU ranks (for CI)")
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: every visible GPU)")
     parser.add_argument("--rank-out", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     s = CPU_TINY if args.tiny else GPU
     if args.rank_out is not None:
         rank_main(s, args.rank_out)
@@ -198,7 +199,7 @@ def main() -> None:
         if ranks.returncode != 0:
             raise SystemExit(f"gpu check: ranks failed (launcher exit {ranks.returncode}):\n{ranks.tail}")
         figures = summary(s, [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(nproc)])
-    print(json.dumps(figures))
+    harness.last_line(figures, args.quick)
 
 
 def print_to_stderr(line: str) -> None:

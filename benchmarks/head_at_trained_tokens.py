@@ -14,7 +14,7 @@ row (seeded); token ids are random (the cost does not depend on them). Both side
 reference's), alternately in one process; the baseline only swaps in a head that works at every
 position (`every_position_head`).
 
-    python benchmarks/head_at_trained_tokens.py [--reps 2] [--threads 2]
+    python benchmarks/head_at_trained_tokens.py [--reps 2] [--threads 2] [--quick]
 Last line: one JSON object; "ratio" = every-position seconds / trained-token seconds on the fact group
 (update + reference pass; higher is better).
 """
@@ -22,7 +22,6 @@ Last line: one JSON object; "ratio" = every-position seconds / trained-token sec
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import sys
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.trainer.update as update  # noqa: E402
+from benchmarks import harness
 from benchmarks.update_bench import args_and_base_model, swapped, timed_update  # noqa: E402
 from pipeline.types import TrainBatch  # noqa: E402
 
@@ -86,8 +86,8 @@ def seconds(model: torch.nn.Module, batch: TrainBatch, baseline: bool) -> dict[s
         return timed_update(model, batch, GROUP_SIZE)
 
 
-def main() -> None:
-    args, model, tokenizer = args_and_base_model(__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    args, model, tokenizer = args_and_base_model(__doc__.splitlines()[0], argv)
     figures: dict[str, dict[str, float]] = {}
     for name, shape in GROUPS.items():
         batch = group_batch(shape, len(tokenizer))
@@ -105,8 +105,8 @@ def main() -> None:
             and abs(ours["grad_norm"] - base["grad_norm"]) <= 1e-4 * base["grad_norm"],
             "trained_tokens": batch.n_policy_tokens, "width": batch.input_ids_BT.shape[1]}
         print(name, figures[name], flush=True)
-    print(json.dumps({"groups": figures, "ratio": figures["fact"]["speedup"], "reps": args.reps,
-                      "threads": args.threads}))
+    harness.last_line({"groups": figures, "ratio": figures["fact"]["speedup"], "reps": args.reps,
+                       "threads": args.threads}, args.quick)
 
 
 if __name__ == "__main__":

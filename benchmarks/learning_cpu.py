@@ -18,6 +18,10 @@ Goal (issue): SFT + DAPO >= SFT + 10 points on the held-out mix (mean over seeds
 Running a seed is `python -m flows.experiment configs/experiments/learning-cpu.yaml --seeds <seed>` (the DVC
 experiment learning-cpu-s<seed>). One line per seed, then as the last line one JSON object: per seed figures,
 the mean gain, the mean right tool, the longest wall time and whether each goal is met (null: not timed here).
+
+    python -m benchmarks.learning_cpu --quick   # runs nothing (a seed takes an hour): each seed's command, made
+                                                # from today's params.yaml and the preset (both loaded strictly),
+                                                # and which seeds' experiments the repo holds
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import harness
 from flows import experiment as experiments
 from pipeline.evaluation.labels import compared_labels
 from pipeline.evaluation.report import COMPARE_FILE
@@ -103,13 +108,24 @@ def summary(per_seed: dict[int, dict]) -> dict:
                       "within_60_min": in_time}}
 
 
+def planned(seeds: list[int], repo: Path) -> dict:
+    """What a run would do, decided without running it: each seed's `dvc exp run` command (the preset's overrides
+    against the repo's params.yaml, `flows.experiment.commands`) and the seeds whose experiment the repo holds."""
+    lines = experiments.commands(repo / PRESET, seeds, NAME, queue=False, base=repo / "params.yaml")
+    return {"commands": lines,
+            "experiments_found": [seed for seed in seeds if experiments.experiment_ref(f"{NAME}-s{seed}", repo)]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each experiment")
     parser.add_argument("--collect", action="store_true", help="run nothing: read the experiments already run")
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout that runs or holds the experiments")
-    args = parser.parse_args(argv)
+    args = harness.parse(parser, argv, {})
     repo = args.repo
+    if args.quick:
+        harness.last_line(planned(args.seeds, repo), quick=True)
+        return
     walls = {seed: None if args.collect else run_seed(seed, repo) for seed in args.seeds}
     per_seed = {}
     try:
@@ -121,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
             print(seed_line(seed, per_seed[seed]), flush=True)
     except (LookupError, ValueError) as err:  # ValueError: also params this checkout cannot read
         sys.exit(str(err))
-    print(json.dumps(summary(per_seed)))
+    harness.last_line(summary(per_seed), quick=False)
 
 
 if __name__ == "__main__":

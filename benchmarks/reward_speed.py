@@ -15,13 +15,12 @@ model-written tool output). The texts use the TAPO tag protocol.
 
 Prints one JSON object as its last line: trajectories/s for both and `ratio` = ours/baseline.
 Usage (from the repository root):
-    python -m benchmarks.reward_speed [--problems 600] [--group-size 8] [--steps 4]
+    python -m benchmarks.reward_speed [--problems 600] [--group-size 8] [--steps 4] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from rapidfuzz.distance import Levenshtein
 
+from benchmarks import harness
 from pipeline.config.reward import RewardConfig
 from pipeline.jsonl import iter_json_lines
 from pipeline.paths import shared_data_dir
@@ -42,6 +42,7 @@ from pipeline.reward.textmatch import normalize_text
 from pipeline.types import Problem, ToolCall, ToolResult, Trajectory
 
 TOKENS_PER_CHAR = 0.25  # a rough tokenizer: 4 characters a token
+QUICK = {"problems": 10, "group_size": 2, "steps": 2, "baseline_items": 10}
 
 
 @dataclass(frozen=True)
@@ -205,17 +206,17 @@ def run(n_problems: int, group_size: int, steps: int, baseline_items: int, seed:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--problems", type=int, default=600)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--baseline-items", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     logging.disable(logging.WARNING)  # math-verify logs on every baseline call
     result = run(args.problems, args.group_size, args.steps, args.baseline_items, args.seed)
-    print(json.dumps(result))
+    harness.last_line(result, args.quick)
 
 
 if __name__ == "__main__":

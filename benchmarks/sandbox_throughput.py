@@ -9,7 +9,7 @@ The load generator is a minimal HTTP/1.1 keep-alive client on asyncio (one conne
 concurrent request): on 2 cores a heavier client (httpx) would take CPU from the server
 being measured. Both sides share the same machine, so figures depend on its other load.
 
-    python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3] [--ref GIT_REF]   (from the repository root)
+    python -m benchmarks.sandbox_throughput [--workers 2] [--seconds 3] [--ref GIT_REF] [--quick]   (repository root)
 
 With `--ref` (say `--ref main`), the sandbox of that git revision (its `sandbox/` tree, unpacked
 into a temporary directory) runs as a second server next to this one, and every point is
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import harness
 from pipeline.services.processes import ServiceProcess, free_port, python_service
 
 SNIPPETS = {
@@ -50,6 +51,8 @@ SNIPPETS = {
 CONCURRENCY = (1, 8, 64)
 # Baseline request counts per concurrency (a fresh interpreter with sympy costs ~0.4-0.6 s of CPU).
 BASELINE_REQUESTS = {"trivial": {1: 20, 8: 48, 64: 128}, "sympy": {1: 4, 8: 16, 64: 64}}
+HEADLINE = 8  # the concurrency of the headline figures
+QUICK = {"seconds": 0.2, "concurrency": [HEADLINE], "baseline_share": 0.125}
 
 
 class HttpConnection:
@@ -149,14 +152,15 @@ async def measure_baseline(code: str, expected: str, concurrency: int, total: in
     return _figures(latencies, time.perf_counter() - began, failures)
 
 
-async def run_all(servers: dict[str, tuple[int, int]], seconds: float) -> dict:
+async def run_all(servers: dict[str, tuple[int, int]], args: argparse.Namespace) -> dict:
     """`servers`: label -> (port, pid); the first label is "ours", the rest are compared with it."""
     results: dict = {}
     for name, (code, expected) in SNIPPETS.items():
-        for concurrency in CONCURRENCY:
-            point = {label: await measure_service(port, pid, code, expected, concurrency, seconds)
+        for concurrency in args.concurrency:
+            point = {label: await measure_service(port, pid, code, expected, concurrency, args.seconds)
                      for label, (port, pid) in servers.items()}
-            base = await measure_baseline(code, expected, concurrency, BASELINE_REQUESTS[name][concurrency])
+            requests = max(1, round(BASELINE_REQUESTS[name][concurrency] * args.baseline_share))
+            base = await measure_baseline(code, expected, concurrency, requests)
             ours = point["ours"]
             results[f"{name}_c{concurrency}"] = {**point, "baseline": base, "ratio": round(ours["rps"] / base["rps"], 1)}
             if "ref" in point:
@@ -184,12 +188,18 @@ def ref_service(ref: str, port: int, workers: int, scratch: Path) -> ServiceProc
     return ServiceProcess("sandbox-ref", command, port, scratch / "sandbox-ref.log")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0, help="Measured seconds per (snippet, concurrency) for our service.")
     parser.add_argument("--ref", default=None, help="Also measure the sandbox of this git revision, in the same run.")
-    args = parser.parse_args()
+    parser.add_argument("--concurrency", type=int, nargs="+", choices=CONCURRENCY, default=list(CONCURRENCY),
+                        help=f"client concurrencies measured (the headline figures are at {HEADLINE})")
+    parser.add_argument("--baseline-share", type=float, default=1.0,
+                        help="the share of the baseline's request counts run (at least one request a point)")
+    args = harness.parse(parser, argv, QUICK)
+    if HEADLINE not in args.concurrency:
+        parser.error(f"--concurrency must include {HEADLINE}: the headline figures are measured there")
     try:
         import uvloop
 
@@ -202,12 +212,12 @@ def main() -> int:
         with python_service("sandbox", "sandbox.code", ["--workers", str(args.workers)], port, Path(logs)) as service:
             servers = {"ours": (port, service.process.pid)}
             if args.ref is None:
-                results = asyncio.run(run_all(servers, args.seconds))
+                results = asyncio.run(run_all(servers, args))
             else:
                 ref_port = free_port()
                 with ref_service(args.ref, ref_port, args.workers, Path(logs)) as ref:
                     servers["ref"] = (ref_port, ref.process.pid)
-                    results = asyncio.run(run_all(servers, args.seconds))
+                    results = asyncio.run(run_all(servers, args))
         load_after = os.getloadavg()[0]
     trivial8 = results["trivial_c8"]["ours"]
     summary = {
@@ -218,7 +228,7 @@ def main() -> int:
         "trivial_rps_cpu_bound_estimate": round(1000 / trivial8["cpu_ms_per_request"] * (os.cpu_count() or 1), 1),
         "sympy_c8_rps": results["sympy_c8"]["ours"]["rps"],
         "ratio": results["sympy_c8"]["ratio"],
-        "ratio_by_concurrency": {c: results[f"sympy_c{c}"]["ratio"] for c in CONCURRENCY},
+        "ratio_by_concurrency": {c: results[f"sympy_c{c}"]["ratio"] for c in args.concurrency},
         "goal_trivial_300rps_p99_50ms": trivial8["rps"] >= 300 and trivial8["p99_ms"] < 50,
         "goal_ratio_20": results["sympy_c8"]["ratio"] >= 20,
         "failures": sum(r["ours"]["failures"] + r["baseline"]["failures"] + r.get("ref", {}).get("failures", 0)
@@ -232,7 +242,7 @@ def main() -> int:
                         "ref_trivial_c8_cpu_ms_per_request": ref8["cpu_ms_per_request"],
                         "ref_sympy_c8_rps": results["sympy_c8"]["ref"]["rps"],
                         "vs_ref_by_point": {k: r["vs_ref"] for k, r in results.items()}})
-    print(json.dumps(summary, sort_keys=True))
+    harness.last_line(dict(sorted(summary.items())), args.quick)
     return 0
 
 

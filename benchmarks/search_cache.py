@@ -1,6 +1,7 @@
 """Search cache and BM25 benchmark: ours vs TAPO's difflib scan and rapidfuzz extractOne, in one run.
 
     python benchmarks/search_cache.py [--difflib-queries-10k 3] [--difflib-queries-100k 1] [--sizes 10000,100000,1000000]
+                                      [--quick]
 
 Measures
 1. exact-hit latency through HTTP (service subprocess + private Redis, keep-alive client): p50/p99;
@@ -39,6 +40,7 @@ from rapidfuzz import fuzz, process
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks import harness  # noqa: E402
 from pipeline.config.search import SearchConfig  # noqa: E402
 from pipeline.paths import shared_data_dir  # noqa: E402
 from sandbox.search.bm25 import BM25Index, index_vocabulary  # noqa: E402
@@ -57,6 +59,7 @@ QUESTION_FILES = [
     ("musique/musique_test_questions_and_answers.json", "json"),
 ]
 RESULTS = (Passage(id="1", title="T", text="cached passage text", score=1.0),)
+QUICK = {"sizes": "10000", "queries": 10, "difflib_queries_10k": 1, "http_requests": 20}
 
 
 def real_questions(data: Path) -> list[str]:
@@ -232,7 +235,7 @@ def fuzzy_figures(redis_url: str, keys_all: list[str], fresh: list[str], sizes: 
     return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=200)
@@ -240,7 +243,7 @@ def main() -> None:
     parser.add_argument("--difflib-queries-100k", type=int, default=1)
     parser.add_argument("--http-requests", type=int, default=2000)
     parser.add_argument("--parts", default="http,fuzzy,bm25", help="comma-separated subset to run")
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     parts = set(args.parts.split(","))
     rng = random.Random(0)
     data = shared_data_dir()
@@ -263,7 +266,7 @@ def main() -> None:
     if "bm25" in parts:
         figures.update(bm25_figures(data, index_dir, fresh[:300]))
     figures["ratio"] = figures.get("ratio_vs_difflib_100k", figures.get("ratio_vs_difflib_10k"))
-    print(json.dumps(figures))
+    harness.last_line(figures, args.quick)
 
 
 def bm25_figures(data: Path, index_dir: Path, questions: list[str]) -> dict:

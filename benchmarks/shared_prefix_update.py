@@ -21,7 +21,7 @@ started here) for problems drawn from its training mix, `--groups` per source. E
 KL reference's), alternately in one process; the baseline swaps in the old forward (`prompt_only`).
 
     python benchmarks/shared_prefix_update.py [--run WORKSPACE] [--groups 4] [--reps 2] [--threads 2]
-                                              [--checkpointing]
+                                              [--checkpointing] [--quick]
 `--run`: a pipeline workspace where the learning-cpu preset ran (default: this repo; e.g. after
 `dvc exp apply learning-cpu-s0`), its models/sft and data/curated/train.jsonl.
 Last line: one JSON object; "ratio" = the baseline's seconds (prompt-only; padded with --checkpointing; named
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import sys
 import tempfile
@@ -48,7 +47,8 @@ from transformers.cache_utils import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.trainer.update as update  # noqa: E402
-from benchmarks.preset_run import preset_config, preset_run_or_exit  # noqa: E402
+from benchmarks import harness  # noqa: E402
+from benchmarks.preset_run import preset_config, preset_run_or_exit, workspace  # noqa: E402
 from benchmarks.update_bench import swapped, timed_update  # noqa: E402
 from flows.common import tools_needed  # noqa: E402
 from flows.services import running_services  # noqa: E402
@@ -56,7 +56,6 @@ from pipeline.rollout.sequence import unique_rows  # noqa: E402
 from pipeline.trainer.batching import make_train_batch  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.model import load_policy  # noqa: E402
-from pipeline.paths import REPO_ROOT  # noqa: E402
 from pipeline.rollout.backends import hf as hf_backend  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
 from pipeline.rollout.backends.hf import KV  # noqa: E402
@@ -65,12 +64,14 @@ from pipeline.trainer.prefix_tree import prefix_tree  # noqa: E402
 from pipeline.tools.factory import make_tools  # noqa: E402
 from pipeline.types import Group, ScoredGroup, TrainBatch  # noqa: E402
 
+QUICK = {"groups": 1, "reps": 1, "threads": 1}
 
-def prompt_only(model: torch.nn.Module, batch: TrainBatch, _packed: object, rows_N: torch.Tensor,
-                tokens_N: torch.Tensor) -> torch.Tensor:
-    """The baseline in place of `_logits_over_prefix_tree` (ours before; the packed tree is ignored): each
-    distinct prompt (the tokens before the earliest trained one) once, its KV repeated for the rows, then
-    every row's continuation in one batch padded to the longest row. (Where `packing_pays` says no, both
+
+def prompt_only(model: torch.nn.Module, batch: TrainBatch, _packed: object, _attention: object,
+                rows_N: torch.Tensor, tokens_N: torch.Tensor) -> torch.Tensor:
+    """The baseline in place of `_logits_over_prefix_tree` (ours before; the packed tree and its attention are
+    ignored): each distinct prompt (the tokens before the earliest trained one) once, its KV repeated for the rows,
+    then every row's continuation in one batch padded to the longest row. (Where `packing_pays` says no, both
     sides run the plain padded forward.)"""
     prefix_len = int(tokens_N.min()) - 1
     prefix_BL = batch.input_ids_BT[:, :prefix_len]
@@ -143,9 +144,9 @@ def positions(batch: TrainBatch) -> dict[str, int]:
         "shared_nodes": sum(1 for node in tree.walk() if len(node.rows) > 1)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, default=REPO_ROOT,
+    parser.add_argument("--run", type=Path, default=None,
                         help="a pipeline workspace where the learning-cpu preset ran (its models/sft and "
                              "data/curated/train.jsonl; default: this repo)")
     parser.add_argument("--groups", type=int, default=4, help="groups sampled per source")
@@ -154,11 +155,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpointing", action="store_true",
                         help="both sides under gradient checkpointing; the baseline runs the rows padded")
-    args = parser.parse_args()
+    args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
-    groups, rollout = sample_groups(args.run, args.groups, args.seed, args.reps)
-    print("rollout", rollout, flush=True)
-    model, tokenizer = load_policy(str(preset_run_or_exit(args.run).sft), "float32", "cpu")
+    with workspace(args.run, args.quick) as root:
+        groups, rollout = sample_groups(root, args.groups, args.seed, args.reps)
+        print("rollout", rollout, flush=True)
+        model, tokenizer = load_policy(str(preset_run_or_exit(root).sft), "float32", "cpu")
     if args.checkpointing:
         model.gradient_checkpointing_enable()  # active in train mode, which policy_gradient_step sets
     baseline = "padded" if args.checkpointing else "prompt_only"
@@ -184,10 +186,10 @@ def main() -> None:
                                                                       "positions_tree", f"positions_{baseline}")}
     ratio = round(total[f"{baseline}_s"] / total["ours_s"], 3) if args.reps else None
     rollout_ratio = round(rollout["rollout_old_key_s"] / rollout["rollout_ours_s"], 3) if args.reps else None
-    print(json.dumps({"sources": figures, "ratio": ratio, "rollout": rollout, "rollout_ratio": rollout_ratio,
-                      "positions_ratio": round(total[f"positions_{baseline}"] / total["positions_tree"], 3),
-                      "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads,
-                      "checkpointing": args.checkpointing, "baseline": baseline}))
+    harness.last_line({"sources": figures, "ratio": ratio, "rollout": rollout, "rollout_ratio": rollout_ratio,
+                       "positions_ratio": round(total[f"positions_{baseline}"] / total["positions_tree"], 3),
+                       "groups_per_source": args.groups, "reps": args.reps, "threads": args.threads,
+                       "checkpointing": args.checkpointing, "baseline": baseline}, args.quick)
 
 
 if __name__ == "__main__":

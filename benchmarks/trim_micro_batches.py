@@ -9,13 +9,12 @@ the baseline only swaps in micro-batches that keep the full width. Prefixes are 
 gradient checkpointing): where they are, the prefix tree (`pipeline.trainer.prefix_tree`) runs no padding at
 all, so the cut no longer matters there.
 
-    python benchmarks/trim_micro_batches.py [--reps 2] [--threads 2]
+    python benchmarks/trim_micro_batches.py [--reps 2] [--threads 2] [--quick]
 Last line: one JSON object; "ratio" = padded seconds / trimmed seconds on the typical step (higher is better).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipeline.trainer.update as update  # noqa: E402
+from benchmarks import harness
 from benchmarks.update_bench import args_and_base_model, swapped  # noqa: E402
 from pipeline.config.train import DAPOLoss  # noqa: E402
 from pipeline.rl.loss import make_policy_loss  # noqa: E402
@@ -72,8 +72,8 @@ def seconds_per_update(model, batch: TrainBatch, padded: bool) -> float:
         return time.perf_counter() - t
 
 
-def main() -> None:
-    args, model, tokenizer = args_and_base_model(__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    args, model, tokenizer = args_and_base_model(__doc__.splitlines()[0], argv)
     figures: dict[str, dict[str, float]] = {}
     for name, groups in STEPS.items():
         batch = step_batch(groups, len(tokenizer))
@@ -86,8 +86,8 @@ def main() -> None:
             "speedup": round(best["padded"] / best["trimmed"], 3), "rows": len(batch),
             "width": batch.input_ids_BT.shape[1]}
         print(name, figures[name], flush=True)
-    print(json.dumps({"steps": figures, "ratio": figures["typical"]["speedup"], "reps": args.reps,
-                      "threads": args.threads}))
+    harness.last_line({"steps": figures, "ratio": figures["typical"]["speedup"], "reps": args.reps,
+                       "threads": args.threads}, args.quick)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """What the training-update benchmarks share: their command line, the base model, and one function of
-`pipeline.trainer.update` swapped for its baseline while the baseline side runs (both sides in one process)."""
+`pipeline.trainer.update` swapped for its baseline while the baseline side runs (both sides in one process).
+Quick mode (`benchmarks.harness`): one group, one pass a side, on the quick workspace's tiny model."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 import time
@@ -13,24 +14,29 @@ import time
 import torch
 
 import pipeline.trainer.update as update
+from benchmarks import harness
+from benchmarks.preset_run import workspace
 from pipeline.config.train import DAPOLoss
 from pipeline.rl.loss import make_policy_loss
 from pipeline.model import load_policy
-from pipeline.paths import REPO_ROOT
 from pipeline.types import TrainBatch
 
 
-def args_and_base_model(description: str, groups: int | None = None) -> tuple[argparse.Namespace, torch.nn.Module, object]:
-    """`--reps` (alternations of the two sides), `--threads`, and `--groups` where a default is given;
-    SmolLM2-135M-Instruct from models/base, fp32."""
+def args_and_base_model(description: str, argv: Sequence[str] | None, groups: int | None = None
+                        ) -> tuple[argparse.Namespace, torch.nn.Module, object]:
+    """`--reps` (alternations of the two sides), `--threads`, `--quick`, and `--groups` where a default is given;
+    SmolLM2-135M-Instruct from models/base, fp32 (quick: the quick workspace's tiny model)."""
     parser = argparse.ArgumentParser(description=description)
     if groups is not None:
         parser.add_argument("--groups", type=int, default=groups)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    quick = {"reps": 1, "threads": 1} | ({"groups": 1} if groups is not None else {})
+    args = harness.parse(parser, argv, quick)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_policy(str(REPO_ROOT / "models" / "base"), "float32", "cpu")
+    with workspace(None, args.quick) as root:
+        model_dir = root / "models" / ("sft" if args.quick else "base")
+        model, tokenizer = load_policy(str(model_dir), "float32", "cpu")
     return args, model, tokenizer
 
 

@@ -14,6 +14,10 @@ Under ZeRO-3 the tensors come from the source's iterator, gathered chunk by chun
 (`pipeline.distributed.weight_sync.full_named_parameters`); ranks other than the sender only drain the same iterator
 (`drain`), in lock-step, so every gather's collective completes.
 
+Not bounded yet: NCCL calls have no deadline, so a server that dies while the group is being made or during a
+broadcast leaves the sender blocked in `ncclCommInitRank` or the broadcast (the HTTP side of every call is bounded).
+The GPU integration should run the data plane under a watchdog (or NCCL's own timeouts) that ends the stage.
+
 This path has not run here (no GPU on the machines that built it); `gpu_check` is the check to run on the first
 lent GPU, from `benchmarks/gpu_check.py`. What runs without CUDA is tested: the control-plane sequence against
 stand-in servers with the data plane replaced (tests/inference/test_nccl_plane.py), and the start/finish routes

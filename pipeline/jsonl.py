@@ -1,4 +1,7 @@
-"""JSON Lines reading and writing of records, with errors that name the file and line."""
+"""JSON Lines reading and writing of records, with errors that name the file and line.
+
+Writes are whole or absent, and durable: written beside the file, fsynced, renamed into place, the folder fsynced
+(the rule of `pipeline.outputs`, repeated here in `_replace_durably` because both sit in the lowest layer)."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def write_json_lines(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
             n += 1
-    os.replace(tmp, path)
+        _replace_durably(fh, tmp, path)
     return n
 
 
@@ -78,9 +81,23 @@ def write_problems(path: str | Path, problems: Iterable[Problem]) -> int:
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Write one JSON document atomically (metrics files)."""
+    """Write one JSON document atomically and durably (metrics files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        _replace_durably(fh, tmp, path)
+
+
+def _replace_durably(fh: Any, tmp: Path, path: Path) -> None:
+    """The open `tmp` flushed to the disk and renamed to `path`, and `path`'s folder flushed: a killed process or
+    a power cut leaves the old file or the new one, never a renamed file whose data was not written back."""
+    fh.flush()
+    os.fsync(fh.fileno())
     os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -64,11 +65,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--shapes", nargs="+", default=[f"{b}x{t}" for b, t in SHAPES],
                         help="rows x context tokens; the first is the headline")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model dir (default: models/sft, else models/base; --quick: the tiny one)")
     args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
     shapes = [tuple(int(n) for n in shape.split("x")) for shape in args.shapes]
     with workspace(None, args.quick) as ws:
-        model_dir = policy_dir(ws)
+        model_dir = args.model or policy_dir(ws)
         model = load_policy(model_dir, "float32")[0].eval()
     figures: dict[str, dict[str, float]] = {}
     for B, T in shapes:

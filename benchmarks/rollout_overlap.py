@@ -208,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scaled-hidden", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads of the generator (the tool services share the same cores)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="model dir (default: models/sft, else models/base; --quick: the tiny one)")
     args = harness.parse(ap, argv, QUICK)
     torch.set_num_threads(args.threads)
     base = harness.base_params(args.quick)
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     problems = [Problem(f"b{i}", f"Question {i}: combine the facts.", ("0",), "complex", "bench", "test")
                 for i in range(args.trajectories)]
     with workspace(None, args.quick) as ws, tempfile.TemporaryDirectory() as tmp:
-        model_dir = policy_dir(ws)
+        model_dir = args.model or policy_dir(ws)
         policy, tok = load_policy(str(model_dir))
         models = {"policy": lambda: policy,
                   "scaled": lambda: scaled_model(model_dir, args.scaled_layers, args.scaled_hidden)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -82,10 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens a row")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", type=Path, default=None,
+                        help="model dir (default: models/sft, else models/base; --quick: the tiny one)")
     args = harness.parse(parser, argv, QUICK)
     torch.set_num_threads(args.threads)
     with workspace(None, args.quick) as ws:
-        model_dir = policy_dir(ws)
+        model_dir = args.model or policy_dir(ws)
         model, tokenizer = load_policy(model_dir, "float32")
     seconds: dict[str, list[float]] = {"ours": [], "baseline": []}
     rows: dict[str, list[Sequence]] = {}

@@ -34,6 +34,7 @@ import torch
 
 from benchmarks import harness
 from benchmarks.preset_run import preset_run, workspace
+from pipeline.config import RunConfig
 from pipeline.data.calculator import generate
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
@@ -58,9 +59,9 @@ TRL_RECIPE = {
 QUICK = {"steps": 2, "prompts": 1, "group": 2, "max_tokens": 8}
 
 
-def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[float], list[float]]:
-    """Per-step seconds and mean completion tokens of our trainer."""
-    cfg = harness.derive(TRL_RECIPE | {
+def ours_config(args: argparse.Namespace, train_file: Path, work: Path) -> RunConfig:
+    """Our side's config: params.yaml with TRL's recipe and the benchmark's sizes, working under `work`."""
+    return harness.derive(TRL_RECIPE | {
         "run.seed": 0, "run.tracking_uri": f"sqlite:///{work / 'mlruns.db'}", "train.init_model": args.model,
         "train.train_file": str(train_file), "train.steps": args.steps, "train.prompts_per_step": args.prompts,
         "train.micro_batch_size": args.prompts * args.group, "train.checkpoint_dir": str(work / "ckpt"),
@@ -68,7 +69,11 @@ def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[f
         "rollout.max_policy_tokens": args.max_tokens, "rollout.max_total_tokens": 4096,
         "rollout.max_batch_sequences": args.prompts * args.group,
     }, harness.base_params(args.quick))
-    tr = set_up(cfg, {}, resume=False)
+
+
+def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[float], list[float]]:
+    """Per-step seconds and mean completion tokens of our trainer."""
+    tr = set_up(ours_config(args, train_file, work), {}, resume=False)
     seconds, lengths = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()

@@ -35,6 +35,8 @@ from flows.outputs import STAGE_OUTPUTS, Placement, placed, placement
 from flows.services import running_services
 from flows.tracking import stage_run
 from pipeline.config import RunConfig
+from pipeline.data.answerable import search_probes
+from pipeline.data.broken import BrokenDependency
 from pipeline.evaluation.benchmarks import BenchmarkError, load_benchmarks
 from pipeline.evaluation.evaluate import EvaluationError, tools_needed
 from pipeline.evaluation.evaluate import run as evaluate
@@ -45,7 +47,7 @@ from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
 from pipeline.tracking.runs import tracked_run
 
-USER_ERRORS = (*COMMON_ERRORS, BenchmarkError, EvaluationError, ModelSourceError)
+USER_ERRORS = (*COMMON_ERRORS, BenchmarkError, EvaluationError, ModelSourceError, BrokenDependency)
 
 
 @task(cache_policy=NO_CACHE)
@@ -107,7 +109,8 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
     tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
     with stage_run(cfg, stage) as run_id:
-        with running_services(cfg, tools, params) as urls:
+        probe = search_probes([p for b in benchmarks for p in b.problems])
+        with running_services(cfg, tools, params, search_probe=probe, stage=stage) as urls:
             metrics = evaluate_task(cfg, urls, model, stage)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
         decision = None if baseline else update_champion(

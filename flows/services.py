@@ -17,7 +17,7 @@ if __name__ == "__main__":  # the command line is parsed (flows.cli) before the 
     main("services")
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,9 +25,10 @@ from prefect import flow, get_run_logger
 
 from flows.common import load_or_exit
 from pipeline.config import RunConfig
+from pipeline.data.answerable import refuse_search_that_answers_nothing
 from pipeline.services.processes import (ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service,
                                          stop_all)
-from pipeline.types import ToolName
+from pipeline.types import Problem, ToolName
 
 LOG_DIR = Path("logs/services")
 HEALTH_INTERVAL_S = 1.0
@@ -37,9 +38,12 @@ MAX_RESTARTS = 3
 @contextmanager
 def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: str = "params.yaml",
                      log_dir: Path = LOG_DIR, *, health_interval_s: float = HEALTH_INTERVAL_S,
-                     max_restarts: int = MAX_RESTARTS, ranks: int = 1) -> Iterator[dict[ToolName, str]]:
+                     max_restarts: int = MAX_RESTARTS, ranks: int = 1,
+                     search_probe: Sequence[Problem] = (), stage: str = "") -> Iterator[dict[ToolName, str]]:
     """Yield {tool: base URL} for the requested tools, with everything they need running (and restarted);
-    a sandbox started here is sized for `ranks` training processes calling it."""
+    a sandbox started here is sized for `ranks` training processes calling it. The search service, started here
+    or not, is first asked `search_probe` (the `stage`'s own fact questions) and refused when it shows the answer
+    of none (`pipeline.data.answerable`)."""
     urls: dict[ToolName, str] = {}
     started: list[ServiceProcess] = []
 
@@ -56,6 +60,8 @@ def running_services(cfg: RunConfig, tools: tuple[ToolName, ...], params_path: s
             urls["search"] = cfg.search.url or start(python_service(
                 "search", "sandbox.search", ["--redis-url", redis_url, "--params", params_path],
                 cfg.search.port or free_port(), log_dir))
+            refuse_search_that_answers_nothing(cfg.search, urls["search"], search_probe,
+                                               f"the start-up probe of {stage or 'this stage'}")
         # it stops watching (and cancels a restart on the way) before the services are stopped
         with ServiceSupervisor(started, interval_s=health_interval_s, max_restarts=max_restarts):
             yield urls

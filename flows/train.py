@@ -53,6 +53,8 @@ from pipeline.tracking.headline import headline_file
 from pipeline.tracking.history import HistoryGap
 from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
+from pipeline.data.answerable import search_probes
+from pipeline.data.broken import BrokenDependency
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
 from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint, read_state
@@ -62,7 +64,7 @@ from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch
                                          training_identity)
 
 USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, UnusableCheckpoints, HistoryGap, BadProblems,
-               OutputNotWritable)
+               OutputNotWritable, BrokenDependency)
 
 
 @task(cache_policy=NO_CACHE)
@@ -161,7 +163,10 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
     earlier = resumed_run_id(run_dir) if resume else None  # the attempt this one continues (its run is new)
     started = time.time() - 1.0  # file times may be rounded down
     with stage_run(cfg, "train") as run_id:
-        with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1) as urls:
+        probe = search_probes([p for _, p in read_training_problems(cfg.train.train_file,
+                                                                    cfg.train.max_train_problems)])
+        with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1,
+                              search_probe=probe, stage="train") as urls:
             metrics = ranks_task(where, cfg, params, urls, resume, metrics_dir, name) if where else \
                 train_task(cfg, urls, resume, metrics_dir, name)
         if run_id is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pipeline.config.search import SearchConfig
 from pipeline.data.broken import refuse_if_all_useless
 from pipeline.data.sources import Rejection
+from pipeline.rollout.offered import TOOLS_FOR_TYPE
 from pipeline.tools.search import SearchClient
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Problem, ToolResult
@@ -85,6 +86,35 @@ def service_probe(cfg: SearchConfig, url: str, max_output_chars: int) -> SearchP
 
 
 async def _search_all(cfg: SearchConfig, url: str, questions: Sequence[str]) -> list[ToolResult]:
+    client = SearchClient.from_config(cfg, url)
+    try:
+        return list(await asyncio.gather(*(client(q) for q in questions)))
+    finally:
+        await client.aclose()
+
+
+SEARCH_PROBES = 8  # questions a stage asks the search service before it starts: a broken one finds nothing
+
+
+def search_probes(problems: Sequence[Problem], n: int = SEARCH_PROBES) -> list[Problem]:
+    """Up to `n` of the problems that are offered the search tool (a fact question is, a calculation is not)."""
+    return [p for p in problems if "search" in TOOLS_FOR_TYPE.get(p.type, ())][:n]
+
+
+def refuse_search_that_answers_nothing(cfg: SearchConfig, url: str, probes: Sequence[Problem], doing: str) -> None:
+    """Ask the search service at `url` the stage's own questions `probes` through the client the rollouts use, and
+    raise `BrokenDependency` when it answers none of them with anything (no results, refusals, failures).
+
+    A policy's queries finding nothing is an observation; a service that finds nothing for any of a stage's own
+    questions is broken (an empty or missing index, a provider refusing everything), and a stage run on it would
+    train or evaluate a search tool that cannot help, silently. Finding the *answers* is not asked here: a
+    benchmark's questions need not be answerable from the index (curation asks that of the data it keeps)."""
+    if probes:
+        service = f"the search service at {url} (provider {cfg.provider}, index {cfg.index_dir})"
+        refuse_if_all_useless(service, asyncio.run(_ask(cfg, url, [p.question for p in probes])), doing)
+
+
+async def _ask(cfg: SearchConfig, url: str, questions: Sequence[str]) -> list[ToolResult]:
     client = SearchClient.from_config(cfg, url)
     try:
         return list(await asyncio.gather(*(client(q) for q in questions)))

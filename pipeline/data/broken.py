@@ -11,7 +11,9 @@ and the SFT teacher would quietly teach one tool. Instead:
   `curate.max_rejected_share` of its rows, the stage fails naming the source, the filter with one of its
   reasons, and what decides that filter (the search service, the judges, the tokenizer, the rows themselves);
 * `refuse_if_all_useless`: when every answer of one service shows nothing (empty, "no results", refused),
-  the stage fails naming the service, however few the calls.
+  the stage fails naming the service, however few the calls;
+* `pipeline.data.answerable.refuse_search_that_answers_nothing`: a stage that offers search (train, evaluate)
+  first asks the service a few of its own questions, and fails naming it when it finds nothing for any.
 
 Both run before anything is written, so a failed stage leaves no half-made output for DVC to record.
 """
@@ -89,3 +91,4 @@ def refuse_if_none_kept(asked: Mapping[str, int], kept: Mapping[str, int], servi
             raise BrokenDependency(f"{services.get(name, name)} answered none of the {n} calls of {doing} "
                                    "usefully (each failed, was empty, or showed no accepted answer): is it serving "
                                    "what it should? Nothing was written.")
+

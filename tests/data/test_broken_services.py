@@ -266,3 +266,31 @@ def test_the_sft_teacher_fails_naming_a_tool_service_that_answers_nothing_useful
         with pytest.raises(BrokenDependency, match=f"the {tool} service at {url} answered none of the {n} calls"):
             scripted_traces(calculator + facts, tiny_tokenizer(), protocol_of(RolloutConfig()), tools,
                             RewardConfig(), 500)
+
+
+@pytest.mark.parametrize("kind", ["finds-nothing", "refuses-all"])
+def test_a_stage_that_offers_search_refuses_a_service_that_finds_nothing_for_its_own_questions(
+        repo_root: Path, tmp_path: Path, kind: str) -> None:
+    """train and evaluate ask the search service their own questions first (`running_services`): each was kept by
+    curation because search answered it, so a service that finds nothing for any (an empty index, refusing every
+    query) is broken, not the policy's queries. A working service passes. (A wrong index that finds something is
+    curation's to catch: a benchmark's questions need not be answerable from the index.)"""
+    from flows.services import running_services
+    from pipeline.data.answerable import search_probes
+
+    problems = [Problem(id=f"f{i}", question=q, answers=(a,), type="fact", source="facts", split="train")
+                for i, (q, a) in enumerate(FACTS.items())]
+    probes = search_probes(problems + [Problem(id="c", question="1+1", answers=("2",), type="calculator", split="train",
+                                                     source="calc")])
+    assert probes == problems
+    for state in (kind, "healthy"):
+        with search_at(state) as url:
+            cfg = load_config(repo_root / "params.yaml", {"search.url": url, "search.redis_url": "redis://127.0.0.1:1"})
+            services = running_services(cfg, ("search",), log_dir=tmp_path, search_probe=probes, stage="train")
+            if state == "healthy":
+                with services as urls:
+                    assert urls == {"search": url}
+            else:
+                with pytest.raises(BrokenDependency, match=f"search service at {url} .* start-up probe of train"):
+                    with services:
+                        pass

@@ -9,14 +9,14 @@ name and where its model and metrics go).
 
 Each run keeps its checkpoints in its own folder, `<train.checkpoint_dir>/<run>/checkpoints`: the run is
 named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc run after its label,
-otherwise after a digest of its training config (`pipeline.trainer.run_folder`); `--resume` refuses that
+otherwise after a digest of its training config (`pipeline.training_run.folder`); `--resume` refuses that
 folder's checkpoints when they were written under another config.
 
 The trainer logs into the stage's MLflow run, nested under the parent run of this `dvc repro` (flows.tracking). A
 resumed training's run is new too, never the killed attempt's reopened: the trainer logs into it the steps before
 the checkpoint from the run's history and then its own, so it holds every step once, and tags it with the run it
 continues (pipeline.tracking.runs). Which checkpoint it continues from, or why it stops, is decided before Prefect
-starts (`preflight`, pipeline.trainer.resume_point), so a damaged checkpoint or a lost history ends the stage with
+starts (`preflight`, pipeline.training_run.resume_point), so a damaged checkpoint or a lost history ends the stage with
 one line naming the file. Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
 under) is logged into it too; the last checkpoint whole (weights, optimiser, RNG) only with
 `train.log_full_checkpoints`, since it weighs ~3x the model. The final model is logged and registered by
@@ -57,10 +57,10 @@ from pipeline.data.answerable import search_probes
 from pipeline.data.broken import BrokenDependency
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
-from pipeline.trainer.checkpoint import TornCheckpoints, is_complete, latest_checkpoint, read_state
-from pipeline.trainer.resume_point import UnusableCheckpoints, run_history, settle
-from pipeline.trainer.run_inputs import decide_resume, run_inputs
-from pipeline.trainer.run_folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
+from pipeline.training_run.checkpoint import TornCheckpoints, is_complete, latest_checkpoint, read_state
+from pipeline.training_run.resume_point import UnusableCheckpoints, run_history, settle
+from pipeline.training_run.inputs import decide_resume, run_inputs
+from pipeline.training_run.folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
                                          training_identity)
 
 USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, UnusableCheckpoints, HistoryGap, BadProblems,
@@ -126,7 +126,7 @@ def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: flo
 
 def resumes_on_its_own(cfg: RunConfig, run_dir: Path, metrics_dir: Path, *, quiet: bool = False) -> bool:
     """`train.resume: auto`: an interrupted attempt of this very run (same config, code and data) is continued
-    from its newest checkpoint whose state verifies (`pipeline.trainer.run_inputs.decide_resume`); the decision
+    from its newest checkpoint whose state verifies (`pipeline.training_run.inputs.decide_resume`); the decision
     is printed with its reason."""
     if cfg.train.resume == "never":
         return False
@@ -139,7 +139,7 @@ def resumes_on_its_own(cfg: RunConfig, run_dir: Path, metrics_dir: Path, *, quie
 def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
     """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
     checkpoints written under another config, a resume whose checkpoint or history does not verify (the
-    checkpoints passed over are set aside here, once: pipeline.trainer.resume_point)."""
+    checkpoints passed over are set aside here, once: pipeline.training_run.resume_point)."""
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
     read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)

@@ -22,9 +22,9 @@ from pipeline.config import ConfigError, RunConfig, load_config
 from pipeline.distributed.checkpointing import LATEST, export_from_checkpoint, is_deepspeed_checkpoint
 from pipeline.model import load_policy
 from pipeline.outputs import publish_dir, staging_dir
-from pipeline.trainer.checkpoint import FILES as CHECKPOINT_FILES
+from pipeline.training_run.checkpoint import FILES as CHECKPOINT_FILES
 from pipeline.trainer.replicas import save_policy
-from pipeline.trainer.run_folder import CHECKPOINTS
+from pipeline.training_run.folder import CHECKPOINTS
 from pipeline.trainer.weights import policy_weights
 
 STEP_GLOBS = ("step-??????", f"{CHECKPOINTS}/step-??????", f"*/{CHECKPOINTS}/step-??????")

@@ -76,13 +76,13 @@ from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
 from pipeline.tracking.train_samples import log_samples
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.training_run.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
-from pipeline.trainer.resume_point import prepare_resume
+from pipeline.training_run.resume_point import prepare_resume
 from pipeline.trainer.replicas import OneProcess, Replicas
-from pipeline.trainer.run_folder import HISTORY, check_resumable, run_folder, take, training_identity
-from pipeline.trainer.run_inputs import changed_inputs, mark_finished, record_inputs, run_inputs
+from pipeline.training_run.folder import HISTORY, check_resumable, run_folder, take, training_identity
+from pipeline.training_run.inputs import changed_inputs, mark_finished, record_inputs, run_inputs
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source, update_settings)
 from pipeline.trainer.weights import PolicyWeights, policy_weights

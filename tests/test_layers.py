@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"pipeline.paths", "pipeline.outputs", "pipeline.jsonl", "pipeline.config"},
     {"pipeline.tools", "pipeline.protocols", "pipeline.model", "pipeline.services"},
     {"pipeline.reward", "pipeline.rollout", "pipeline.inference", "pipeline.tracking"},
-    {"pipeline.rl", "pipeline.data"},
+    {"pipeline.rl", "pipeline.data", "pipeline.training_run"},
     {"pipeline.trainer", "pipeline.sampling", "pipeline.evaluation"},
     {"pipeline.distributed"},
     {"pipeline.train", "pipeline.sft"},

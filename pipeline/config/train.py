@@ -150,12 +150,12 @@ class TrainConfig(StageConfig):
     checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
     checkpoint_dir: str = Field("runs/train", min_length=1, description=(
         "Where training runs keep their folders: a run's resumable checkpoints go in <checkpoint_dir>/<run>/checkpoints, "
-        "<run> being the DVC experiment's name or a digest of the training config (pipeline.trainer.run_folder; not a "
+        "<run> being the DVC experiment's name or a digest of the training config (pipeline.training_run.folder; not a "
         "DVC output: large and transient)."))
     resume: Literal["auto", "never"] = Field("auto", description=(
         "auto: a run started again after it was interrupted (a kill, an OOM, a stopped dvc repro) resumes from its "
         "latest complete checkpoint when that was written under the same config, code, problems and initial model "
-        "and the run had not finished; otherwise it trains from step 0 and says why (pipeline.trainer.run_inputs). "
+        "and the run had not finished; otherwise it trains from step 0 and says why (pipeline.training_run.inputs). "
         "never: always from step 0. The command line's --resume resumes whatever the inputs, naming those that changed."))
     log_full_checkpoints: bool = Field(False, description=(
         "Log the run's last checkpoint whole (weights, optimiser state, RNG: ~3x the model in float32) to MLflow, so "

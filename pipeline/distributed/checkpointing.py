@@ -5,10 +5,10 @@ Layout (same as single-process runs): `<root>/checkpoints/step-NNNNNN/`, written
 rank and the model's config and tokenizer (so the directory exports on its own). DeepSpeed writes into the
 step's directory in place (not beside it), so completeness is the manifest's: once every rank has fsynced the
 files it sees, rank 0 writes the trainer state as `state.json` (as a single-process checkpoint holds it) and then
-the manifest (`pipeline.trainer.manifest`: each file's size and SHA-256) last, and fsyncs the folder. A step
+the manifest (`pipeline.training_run.manifest`: each file's size and SHA-256) last, and fsyncs the folder. A step
 directory without a manifest is torn, whatever DeepSpeed's `latest` marker says: a resume loads the newest
 complete step (`load`), which the stage has verified and chosen before it launched the ranks
-(`pipeline.trainer.resume_point`: every newer one set aside), and each rank checks its manifest, sizes and
+(`pipeline.training_run.resume_point`: every newer one set aside), and each rank checks its manifest, sizes and
 headers again before loading. The manifest lists the files rank 0 sees: on nodes without a shared file system,
 the other nodes' shards are not in it.
 
@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.outputs import fsync_path, fsync_tree, write_durably
-from pipeline.trainer.checkpoint import TrainerState, is_complete, prune
-from pipeline.trainer.manifest import problem, write_manifest
+from pipeline.training_run.checkpoint import TrainerState, is_complete, prune
+from pipeline.training_run.manifest import problem, write_manifest
 
 
 class DeepSpeedRank(Protocol):
@@ -83,7 +83,7 @@ def save(replicas: DeepSpeedRank, root: Path, state: TrainerState,
     replicas.barrier()
     if replicas.rank == 0:
         write_durably(path / "state.json", json.dumps(asdict(state), indent=2) + "\n")
-        write_manifest(path)  # last: the step is complete (pipeline.trainer.checkpoint.is_complete)
+        write_manifest(path)  # last: the step is complete (pipeline.training_run.checkpoint.is_complete)
         fsync_path(save_dir)
         prune(save_dir, state.step)
     replicas.barrier()

@@ -37,7 +37,7 @@ from pipeline.distributed.build_locks import build_locks_cleared
 from pipeline.distributed.ds_config import deepspeed_config
 from pipeline.distributed.sharding import assign_groups
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.training_run.checkpoint import TrainerState
 from pipeline.types import ScoredGroup
 
 

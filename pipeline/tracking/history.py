@@ -5,7 +5,7 @@ The history is the record a resumed run finishes from: the last step's metrics (
 and the curve are rendered from it, never from what one process happened to run. So it is state a resume needs
 as much as the checkpoint: a resume at step S needs the rows of steps 0..S-1, exactly those the run had logged
 when it saved that checkpoint (the checkpoint records their digest, `history_sha256`). `RecordedHistory.problem`
-says why a history cannot serve a resume; the resume point (`pipeline.trainer.resume_point`) falls back to an
+says why a history cannot serve a resume; the resume point (`pipeline.training_run.resume_point`) falls back to an
 earlier checkpoint or stops on it, and `MetricHistory` refuses to resume over a gap (`HistoryGap`) rather than
 write a history and a curve that silently lack steps. Every write is fsynced (`pipeline.outputs`)."""
 

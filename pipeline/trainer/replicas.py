@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.trainer import checkpoint
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.training_run import checkpoint
+from pipeline.training_run.checkpoint import TrainerState
 from pipeline.trainer.weights import PolicyWeights
 from pipeline.types import ScoredGroup
 

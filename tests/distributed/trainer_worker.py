@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.training_run.checkpoint import TrainerState
 from pipeline.config import load_config
 from pipeline.distributed.checkpointing import for_each_full_parameter
 from pipeline.train import set_up, update

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.trainer.checkpoint import TrainerState
+from pipeline.training_run.checkpoint import TrainerState
 from pipeline.config.distributed import DistributedConfig
 from pipeline.config.train import DAPOLoss
 from pipeline.distributed import checkpointing

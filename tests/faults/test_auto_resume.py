@@ -4,11 +4,11 @@ one whose state is damaged resumes from what is whole, or stops with one line an
 Found with a killed experiment: `dvc repro` re-ran the train stage with the same command, and the fresh start
 removed the checkpoints the killed attempt had saved (an hour of training, on the learning-cpu preset), while DVC
 had removed the per-step history the resume would finish from. Now the stage resumes its own unfinished run
-(`train.resume: auto`, `pipeline.trainer.run_inputs`) and the history is kept in the run's folder too. Then a fault
+(`train.resume: auto`, `pipeline.training_run.inputs`) and the history is kept in the run's folder too. Then a fault
 campaign found a resume that trusted whatever it found: with the history lost it finished with steps missing and
 exit 0; with the newest checkpoint's weights cut short it failed with tracebacks at every retry, ignoring the good
 checkpoint beside it; and the resumed run's MLflow run logged re-run steps twice, under the killed invocation's
-parent (`pipeline.trainer.resume_point`, `pipeline.tracking.runs`).
+parent (`pipeline.training_run.resume_point`, `pipeline.tracking.runs`).
 
 The workspace holds the real train stage of dvc.yaml (its command and outputs) over a toy model and problems. The
 first attempt is the stage's own command with one change: it SIGKILLs itself right after the checkpoint of step 2
@@ -36,7 +36,7 @@ from safetensors.torch import load_file
 
 from flows.tracking import INVOCATION_TAG
 from pipeline.tracking.runs import RESUMED_BY_TAG, RESUMED_FROM_TAG
-from pipeline.trainer.checkpoint import read_state
+from pipeline.training_run.checkpoint import read_state
 from tests.helpers.workspace import subprocess_env
 from tests.train.toy_task import build_direct_model, toy_config
 

@@ -32,9 +32,9 @@ from pipeline.tracking.runs import RESUMED_BY_TAG, RESUMED_FROM_TAG
 from pipeline.outputs import OutputNotWritable
 from pipeline.paths import REPO_ROOT
 from pipeline.train import run
-from pipeline.trainer.checkpoint import TrainerState, latest_checkpoint, read_state
-from pipeline.trainer.manifest import write_manifest
-from pipeline.trainer.run_folder import run_folder
+from pipeline.training_run.checkpoint import TrainerState, latest_checkpoint, read_state
+from pipeline.training_run.manifest import write_manifest
+from pipeline.training_run.folder import run_folder
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 
 STEPS, CHECKPOINT_EVERY = 2, 1
@@ -42,7 +42,7 @@ TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")
 DRIVER = r"""
 import json, os, signal, sys
 from pathlib import Path
-import pipeline.trainer.checkpoint as checkpoint
+import pipeline.training_run.checkpoint as checkpoint
 import pipeline.train as train
 import pipeline.trainer.replicas as replicas
 from pipeline.config import load_config

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from pipeline.tracking.history import history_sha256
-from pipeline.trainer.checkpoint import TrainerState, save_checkpoint
-from pipeline.trainer.run_folder import HISTORY
+from pipeline.training_run.checkpoint import TrainerState, save_checkpoint
+from pipeline.training_run.folder import HISTORY
 
 
 def history_rows(steps: int, offset: float = 0.0) -> list[dict]:

@@ -17,7 +17,7 @@ import yaml
 from flows.cli import COMMANDS
 from pipeline.jsonl import write_problems
 from pipeline.config import load_config
-from pipeline.trainer.run_folder import RUN_CONFIG, training_identity
+from pipeline.training_run.folder import RUN_CONFIG, training_identity
 from pipeline.types import Problem
 
 REPO = Path(__file__).resolve().parents[2]

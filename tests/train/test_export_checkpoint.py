@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from pipeline.export import export_checkpoint
 from pipeline.export import main as export_cli
 from pipeline.train import run
-from pipeline.trainer.run_folder import run_folder
+from pipeline.training_run.folder import run_folder
 from tests.train.test_lora import LORA
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 

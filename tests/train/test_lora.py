@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from pipeline.train import run, set_up, update
-from pipeline.trainer.run_folder import run_folder
+from pipeline.training_run.folder import run_folder
 from tests.helpers.training import collect_batch
 from tests.train.test_resume import assert_same_metrics
 from tests.train.toy_task import build_direct_model, toy_config

@@ -31,8 +31,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
-from pipeline.trainer.checkpoint import latest_checkpoint
-from pipeline.trainer.run_folder import run_folder
+from pipeline.training_run.checkpoint import latest_checkpoint
+from pipeline.training_run.folder import run_folder
 from pipeline.model import load_policy
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.engine import RolloutEngine

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.tracking.history import progress_line
 from pipeline.train import run
-from pipeline.trainer.run_folder import run_folder
+from pipeline.training_run.folder import run_folder
 from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 

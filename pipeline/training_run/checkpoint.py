@@ -1,11 +1,11 @@
 """Resumable checkpoints: model, optimiser, scheduler, RNG states, data cursor and step.
 
 A checkpoint is written to a temporary directory (`step-NNNNNN.tmp`), every file fsynced, then its manifest
-(`pipeline.trainer.manifest`: each file's size and SHA-256) written last, and the directory renamed into place
+(`pipeline.training_run.manifest`: each file's size and SHA-256) written last, and the directory renamed into place
 and its parent fsynced: a crash while saving never leaves a half-written checkpoint under a step's name, and a
 power cut after the rename never leaves one whose files were not on the disk. A checkpoint is complete when its
 manifest is there (`is_complete`); whether it is whole, and whether the run's history lets a resume continue from
-it, is `pipeline.trainer.resume_point`'s to decide. A resume takes the latest complete checkpoint (the resume
+it, is `pipeline.training_run.resume_point`'s to decide. A resume takes the latest complete checkpoint (the resume
 point set aside every newer one that is not usable); one that finds only torn ones (a `.tmp` left by a kill, a
 step directory without a manifest) refuses to start over silently and names them (`resume_checkpoint`).
 """
@@ -26,12 +26,12 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from pipeline.outputs import fsync_path, fsync_tree
-from pipeline.trainer.manifest import MANIFEST, write_manifest
+from pipeline.training_run.manifest import MANIFEST, write_manifest
 
 KEEP_LAST = 2
 FILES = ("model.safetensors", "trainer.pt", "state.json")  # and the manifest, written last
 STATE = "state.json"
-REJECTED = ".rejected"  # the suffix of a checkpoint a resume set aside (pipeline.trainer.resume_point)
+REJECTED = ".rejected"  # the suffix of a checkpoint a resume set aside (pipeline.training_run.resume_point)
 
 
 class TornCheckpoints(RuntimeError):

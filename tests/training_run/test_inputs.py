@@ -15,10 +15,10 @@ import pytest
 
 from pipeline.config import config_from_dict
 from pipeline.tracking.history import MetricHistory, recorded_history
-from pipeline.trainer.manifest import MANIFEST
-from pipeline.trainer.run_folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, take,
+from pipeline.training_run.manifest import MANIFEST
+from pipeline.training_run.folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, take,
                                          training_identity)
-from pipeline.trainer.run_inputs import (code_digest, decide_resume, mark_finished, record_inputs, run_inputs,
+from pipeline.training_run.inputs import (code_digest, decide_resume, mark_finished, record_inputs, run_inputs,
                                          tree_digest)
 from tests.helpers.checkpoints import history_rows, write_checkpoints, write_history
 
@@ -191,7 +191,7 @@ def test_an_insisted_resume_names_the_inputs_that_changed_and_records_the_new_on
 def test_an_interrupted_run_whose_state_does_not_verify_is_not_resumed_silently(tmp_path: Path, lost: str) -> None:
     """Everything says "resume" (same config and inputs, unfinished), but the history of the steps before the
     checkpoint is gone, or its weights are cut short: the decision stops naming the file, not resume without it."""
-    from pipeline.trainer.resume_point import UnusableCheckpoints
+    from pipeline.training_run.resume_point import UnusableCheckpoints
 
     folder = tmp_path / "run"
     make_folder(folder, "complete", False, "same", "same")

@@ -7,7 +7,7 @@ the retention of the last checkpoints counts only this run's, and `--resume` can
 a folder whose recorded config differs from the one resuming is refused with the differing keys named
 (`ConfigMismatch`). A fresh run takes its folder over: checkpoints an earlier attempt left there are removed
 (and named) before the first step, so steps of two attempts never mix. Whether a run resumes or starts afresh
-is decided by `pipeline.trainer.run_inputs` (`train.resume`) or by `--resume`.
+is decided by `pipeline.training_run.inputs` (`train.resume`) or by `--resume`.
 
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
@@ -37,7 +37,7 @@ from pipeline.outputs import write_durably
 RUN_CONFIG = "run_config.json"
 CHECKPOINTS = "checkpoints"
 HISTORY = "history.jsonl"  # the run's own copy of its per-step metrics (pipeline.tracking.history)
-INPUTS = "run_inputs.json"  # what the checkpoints were trained on besides the config (pipeline.trainer.run_inputs)
+INPUTS = "run_inputs.json"  # what the checkpoints were trained on besides the config (pipeline.training_run.inputs)
 FINISHED = "finished.json"  # written once the run's final model is saved and registered
 ATTEMPT_FILES = (HISTORY, INPUTS, FINISHED)  # an attempt's own records: a fresh run removes them with its checkpoints
 SECTIONS = ("run", "model", "sandbox", "search", "rollout", "reward", "train", "distributed")

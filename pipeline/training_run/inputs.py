@@ -5,17 +5,17 @@ params used to train from step 0: its checkpoints were removed by the fresh star
 it, but only when the checkpoints are certainly this run's own unfinished work. Equal params are not enough,
 since DVC also re-runs the stage when the code, the problems or the initial model changed, and checkpoints
 from before such a change would carry the old computation into the new run. So a run records, beside its
-config (`run_folder.RUN_CONFIG`), the inputs it read (`INPUTS`): a digest of the training code (the `.py`
+config (`folder.RUN_CONFIG`), the inputs it read (`INPUTS`): a digest of the training code (the `.py`
 files of `pipeline`, `sandbox`, `flows`), of the problems file, the initial model's and the search index's
 files (name, size and modification time: a rewrite changes them; a copy that happens to hold the same bytes
 counts as changed, which costs a fresh start, never a wrong resume) and the versions of torch and
 transformers. It resumes when
 
-- the folder holds a complete checkpoint, written under the same config (`run_folder.training_identity`),
+- the folder holds a complete checkpoint, written under the same config (`folder.training_identity`),
 - the recorded inputs equal today's, and
 - the run did not finish (`FINISHED`, written once the final model is saved and registered): a forced
   re-run of a finished run (`dvc repro -f`) trains again, as asked, and
-- a checkpoint's state verifies (`pipeline.trainer.resume_point.settle`: its files, and the run's history of
+- a checkpoint's state verifies (`pipeline.training_run.resume_point.settle`: its files, and the run's history of
   the steps before it): it resumes from the newest that does, naming those it passes over; when none does it
   stops (`UnusableCheckpoints`) instead of silently continuing without that state or silently deleting hours
   of training.
@@ -39,9 +39,9 @@ from pipeline.config import RunConfig
 from pipeline.outputs import write_json_durably
 from pipeline.paths import REPO_ROOT
 from pipeline.tracking.history import RecordedHistory
-from pipeline.trainer.checkpoint import REJECTED, latest_checkpoint
-from pipeline.trainer.resume_point import settle
-from pipeline.trainer.run_folder import CHECKPOINTS, FINISHED, INPUTS, RUN_CONFIG, differences, recorded_identity
+from pipeline.training_run.checkpoint import REJECTED, latest_checkpoint
+from pipeline.training_run.resume_point import settle
+from pipeline.training_run.folder import CHECKPOINTS, FINISHED, INPUTS, RUN_CONFIG, differences, recorded_identity
 
 CODE_PACKAGES = ("pipeline", "sandbox", "flows")
 LIBRARIES = ("torch", "transformers")

@@ -2,7 +2,7 @@
 
 A resume continues exactly or says why it cannot. The state it needs from a checkpoint at step S:
 
-1. the checkpoint's files, whole (`pipeline.trainer.manifest.problem`: manifest, sizes, headers, digests) and
+1. the checkpoint's files, whole (`pipeline.training_run.manifest.problem`: manifest, sizes, headers, digests) and
    its trainer state readable;
 2. the run's history of steps 0..S-1, every step of them, and the very rows the run had logged when it saved
    the checkpoint (`pipeline.tracking.history.RecordedHistory.problem` against the checkpoint's
@@ -23,7 +23,7 @@ holds what the killed attempt logged past the checkpoint too, may live at anothe
 file the checkpoint's digest vouches for.
 
 Torn checkpoints (a `.tmp` left by a kill while saving, a data-parallel step directory without its manifest) are
-no damage: they are named and passed over as before (`pipeline.trainer.checkpoint`).
+no damage: they are named and passed over as before (`pipeline.training_run.checkpoint`).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from pathlib import Path
 
 from pipeline.config import RunConfig
 from pipeline.tracking.history import TRAIN_HISTORY, RecordedHistory, recorded_history
-from pipeline.trainer.checkpoint import (REJECTED, TornCheckpoints, is_complete, read_state, torn_checkpoints,
+from pipeline.training_run.checkpoint import (REJECTED, TornCheckpoints, is_complete, read_state, torn_checkpoints,
                                          torn_message)
-from pipeline.trainer.manifest import problem as files_problem
-from pipeline.trainer.run_folder import CHECKPOINTS, HISTORY, check_resumable, training_identity
+from pipeline.training_run.manifest import problem as files_problem
+from pipeline.training_run.folder import CHECKPOINTS, HISTORY, check_resumable, training_identity
 
 
 class UnusableCheckpoints(RuntimeError):

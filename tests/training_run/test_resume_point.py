@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.tracking.history import TRAIN_HISTORY, HistoryGap, MetricHistory, recorded_history
-from pipeline.trainer.checkpoint import REJECTED, latest_checkpoint, prune, resume_checkpoint
-from pipeline.trainer.manifest import MANIFEST, problem, read_manifest
-from pipeline.trainer.resume_point import UnusableCheckpoints, find_resume_point, run_history, settle
-from pipeline.trainer.run_folder import CHECKPOINTS, HISTORY
+from pipeline.training_run.checkpoint import REJECTED, latest_checkpoint, prune, resume_checkpoint
+from pipeline.training_run.manifest import MANIFEST, problem, read_manifest
+from pipeline.training_run.resume_point import UnusableCheckpoints, find_resume_point, run_history, settle
+from pipeline.training_run.folder import CHECKPOINTS, HISTORY
 from tests.helpers.checkpoints import history_rows, history_text, write_checkpoints, write_history
 
 STEPS = (2, 3)  # the two checkpoints a run keeps; the killed attempt logged steps 3 and 4 after the last one
@@ -119,7 +119,7 @@ def test_a_checkpoint_without_its_manifest_is_torn_and_passed_over(tmp_path: Pat
 
 
 def test_a_resume_that_set_aside_everything_names_them_when_it_trains_from_step_0(tmp_path: Path) -> None:
-    from pipeline.trainer.run_inputs import decide_resume
+    from pipeline.training_run.inputs import decide_resume
 
     folder = run_dir(tmp_path)
     with pytest.raises(UnusableCheckpoints):

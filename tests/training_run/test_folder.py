@@ -16,7 +16,7 @@ from pipeline.export import CheckpointNotFound, export_checkpoint
 from pipeline.export import main as export_cli
 from pipeline.paths import REPO_ROOT
 from pipeline.train import run
-from pipeline.trainer.run_folder import (NOT_IDENTITY, RUN_CONFIG, ConfigMismatch, check_resumable, config_name,
+from pipeline.training_run.folder import (NOT_IDENTITY, RUN_CONFIG, ConfigMismatch, check_resumable, config_name,
                                          run_folder, take, training_identity)
 from tests.train.toy_task import build_direct_model, toy_config
 
@@ -62,20 +62,20 @@ def test_an_auto_rank_count_is_the_one_it_resolved_to(monkeypatch, tmp_path: Pat
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
         monkeypatch.delenv(var, raising=False)
     distributed = {"distributed.enabled": True}
-    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: written_on)
+    monkeypatch.setattr("pipeline.training_run.folder.visible_gpus", lambda: written_on)
     written = training_identity(params(**distributed))
     assert written["distributed.nproc_per_node"] == written_on
     single = training_identity(params())  # one process: the machine's GPUs do not change the run
-    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: resumed_on)
+    monkeypatch.setattr("pipeline.training_run.folder.visible_gpus", lambda: resumed_on)
     assert training_identity(params()) == single
-    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: written_on)
+    monkeypatch.setattr("pipeline.training_run.folder.visible_gpus", lambda: written_on)
     for var in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):  # torchrun's and DeepSpeed's ranks see what the stage saw
         monkeypatch.setenv(var, str(written_on))
         assert training_identity(params(**distributed)) == written
         monkeypatch.delenv(var)
     take(tmp_path, written, resume=False)
     saved(tmp_path, "step-000004")
-    monkeypatch.setattr("pipeline.trainer.run_folder.visible_gpus", lambda: resumed_on)
+    monkeypatch.setattr("pipeline.training_run.folder.visible_gpus", lambda: resumed_on)
     with pytest.raises(ConfigMismatch, match=f"distributed.nproc_per_node: {written_on} in the checkpoints, "
                                              f"{resumed_on} now"):
         check_resumable(tmp_path, training_identity(params(**distributed)))

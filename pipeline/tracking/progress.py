@@ -5,6 +5,13 @@ tqdm stays silent (`disable=None`), so a long stage would print nothing for minu
 one plain line at most every `every_s` seconds and one at the end,
 `sft 12/40 steps | 5.2 s/step | ETA 2 min | loss 0.412`. The pace is that since the previous line,
 so work that completes at once (evaluation samples resumed from disk) does not flatter the ETA for long.
+
+A line shows the values of the step it counts, whichever order the caller reports them in: tqdm's loops call
+`set_postfix` before or after `update`, and a line printed at `update` would carry the previous step's values
+in the second order (the SFT loop's "8/8 | loss 0.149" when the last step's loss was 0.065). So where a caller
+sets values after its `update` (the order its first `set_postfix` shows), a line falling due at `update` waits
+for them: it is printed by the `set_postfix` that follows or, if the next call is not one, before that call
+(`close` included). The last line waits too until the order is known, since `close` follows it at once.
 """
 
 from __future__ import annotations
@@ -33,19 +40,33 @@ class LineProgress:
         self.out, self.clock = out, clock
         self.done, self.postfix = 0, ""
         self.mark_time, self.mark_done = clock(), 0  # when the last line was printed, and `done` then
+        self.values_follow: bool | None = None  # values set after their step's `update`; None: none set yet
+        self.due: float | None = None  # when a line fell due that waits for this step's values
 
     def update(self, n: int = 1) -> None:
+        self._flush()  # a line that waited for values that never came: the values are what they are
         self.done += n
         now = self.clock()
         if now - self.mark_time >= self.every_s or self.done >= self.total:
-            self._print(now)
+            if self.values_follow or (self.values_follow is None and self.done >= self.total):
+                self.due = now  # this step's values come next
+            else:
+                self._print(now)
 
     def set_postfix(self, **values: object) -> None:
+        if self.values_follow is None:
+            self.values_follow = self.done > 0
         self.postfix = " | ".join(f"{k} {v}" for k, v in values.items())
+        self._flush()
 
     def close(self) -> None:
+        self._flush()
         if self.mark_done != self.done:
             self._print(self.clock())
+
+    def _flush(self) -> None:
+        if self.due is not None:
+            self._print(self.due)
 
     def line(self, now: float) -> str:
         per_unit = (now - self.mark_time) / max(self.done - self.mark_done, 1)
@@ -55,7 +76,7 @@ class LineProgress:
 
     def _print(self, now: float) -> None:
         print(self.line(now), file=self.out or sys.stderr, flush=True)
-        self.mark_time, self.mark_done = now, self.done
+        self.mark_time, self.mark_done, self.due = now, self.done, None
 
     def __enter__(self) -> LineProgress:
         return self

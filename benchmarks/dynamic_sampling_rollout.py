@@ -42,7 +42,7 @@ from pipeline.types import Collected
 
 SETTINGS = {"rounds@16": (False, 16), "rounds@24": (False, 24), "refill@24": (True, 24)}
 BASELINE, OURS = "rounds@16", "refill@24"
-QUICK = {"steps": 2, "prompts": 2}
+QUICK = {"steps": 3, "prompts": 3}  # enough draws that each setting keeps a group (a ratio of kept groups)
 
 
 @dataclasses.dataclass
@@ -125,7 +125,7 @@ def measure(args: argparse.Namespace, run: PresetRun, work: Path) -> dict:
     tallies = {name: Tally() for name in args.settings}
     cfg = config(args.settings[0])
     with running_services(cfg, tools_needed(run.train), str(run.preset), log_dir=work / "logs") as urls:
-        trainers = {name: set_up(config(name), urls, resume=False) for name in args.settings}
+        trainers = {name: set_up(config(name), urls) for name in args.settings}
         for k in range(args.steps):
             for name in (args.settings if k % 2 == 0 else args.settings[::-1]):
                 t0 = time.perf_counter()

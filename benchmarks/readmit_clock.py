@@ -91,9 +91,8 @@ def rollout_config(args, schedule: str, k: int) -> RolloutConfig:
         "rollout.temperature": 1.0}, harness.base_params(args.quick)).rollout
 
 
-def measure(model, tok, problems, scripts, args, schedule: str, k: int) -> dict:
+def measure(model, tok, problems, scripts, args, cfg: RolloutConfig) -> dict:
     turns = args.turns
-    cfg = rollout_config(args, schedule, k)
     tools = {name: DelayedTool(name, *args.latency_ms, seed=i) for i, name in enumerate(("search", "code"))}
     engine = RolloutEngine(ForcedScript(model, tok, scripts), tok, tools, cfg, seed=0)
     t0 = time.perf_counter()
@@ -129,10 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     tok = tokenizer_for(problems, scripts)
     model = random_llama(args.layers, args.hidden, max(args.vocab, len(tok)))
     configs = [("turn-synchronous", 0)] + [("continuous", k) for k in args.ks]
+    settings = {(schedule, k): rollout_config(args, schedule, k) for schedule, k in configs}  # read once, before
     runs: dict[str, list[dict]] = {f"{s}/{k}": [] for s, k in configs}
     for r in range(args.repeats):  # alternate the order: the machine's load drifts
         for schedule, k in configs if r % 2 == 0 else configs[::-1]:
-            runs[f"{schedule}/{k}"].append(measure(model, tok, problems, scripts, args, schedule, k))
+            runs[f"{schedule}/{k}"].append(measure(model, tok, problems, scripts, args, settings[(schedule, k)]))
     figures: dict = {"trajectories": args.trajectories, "turns": args.turns, "latency_ms": args.latency_ms,
                      "filler_tokens": args.filler, "model": f"{args.layers}x{args.hidden}", "threads": args.threads}
     for name, measured in runs.items():

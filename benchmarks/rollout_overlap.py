@@ -54,6 +54,7 @@ from pipeline.types import Problem, ToolResult
 from pipeline.rollout.engine import RolloutEngine
 
 QUERIES = ["capital of France", "Wikipedia history", "largest ocean", "first moon landing"]
+SCHEDULES = ("turn-synchronous", "continuous")  # the baseline, ours
 QUICK = {"trajectories": 2, "filler": [2, 4], "turns": [2], "latency_ms": [1.0, 5.0], "repeats": 1, "max_batch": 2,
          "scaled_layers": 1, "scaled_hidden": 64, "threads": 1}
 
@@ -214,6 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     base = harness.base_params(args.quick)
     args.tool_concurrency = args.tool_concurrency or harness.derive(params=base).rollout.tool_concurrency
+    # every configuration is read before anything runs: a params.yaml edited during the run changes nothing
+    configs = {(turns, schedule): rollout_config(base, schedule, turns, args.filler, args.max_batch,
+                                                 args.tool_concurrency)
+               for turns in args.turns for schedule in SCHEDULES}
     problems = [Problem(f"b{i}", f"Question {i}: combine the facts.", ("0",), "complex", "bench", "test")
                 for i in range(args.trajectories)]
     with workspace(None, args.quick) as ws, tempfile.TemporaryDirectory() as tmp:
@@ -231,11 +236,11 @@ def main(argv: list[str] | None = None) -> None:
                         "search": DelayedSearch(SearchClient(urls["search"]), *args.latency_ms, seed=0)}
             for name in args.models:
                 print(f"model {name}:", flush=True)
-                figures[name] = run_all(models[name](), tok, tools, problems, args, base)
+                figures[name] = run_all(models[name](), tok, tools, problems, args, configs)
     headline = figures.get("scaled", figures.get("policy"))
     last = headline[f"turns_{args.turns[-1]}"]
     figures["ratio"], figures["idle_fraction"] = last["ratio"], last["ours_idle_fraction"]
-    figures["readmit_after_steps"] = harness.derive(params=base).rollout.readmit_after_steps  # ours: on arrival if 0
+    figures["readmit_after_steps"] = configs[(args.turns[-1], "continuous")].readmit_after_steps  # 0: on arrival
     harness.last_line(figures, args.quick)
 
 
@@ -249,16 +254,15 @@ def scaled_model(model_dir: Path, layers: int, hidden: int) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-def run_all(model, tok, tools, problems, args, base: Path) -> dict:
+def run_all(model, tok, tools, problems, args, configs: dict[tuple[int, str], RolloutConfig]) -> dict:
     figures: dict = {}
     for turns in args.turns:
-        runs = {"turn-synchronous": [], "continuous": []}
-        configs = {schedule: rollout_config(base, schedule, turns, args.filler, args.max_batch, args.tool_concurrency)
-                   for schedule in runs}
+        runs: dict[str, list[dict]] = {schedule: [] for schedule in SCHEDULES}
         for r in range(args.repeats):  # alternate the order: the machine's load drifts
             order = ("turn-synchronous", "continuous") if r % 2 == 0 else ("continuous", "turn-synchronous")
             for schedule in order:
-                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler, configs[schedule]))
+                runs[schedule].append(measure(model, tok, tools, problems, turns, args.filler,
+                                              configs[(turns, schedule)]))
         sync = statistics.median(m["traj_per_s"] for m in runs["turn-synchronous"])
         ours = statistics.median(m["traj_per_s"] for m in runs["continuous"])
         row = {"sync_traj_per_s": sync, "ours_traj_per_s": ours, "ratio": ours / sync,

@@ -73,7 +73,7 @@ def ours_config(args: argparse.Namespace, train_file: Path, work: Path) -> RunCo
 
 def ours(args: argparse.Namespace, train_file: Path, work: Path) -> tuple[list[float], list[float]]:
     """Per-step seconds and mean completion tokens of our trainer."""
-    tr = set_up(ours_config(args, train_file, work), {}, resume=False)
+    tr = set_up(ours_config(args, train_file, work), {})
     seconds, lengths = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()

@@ -4,7 +4,8 @@ The flow resolves the placement (`distributed`: ranks per node, nodes, launcher)
 once, sized for its ranks, and launches the ranks with `pipeline.distributed.launch` (torchrun, or DeepSpeed's
 launcher for a hostfile). Each rank runs `python -m pipeline.train` with `distributed.python` (the stage's
 own interpreter, or another environment's: `.venv-vllm` for the vLLM backend on CPU), given the params file,
-the services' URLs, the MLflow run the flow opened, the run's name and where its model and metrics go: rank 0
+the services' URLs, the MLflow run the flow opened, the run's plan (`pipeline.training_run.plan`: its folder and
+the checkpoint every rank starts from, decided once by the stage) and where its model and metrics go: rank 0
 logs into that run and writes the metrics and the model, the others open no run. The ranks' lines stream into
 the flow's log as they are printed; a rank failing fails the stage (the launcher stops the rest), and no rank
 outlives it.
@@ -21,6 +22,7 @@ from pathlib import Path
 from pipeline.config import RunConfig
 from pipeline.distributed.launch import RankLayout, lacking, rank_layout, rank_log_tail, root_cause, run_ranks
 from pipeline.tracking.runs import STAGE_RUN_ENV
+from pipeline.training_run.plan import RunPlan
 from pipeline.types import ToolName
 
 RANK_LOG_DIR = Path("logs/train/ranks")
@@ -61,28 +63,26 @@ def _url(cfg: RunConfig, tool: ToolName) -> str:
     return cfg.sandbox.url if tool == "code" else cfg.search.url
 
 
-def rank_program(params: str | Path, urls: Mapping[ToolName, str], resume: bool,
-                 metrics_dir: Path = METRICS_DIR, run_name: str | None = None,
-                 output_dir: Path | None = None) -> list[str]:
-    """What every rank runs (after `python`): the library's training, with what the flow set up (the run's
-    name picks its checkpoint folder; an ad-hoc run's model and metrics go where the flow placed them)."""
+def rank_program(params: str | Path, urls: Mapping[ToolName, str], plan: RunPlan,
+                 metrics_dir: Path = METRICS_DIR, output_dir: Path | None = None) -> list[str]:
+    """What every rank runs (after `python`): the library's training, with what the flow set up (the run's plan:
+    its folder and the checkpoint it starts from; an ad-hoc run's model and metrics go where the flow placed them)."""
     program = ["-m", "pipeline.train", "--params", str(params), "--metrics-dir", str(metrics_dir)]
-    program += ["--run-name", run_name] if run_name else []
     program += ["--output-dir", str(output_dir)] if output_dir is not None else []
     program += [f"--tool-url={tool}={url}" for tool, url in sorted(urls.items())]
     if stage_run := os.environ.get(STAGE_RUN_ENV):
         program += ["--stage-run", stage_run]
-    return program + (["--resume"] if resume else [])
+    return program + ["--plan", plan.encoded()]
 
 
-def train_on_ranks(where: RankLayout, params: str | Path, urls: Mapping[ToolName, str], resume: bool,
-                   log: Callable[[str], None], *, metrics_dir: Path = METRICS_DIR, run_name: str | None = None,
+def train_on_ranks(where: RankLayout, params: str | Path, urls: Mapping[ToolName, str], plan: RunPlan,
+                   log: Callable[[str], None], *, metrics_dir: Path = METRICS_DIR,
                    output_dir: Path | None = None, log_dir: Path = RANK_LOG_DIR) -> dict[str, float]:
     """Run the training on every rank of `where` and wait; returns the last step's metrics (rank 0's)."""
     ranks = "on the hostfile's nodes" if where.nproc_per_node is None else \
         f"{where.nproc_per_node} rank(s) a node on {where.nnodes} node(s)"
     log(f"train: launching {ranks} with {where.launcher}; rank logs in {log_dir}")
-    program = rank_program(params, urls, resume, metrics_dir, run_name, output_dir)
+    program = rank_program(params, urls, plan, metrics_dir, output_dir)
     result = run_ranks(program, where, log_dir=log_dir, on_line=log)
     if result.returncode != 0:
         failure = root_cause(result.tail)

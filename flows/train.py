@@ -5,19 +5,21 @@
 
 It trains in this process, or under `distributed.enabled` on the ranks the flow launches (`flows.ranks`: the
 placement comes from params; the services start once, here, and every rank is given their URLs, the run's
-name and where its model and metrics go).
+plan and where its model and metrics go).
 
 Each run keeps its checkpoints in its own folder, `<train.checkpoint_dir>/<run>/checkpoints`: the run is
 named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc run after its label,
 otherwise after a digest of its training config (`pipeline.training_run.folder`); `--resume` refuses that
-folder's checkpoints when they were written under another config.
+folder's checkpoints when they were written under another config. The stage plans the run once
+(`pipeline.training_run.plan`: its folder, whether and from which checkpoint it resumes) and hands the plan to
+the recipe, in this process or on every rank.
 
 The trainer logs into the stage's MLflow run, nested under the parent run of this `dvc repro` (flows.tracking). A
 resumed training's run is new too, never the killed attempt's reopened: the trainer logs into it the steps before
 the checkpoint from the run's history and then its own, so it holds every step once, and tags it with the run it
 continues (pipeline.tracking.runs). Which checkpoint it continues from, or why it stops, is decided before Prefect
-starts (`preflight`, pipeline.training_run.resume_point), so a damaged checkpoint or a lost history ends the stage with
-one line naming the file. Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
+starts (`preflight` makes the plan the flow then runs), so a damaged checkpoint or a lost history ends the stage
+with one line naming the file. Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
 under) is logged into it too; the last checkpoint whole (weights, optimiser, RNG) only with
 `train.log_full_checkpoints`, since it weighs ~3x the model. The final model is logged and registered by
 the trainer (`pipeline.tracking.registry`).
@@ -57,26 +59,24 @@ from pipeline.data.answerable import search_probes
 from pipeline.data.broken import BrokenDependency
 from pipeline.sampling.training_problems import BadProblems, read_training_problems
 from pipeline.train import run as train
-from pipeline.training_run.checkpoint import TornCheckpoints, is_complete, latest_checkpoint, read_state
-from pipeline.training_run.resume_point import UnusableCheckpoints, run_history, settle
-from pipeline.training_run.inputs import decide_resume, run_inputs
-from pipeline.training_run.folder import (CHECKPOINTS, RUN_CONFIG, ConfigMismatch, check_resumable, run_folder,
-                                         training_identity)
+from pipeline.training_run.checkpoint import TornCheckpoints, is_complete, read_state
+from pipeline.training_run.folder import CHECKPOINTS, RUN_CONFIG, ConfigMismatch
+from pipeline.training_run.plan import RunPlan, plan_run
+from pipeline.training_run.resume_point import UnusableCheckpoints
 
 USER_ERRORS = (*COMMON_ERRORS, ConfigMismatch, TornCheckpoints, UnusableCheckpoints, HistoryGap, BadProblems,
                OutputNotWritable, BrokenDependency)
 
 
 @task(cache_policy=NO_CACHE)
-def train_task(cfg: RunConfig, urls: dict, resume: bool, metrics_dir: Path, run_name: str | None) -> dict:
-    return train(cfg, urls, resume=resume, metrics_dir=metrics_dir, run_name=run_name)
+def train_task(cfg: RunConfig, urls: dict, plan: RunPlan, metrics_dir: Path) -> dict:
+    return train(cfg, urls, plan, metrics_dir=metrics_dir)
 
 
 @task(cache_policy=NO_CACHE)
-def ranks_task(where: RankLayout, cfg: RunConfig, params: str, urls: dict, resume: bool, metrics_dir: Path,
-               run_name: str | None) -> dict:
-    return train_on_ranks(where, params, urls, resume, get_run_logger().info, metrics_dir=metrics_dir,
-                          run_name=run_name, output_dir=Path(cfg.train.output_dir))
+def ranks_task(where: RankLayout, cfg: RunConfig, params: str, urls: dict, plan: RunPlan, metrics_dir: Path) -> dict:
+    return train_on_ranks(where, params, urls, plan, get_run_logger().info, metrics_dir=metrics_dir,
+                          output_dir=Path(cfg.train.output_dir))
 
 
 def run_name(place: Placement) -> str | None:
@@ -88,15 +88,6 @@ def placed_config(cfg: RunConfig, place: Placement) -> RunConfig:
     """`cfg` with the final model where this run writes it (flows.outputs: ad hoc, under runs/train/<label>/)."""
     output_dir = str(place.place(cfg.train.output_dir))
     return cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": output_dir})})
-
-
-def resumed_run_id(run_dir: Path) -> str | None:
-    """The MLflow run that saved the checkpoint a resume continues from (the latest complete one)."""
-    latest = latest_checkpoint(run_dir)
-    try:
-        return read_state(latest).mlflow_run_id if latest else None
-    except ValueError:
-        return None
 
 
 def checkpoints_of_run(run_dir: Path, run_ids: set[str | None], started: float) -> list[Path]:
@@ -124,31 +115,32 @@ def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: flo
     return logged
 
 
-def resumes_on_its_own(cfg: RunConfig, run_dir: Path, metrics_dir: Path, *, quiet: bool = False) -> bool:
-    """`train.resume: auto`: an interrupted attempt of this very run (same config, code and data) is continued
-    from its newest checkpoint whose state verifies (`pipeline.training_run.inputs.decide_resume`); the decision
-    is printed with its reason."""
-    if cfg.train.resume == "never":
-        return False
-    decision = decide_resume(run_dir, training_identity(cfg), run_inputs(cfg), run_history(run_dir, metrics_dir))
-    if not quiet:
-        print(f"train: {decision.reason}", flush=True)
-    return decision.resume
+def stage_plan(cfg: RunConfig, place: Placement, resume: bool) -> RunPlan:
+    """The run's plan (`pipeline.training_run.plan`): `--resume` insists, otherwise `train.resume` decides (auto:
+    an interrupted attempt of this very run, same config, code and data, is continued)."""
+    return plan_run(cfg, name=run_name(place), metrics_dir=place.place("metrics"),
+                    mode="insisted" if resume else cfg.train.resume)
+
+
+# The plan `preflight` made, by the flow's arguments, for the flow it precedes in the same process: a stage plans its
+# run once, and the one decision it printed and acted on (checkpoints a resume passes over are set aside) is run.
+_PLANNED: dict[tuple[str, bool, str | None, str | None], RunPlan] = {}
 
 
 def preflight(params: str, resume: bool = False, label: str | None = None, out: str | None = None) -> None:
     """The mistakes a user can fix, found before Prefect starts: an unreadable problems file, a resume of
-    checkpoints written under another config, a resume whose checkpoint or history does not verify (the
-    checkpoints passed over are set aside here, once: pipeline.training_run.resume_point)."""
+    checkpoints written under another config, a resume whose checkpoint or history does not verify. The run is
+    planned here (the checkpoints passed over are set aside, once), and the flow runs that plan."""
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
     read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)
-    run_dir, metrics_dir = run_folder(cfg, run_name(place)), place.place("metrics")
-    if resume:
-        check_resumable(run_dir, training_identity(cfg))
-        settle(run_dir, run_history(run_dir, metrics_dir), insisted=True)
-    else:
-        resumes_on_its_own(cfg, run_dir, metrics_dir, quiet=True)  # the flow says what it decided
+    _PLANNED[(params, resume, label, out)] = stage_plan(cfg, place, resume)
+
+
+def flow_plan(cfg: RunConfig, place: Placement, key: tuple[str, bool, str | None, str | None]) -> RunPlan:
+    """The plan `preflight` made for the flow called with `key` (params, resume, label, out), else one made now:
+    a flow started without it (the pipeline's flow, a deployment)."""
+    return _PLANNED.pop(key, None) or stage_plan(cfg, place, key[1])
 
 
 @flow(name="train", log_prints=True)
@@ -156,19 +148,21 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
                out: str | None = None) -> dict:
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
-    name, tools = run_name(place), tools_needed(cfg.train.train_file)
+    tools = tools_needed(cfg.train.train_file)
     where = stage_layout(cfg, tools)  # None: train in this process
-    run_dir, metrics_dir = run_folder(cfg, name), place.place("metrics")
-    resume = resume or resumes_on_its_own(cfg, run_dir, metrics_dir)
-    earlier = resumed_run_id(run_dir) if resume else None  # the attempt this one continues (its run is new)
+    plan = flow_plan(cfg, place, (params, resume, label, out))
+    if plan.mode == "auto":
+        print(f"train: {plan.reason}", flush=True)
+    run_dir, metrics_dir = plan.folder, place.place("metrics")
+    earlier = _saved_by(plan.start_from) if plan.start_from else None  # the attempt it continues (its run is new)
     started = time.time() - 1.0  # file times may be rounded down
-    with stage_run(cfg, "train") as run_id:
+    with stage_run(cfg, "train", place.label) as run_id:
         probe = search_probes([p for _, p in read_training_problems(cfg.train.train_file,
                                                                     cfg.train.max_train_problems)])
         with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1,
                               search_probe=probe, stage="train") as urls:
-            metrics = ranks_task(where, cfg, params, urls, resume, metrics_dir, name) if where else \
-                train_task(cfg, urls, resume, metrics_dir, name)
+            metrics = ranks_task(where, cfg, params, urls, plan, metrics_dir) if where else \
+                train_task(cfg, urls, plan, metrics_dir)
         if run_id is not None:
             logged = log_run_checkpoints(cfg, run_id, run_dir, started, earlier)
             print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")

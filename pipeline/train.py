@@ -79,10 +79,9 @@ from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.training_run.checkpoint import TrainerState
 from pipeline.trainer.lr_schedule import lr_multiplier
 from pipeline.trainer.reference import Reference, make_reference
-from pipeline.training_run.resume_point import prepare_resume
 from pipeline.trainer.replicas import OneProcess, Replicas
-from pipeline.training_run.folder import HISTORY, check_resumable, run_folder, take, training_identity
-from pipeline.training_run.inputs import changed_inputs, mark_finished, record_inputs, run_inputs
+from pipeline.training_run.folder import mark_finished
+from pipeline.training_run.plan import RunPlan, plan_run, take_folder
 from pipeline.trainer.update import (RecomputedLogprobs, SampledLogprobs, UpdateSettings, apply_policy_gradient,
                                      mean_over_updates, old_logprobs_source, update_settings)
 from pipeline.trainer.weights import PolicyWeights, policy_weights
@@ -113,16 +112,15 @@ class Training:
     settings: UpdateSettings
     outages: OutageGuard  # the run's tool-outage counts
     start: TrainerState  # where this run starts (a resume's checkpoint, or step 0)
-    run_dir: Path  # this run's own folder: its checkpoints and the config they are written under
+    plan: RunPlan  # this run's folder, identity, inputs and the checkpoint it started from
 
 
-def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_dir: Path | None = None) -> Training:
+def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None = None) -> Training:
+    """Everything the loop holds, for the run `plan` says (none: a fresh run in the config's folder)."""
     make_repeatable(cfg.run.seed, cfg.run.deterministic)  # before the model loads
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
-    tc, identity, run_dir = cfg.train, training_identity(cfg), run_dir or run_folder(cfg)
-    if resume:  # before any model loads: checkpoints of another config are refused, naming what differs
-        check_resumable(run_dir, identity)
+    tc, plan = cfg.train, plan or plan_run(cfg)
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
     rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
@@ -142,9 +140,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
         check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
         replicas, rollout_model = placed(cfg, model, optimizer, weights)
         if replicas.is_main:
-            take(run_dir, identity, resume=resume)  # a fresh run removes an earlier attempt's checkpoints
-            note_inputs(run_dir, run_inputs(cfg), resume=resume)
-        start = (replicas.load_checkpoint(run_dir, scheduler) if resume else None)
+            take_folder(plan)  # a fresh run removes an earlier attempt's checkpoints; the config and inputs recorded
+        start = replicas.load_checkpoint(plan.start_from, scheduler) if plan.start_from is not None else None
         # the protocol binds here: a chat template it cannot render token-exactly is refused. One seed on every
         # rank: trajectories are keyed by their place in the batch (pipeline.distributed.sharding)
         engine = RolloutEngine(rollout_model, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
@@ -166,7 +163,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], resume: bool, run_
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
         old_logprobs_source(tc.logprobs_source), make_reference(cfg, device, held), settings,
-        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, run_dir)
+        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, plan)
 
 
 def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -219,24 +216,23 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
     return mean_over_updates(updates) | {"train/lr": lr, "train/skipped": 0.0}
 
 
-def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = False,
-        metrics_dir: Path = Path("metrics"), run_name: str | None = None) -> dict[str, float]:
+def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None = None, *,
+        metrics_dir: Path = Path("metrics")) -> dict[str, float]:
     """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics. Checkpoints
-    go to the run's own folder, `<train.checkpoint_dir>/<run_name>` (by default named after the config).
+    go to the run's own folder; the plan names it and the checkpoint the run starts from (the train stage makes
+    it, `pipeline.training_run.plan`; without one, a fresh run in the config's folder).
 
     Resumable at any point: a resume at (or past) the last step trains nothing and finishes the run as an
     uninterrupted one would have (final model saved from the checkpoint, metrics rewritten from the
     history, model registered), so its outputs equal that run's. Every output is renamed into place."""
     output_dir, tc = Path(cfg.train.output_dir), cfg.train
-    run_dir = run_folder(cfg, run_name)
-    ensure_writable([run_dir, output_dir.parent, metrics_dir])  # before any compute
-    if resume and not cfg.distributed.enabled:  # its checkpoint and history verify, or it stops naming them
-        prepare_resume(cfg, run_dir, metrics_dir)
-    t = set_up(cfg, tool_urls, resume, run_dir)
+    plan = plan or plan_run(cfg, metrics_dir=metrics_dir)
+    ensure_writable([plan.folder, output_dir.parent, metrics_dir])  # before any compute
+    t = set_up(cfg, tool_urls, plan)
     last: dict[str, float] = {}
     state, main = t.start, t.replicas.is_main  # under data parallelism only rank 0 records
     history = MetricHistory(metrics_dir / TRAIN_HISTORY, resume_at=state.step, enabled=main,
-                            run_copy=t.run_dir / HISTORY)
+                            run_copy=plan.history)
     # under a stage flow the run it opened (tagged with DVC's hash of each input) is adopted; a resumed attempt's
     # run is its own, never the killed one's reopened (pipeline.tracking.runs)
     earlier = state.mlflow_run_id if state.step else None
@@ -264,7 +260,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, resume: bool = Fal
             state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:  # with the history it was saved after
                 state = replace(state, history_sha256=history.digest(step + 1))
-                t.replicas.save_checkpoint(t.run_dir, state, t.scheduler, t.tokenizer)  # collective
+                t.replicas.save_checkpoint(plan.folder, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
         t.engine.close()
         if main:  # inside the MLflow run: an attempt killed before its records are written is not FINISHED
@@ -281,19 +277,9 @@ def record_run(t: Training, history: MetricHistory, steps_done: int, metrics_dir
     history.write_csv(metrics_dir / "train_curve.csv", CURVE_COLUMNS)
     write_json_durably(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, run_id)
-    register_once(cfg, run_id, Path(cfg.train.output_dir), t.run_dir, earlier)  # new version of tapo-policy
-    mark_finished(t.run_dir, steps_done)  # `train.resume: auto` trains a finished run again, never resumes it
+    register_once(cfg, run_id, Path(cfg.train.output_dir), t.plan.folder, earlier)  # new version of tapo-policy
+    mark_finished(t.plan.folder, steps_done)  # `train.resume: auto` trains a finished run again, never resumes it
     return last
-
-
-def note_inputs(run_dir: Path, inputs: dict[str, str], *, resume: bool) -> None:
-    """Record what this run trains on; a resume of checkpoints trained on other inputs (`--resume` insists;
-    `train.resume: auto` never does this) says which changed."""
-    changed = changed_inputs(run_dir, inputs) if resume else []
-    if changed:
-        print(f"train: --resume continues checkpoints trained on other inputs: {'; '.join(changed)}",
-              file=sys.stderr, flush=True)
-    record_inputs(run_dir, inputs)
 
 
 def rank_share(t: Training, step: int, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]) -> str:
@@ -329,15 +315,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     Everything it needs is on the command line: a launcher on another node passes on little of the environment."""
     parser = argparse.ArgumentParser(description="One rank of the train stage (started by python -m flows.train).")
     parser.add_argument("--params", required=True, help="the stage's params file")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--plan", required=True, help="the run's plan, as the stage made it "
+                        "(pipeline.training_run.plan: its folder and the checkpoint every rank starts from)")
     parser.add_argument("--tool-url", action="append", default=[], metavar="TOOL=URL",
                         help="a tool service the stage started (repeatable)")
     parser.add_argument("--stage-run", default="", help="the MLflow run the stage opened (rank 0 logs into it)")
     parser.add_argument("--metrics-dir", default="metrics", type=Path)
-    parser.add_argument("--run-name", default=None, help="the run's folder under train.checkpoint_dir "
-                        "(default: named after the config)")
     parser.add_argument("--output-dir", default=None, help="where the final model goes (default: train.output_dir)")
     args = parser.parse_args(argv)
+    try:
+        plan = RunPlan.decoded(args.plan)
+    except ValueError as err:
+        parser.error(str(err))
     die_with_launcher()
     if args.stage_run:
         os.environ[STAGE_RUN_ENV] = args.stage_run
@@ -345,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = load_config(args.params)
     if args.output_dir is not None:
         cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"output_dir": args.output_dir})})
-    run(cfg, urls, resume=args.resume, metrics_dir=args.metrics_dir, run_name=args.run_name)
+    run(cfg, urls, plan, metrics_dir=args.metrics_dir)
     leave_process_group()  # not after a failure: the launcher stops the ranks then
 
 

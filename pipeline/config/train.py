@@ -155,7 +155,7 @@ class TrainConfig(StageConfig):
     resume: Literal["auto", "never"] = Field("auto", description=(
         "auto: a run started again after it was interrupted (a kill, an OOM, a stopped dvc repro) resumes from its "
         "latest complete checkpoint when that was written under the same config, code, problems and initial model "
-        "and the run had not finished; otherwise it trains from step 0 and says why (pipeline.training_run.inputs). "
+        "and the run had not finished; otherwise it trains from step 0 and says why (pipeline.training_run.plan). "
         "never: always from step 0. The command line's --resume resumes whatever the inputs, naming those that changed."))
     log_full_checkpoints: bool = Field(False, description=(
         "Log the run's last checkpoint whole (weights, optimiser state, RNG: ~3x the model in float32) to MLflow, so "

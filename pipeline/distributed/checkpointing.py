@@ -7,10 +7,10 @@ step's directory in place (not beside it), so completeness is the manifest's: on
 files it sees, rank 0 writes the trainer state as `state.json` (as a single-process checkpoint holds it) and then
 the manifest (`pipeline.training_run.manifest`: each file's size and SHA-256) last, and fsyncs the folder. A step
 directory without a manifest is torn, whatever DeepSpeed's `latest` marker says: a resume loads the newest
-complete step (`load`), which the stage has verified and chosen before it launched the ranks
-(`pipeline.training_run.resume_point`: every newer one set aside), and each rank checks its manifest, sizes and
-headers again before loading. The manifest lists the files rank 0 sees: on nodes without a shared file system,
-the other nodes' shards are not in it.
+complete step, which the stage has verified and chosen before it launched the ranks (its plan,
+`pipeline.training_run.plan`, names it on every rank's command line; every newer one is set aside), and each rank
+checks its manifest, sizes and headers again before loading (`load`). The manifest lists the files rank 0 sees:
+on nodes without a shared file system, the other nodes' shards are not in it.
 
 Exports: `export_hf` gathers ZeRO-3 shards parameter by parameter (one full tensor at a
 time, not the whole model) inside a running job; `export_from_checkpoint` rebuilds the fp32
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.outputs import fsync_path, fsync_tree, write_durably
-from pipeline.training_run.checkpoint import TrainerState, is_complete, prune
+from pipeline.training_run.checkpoint import TrainerState, prune
 from pipeline.training_run.manifest import problem, write_manifest
 
 
@@ -95,17 +95,9 @@ def is_deepspeed_checkpoint(path: Path) -> bool:
     return _rng_file(path, 0).is_file()
 
 
-def latest_complete(root: Path) -> Path | None:
-    """The newest step directory with its manifest (DeepSpeed's `latest` may name a torn or set-aside one)."""
-    found = sorted(p for p in (root / "checkpoints").glob("step-??????") if is_complete(p))
-    return found[-1] if found else None
-
-
-def load(replicas: DeepSpeedRank, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
-    """Restore the latest complete checkpoint under `root` (None when there is none)."""
-    path = latest_complete(root)
-    if path is None:
-        return None
+def load(replicas: DeepSpeedRank, path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState:
+    """Collective: restore the step directory `path`, the one the run's plan chose (DeepSpeed's `latest` may name a
+    torn or set-aside one, so it is not asked)."""
     damaged = problem(path, digests=False)  # the stage hashed it; each rank still refuses what changed since
     if damaged is not None:
         raise ValueError(f"{path}: {damaged}")

@@ -154,8 +154,8 @@ class DeepSpeedReplicas:
         """Collective: a DeepSpeed checkpoint (every rank's shards and RNG, the config and tokenizer)."""
         return checkpointing.save(self, root, state, scheduler, tokenizer)
 
-    def load_checkpoint(self, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
-        return checkpointing.load(self, root, scheduler)
+    def load_checkpoint(self, path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState:
+        return checkpointing.load(self, path, scheduler)
 
     def save_model(self, tokenizer, path: Path) -> None:
         """Collective: rank 0 writes the Hugging Face directory, gathered from ZeRO shards when needed."""

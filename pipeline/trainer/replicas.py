@@ -46,7 +46,7 @@ class Replicas(Protocol):
     def sync(self, engine: RolloutEngine) -> None: ...  # the rollout engine samples from the trained weights
     def save_checkpoint(self, root: Path, state: TrainerState, scheduler: torch.optim.lr_scheduler.LRScheduler,
                         tokenizer) -> Path: ...  # collective under data parallelism
-    def load_checkpoint(self, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None: ...
+    def load_checkpoint(self, path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState: ...
     def save_model(self, tokenizer, path: Path) -> None: ...  # collective under data parallelism
 
 
@@ -112,9 +112,8 @@ class OneProcess:
                         tokenizer) -> Path:
         return checkpoint.save_checkpoint(root, state, self.model, self.optimizer, scheduler)
 
-    def load_checkpoint(self, root: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState | None:
-        found = checkpoint.resume_checkpoint(root)
-        return None if found is None else checkpoint.load_checkpoint(found, self.model, self.optimizer, scheduler)
+    def load_checkpoint(self, path: Path, scheduler: torch.optim.lr_scheduler.LRScheduler) -> TrainerState:
+        return checkpoint.load_checkpoint(path, self.model, self.optimizer, scheduler)
 
     def save_model(self, tokenizer, path: Path) -> None:
         """A plain Hugging Face directory (tokenizer and chat template included) for transformers and vLLM;

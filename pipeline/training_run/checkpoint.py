@@ -5,9 +5,10 @@ A checkpoint is written to a temporary directory (`step-NNNNNN.tmp`), every file
 and its parent fsynced: a crash while saving never leaves a half-written checkpoint under a step's name, and a
 power cut after the rename never leaves one whose files were not on the disk. A checkpoint is complete when its
 manifest is there (`is_complete`); whether it is whole, and whether the run's history lets a resume continue from
-it, is `pipeline.training_run.resume_point`'s to decide. A resume takes the latest complete checkpoint (the resume
-point set aside every newer one that is not usable); one that finds only torn ones (a `.tmp` left by a kill, a
-step directory without a manifest) refuses to start over silently and names them (`resume_checkpoint`).
+it, is `pipeline.training_run.resume_point`'s to decide. A resume loads the checkpoint its plan chose
+(`pipeline.training_run.plan`: the newest complete one once the resume point set aside every newer one that is not
+usable); `--resume` over only torn ones (a `.tmp` left by a kill, a step directory without a manifest) refuses to
+start over silently and names them (`TornCheckpoints`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import os
 import random
 import shutil
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,20 +108,6 @@ def torn_checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories a kill left unfinished: `.tmp` staging dirs and step dirs without a manifest."""
     folder = root / "checkpoints"
     return sorted([*folder.glob("step-??????.tmp"), *(p for p in folder.glob("step-??????") if not is_complete(p))])
-
-
-def resume_checkpoint(root: Path) -> Path | None:
-    """The checkpoint `--resume` continues from: the latest complete one; None when `root` holds no checkpoint
-    at all (a first run). Only torn ones: raises `TornCheckpoints` naming them, since starting from step 0
-    over them would silently redo (and overwrite) the killed run's work."""
-    latest, torn = latest_checkpoint(root), torn_checkpoints(root)
-    if latest is None and torn:
-        raise TornCheckpoints(torn_message(root, torn))
-    if latest is not None and torn:
-        print(f"--resume: skipping torn checkpoints {', '.join(map(str, torn))} (killed while saving: no {MANIFEST}); "
-              f"resuming from {latest}",
-              file=sys.stderr, flush=True)
-    return latest
 
 
 def torn_message(root: Path, torn: list[Path]) -> str:

@@ -7,7 +7,7 @@ the retention of the last checkpoints counts only this run's, and `--resume` can
 a folder whose recorded config differs from the one resuming is refused with the differing keys named
 (`ConfigMismatch`). A fresh run takes its folder over: checkpoints an earlier attempt left there are removed
 (and named) before the first step, so steps of two attempts never mix. Whether a run resumes or starts afresh
-is decided by `pipeline.training_run.inputs` (`train.resume`) or by `--resume`.
+is decided once, before anything loads, by `pipeline.training_run.plan` (`train.resume`, `--resume`).
 
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
@@ -32,7 +32,7 @@ from typing import Any
 
 from pipeline.config import RunConfig
 from pipeline.model import visible_gpus
-from pipeline.outputs import write_durably
+from pipeline.outputs import write_durably, write_json_durably
 
 RUN_CONFIG = "run_config.json"
 CHECKPOINTS = "checkpoints"
@@ -174,3 +174,8 @@ def take(folder: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
     for name in () if resume else ATTEMPT_FILES:
         (folder / name).unlink(missing_ok=True)
     write_durably(folder / RUN_CONFIG, json.dumps(dict(identity), indent=2, sort_keys=True) + "\n")
+
+
+def mark_finished(folder: Path, step: int) -> None:
+    """Once the run's final model is saved and registered: `train.resume: auto` trains it again, never resumes it."""
+    write_json_durably(folder / FINISHED, {"step": step})

@@ -23,7 +23,9 @@ holds what the killed attempt logged past the checkpoint too, may live at anothe
 file the checkpoint's digest vouches for.
 
 Torn checkpoints (a `.tmp` left by a kill while saving, a data-parallel step directory without its manifest) are
-no damage: they are named and passed over as before (`pipeline.training_run.checkpoint`).
+no damage: they are named and passed over (`pipeline.training_run.checkpoint`). Which run resumes, and when, is
+`pipeline.training_run.plan`'s to decide; it settles once, before anything loads, and every process of the run
+loads the checkpoint it chose.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import RunConfig
 from pipeline.tracking.history import TRAIN_HISTORY, RecordedHistory, recorded_history
 from pipeline.training_run.checkpoint import (REJECTED, TornCheckpoints, is_complete, read_state, torn_checkpoints,
                                          torn_message)
+from pipeline.training_run.manifest import MANIFEST
 from pipeline.training_run.manifest import problem as files_problem
-from pipeline.training_run.folder import CHECKPOINTS, HISTORY, check_resumable, training_identity
+from pipeline.training_run.folder import CHECKPOINTS, HISTORY
 
 
 class UnusableCheckpoints(RuntimeError):
@@ -111,17 +113,12 @@ def settle(root: Path, history: RecordedHistory, *, insisted: bool = False) -> R
     if point.rejected:
         print(f"train: resuming from {point.checkpoint.name}, not from the newer {_named(point.rejected)} "
               f"(set aside as {', '.join(p.name for p in moved)})", file=sys.stderr, flush=True)
+    if point.checkpoint is not None and point.torn:
+        print(f"--resume: skipping torn checkpoints {', '.join(map(str, point.torn))} (killed while saving: no "
+              f"{MANIFEST}); resuming from {point.checkpoint}", file=sys.stderr, flush=True)
     return point
 
 
 def run_history(run_dir: Path, metrics_dir: Path) -> RecordedHistory:
     """The history a resume of the run in `run_dir` reads (its own copy first, else the stage's output)."""
     return recorded_history(metrics_dir / TRAIN_HISTORY, run_dir / HISTORY)
-
-
-def prepare_resume(cfg: RunConfig, run_dir: Path, metrics_dir: Path) -> ResumePoint:
-    """`--resume` in one process, before anything loads: the checkpoints must be this config's
-    (`ConfigMismatch` otherwise), then `settle`. Data-parallel ranks load what the stage settled before it
-    launched them."""
-    check_resumable(run_dir, training_identity(cfg))
-    return settle(run_dir, run_history(run_dir, metrics_dir), insisted=True)

@@ -105,7 +105,7 @@ def first_update(params: Path, out: Path) -> dict:
         "train.algorithm.kl_coef": 0.1, "train.logprobs_source": "recompute", "train.autocast": "bfloat16",
         "train.ppo_mini_batches": 1, "train.ppo_epochs": 1,
         "train.checkpoint_dir": str(out / "precision_run"), "train.output_dir": str(out / "precision_policy")})
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     exact: list[bool] = []
     metrics = update(dataclasses.replace(tr, loss=_watching(tr.loss, exact)), collect(tr).kept)
     everyone: list = [None] * dist.get_world_size()

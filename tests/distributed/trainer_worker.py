@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,15 +49,15 @@ def rollout_model_matches(tr) -> bool:
 
 def main(params: Path, out: Path) -> None:
     cfg = load_config(params)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     first = one_step(tr)
-    tr.replicas.save_checkpoint(tr.run_dir, TrainerState(1, tr.stream.cursor, tr.engine.calls),
-                                tr.scheduler, tr.tokenizer)
+    saved = tr.replicas.save_checkpoint(tr.plan.folder, TrainerState(1, tr.stream.cursor, tr.engine.calls),
+                                        tr.scheduler, tr.tokenizer)
     before_second = gathered(tr)
     second = one_step(tr)
     after = gathered(tr)
     tr.replicas.save_model(tr.tokenizer, Path(cfg.train.output_dir))
-    resumed = set_up(cfg, {}, resume=True)
+    resumed = set_up(cfg, {}, replace(tr.plan, resume=True, start_from=saved))  # every rank loads what the plan names
     resumed_state = resumed.start
     third = one_step(resumed)
     result = {"first": first, "second": second, "after": after, "before_second": before_second,
@@ -73,7 +74,7 @@ def refilled(params: Path, out: Path) -> None:
     cfg = load_config(params, overrides={
         "train.algorithm.dynamic_sampling": True, "train.refill_dropped_groups": True, "train.max_gen_rounds": 2,
         "train.checkpoint_dir": str(out / "refill_run"), "train.output_dir": str(out / "refill_policy")})
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     steps = []
     for _ in range(3):
         window = [p.id for p in copy.deepcopy(tr.stream).take(6)]

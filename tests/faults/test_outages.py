@@ -179,7 +179,7 @@ def test_groups_that_read_an_outage_are_never_trained_on(tmp_path: Path, toy_mod
                                  max_step_outage_share=1.0, max_run_outage_share=1.0))
     with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
         _killing_tools(monkeypatch, service, n=6)  # some of the step's calls answer, the rest meet a dead sandbox
-        tr = set_up(cfg, {"code": service.url}, resume=False)
+        tr = set_up(cfg, {"code": service.url})
         collected = collect(tr)
         metrics = outage_metrics(tr.outages, collected, 0)  # as the loop checks the step before it trains
         tr.engine.close()

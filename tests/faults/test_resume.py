@@ -47,6 +47,7 @@ import pipeline.train as train
 import pipeline.trainer.replicas as replicas
 from pipeline.config import load_config
 from pipeline.tracking.history import MetricHistory
+from pipeline.training_run.plan import plan_run
 
 params, mode, metrics_dir, kill_at = sys.argv[1:5]
 
@@ -69,7 +70,9 @@ elif kill_at.startswith("during-checkpoint-"):  # a checkpoint's weights are wri
         if f"step-{step:06d}" in filename:
             die()
     checkpoint.save_model = torn
-last = train.run(load_config(params), {}, resume=mode == "resume", metrics_dir=Path(metrics_dir))
+cfg = load_config(params)
+plan = plan_run(cfg, metrics_dir=Path(metrics_dir), mode="insisted" if mode == "resume" else "never")  # as the stage
+last = train.run(cfg, {}, plan, metrics_dir=Path(metrics_dir))
 print(json.dumps(last, sort_keys=True))
 """
 

@@ -46,7 +46,7 @@ def test_one_step(row: dict[str, str], tmp_path: Path, protocol_models: dict[str
                   tool_urls: dict[str, str]) -> None:
     url = tool_urls[row["protocol"]]
     cfg = row_config(row, tmp_path, protocol_models[row["protocol"]], url)
-    tr = set_up(cfg, {TASKS[row["protocol"]].tool: url}, resume=False)
+    tr = set_up(cfg, {TASKS[row["protocol"]].tool: url})
     try:
         one_step(tr)
     finally:

@@ -47,7 +47,7 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
     done = subprocess.run([str(VLLM_PYTHON), "-m", "tests.matrix.vllm_rollout", str(params), task.tool, url, str(out)],
                           env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
-    tr = set_up(row_config(row, tmp_path, model_dir, url), {task.tool: url}, resume=False)  # the trainer side
+    tr = set_up(row_config(row, tmp_path, model_dir, url), {task.tool: url})  # the trainer side
     try:
         for groups in pickle.loads(out.read_bytes()):  # a collection that keeps nothing is a skipped step
             scored = [group_reward(cfg_vllm, tr.tepo)(g) for g in groups]

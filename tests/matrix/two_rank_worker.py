@@ -37,7 +37,7 @@ def main(cases_path: Path, out: Path) -> None:
     checked = []
     for case in json.loads(cases_path.read_text()):
         cfg = load_config(case["params"])
-        tr = set_up(cfg, {case["tool"]: case["url"]}, resume=False)
+        tr = set_up(cfg, {case["tool"]: case["url"]})
         try:
             metrics = one_step(tr)
         finally:

@@ -18,6 +18,12 @@ from flows.ranks import RanksFailed, rank_program, stage_layout, train_on_ranks
 from pipeline.config import config_from_dict, load_config
 from pipeline.distributed.launch import launcher_command, on_this_machine, rank_layout
 from pipeline.tracking.runs import STAGE_RUN_ENV
+from pipeline.training_run.plan import RunPlan
+
+# A resumed run's plan, with what a shell or a launcher would mangle: spaces, quotes, a newline, non-ASCII.
+PLAN = RunPlan(Path("runs/train/exp 'one'"), {"train.lr": 1e-6, "rollout.stop": ["</answer>\n", "$HOME"]},
+               {"code": "c0ffee"}, "insisted", True, "--resume: continuing the run in runs/train/exp 'one' (é)",
+               Path("runs/train/exp 'one'/checkpoints/step-000004"))
 
 
 def test_one_process_launches_nothing() -> None:
@@ -91,9 +97,11 @@ def test_the_ranks_run_with_the_interpreter_named_as_written(tmp_path: Path, mon
 
 def test_every_rank_is_given_the_params_the_services_and_the_stage_run(monkeypatch) -> None:
     monkeypatch.setenv(STAGE_RUN_ENV, "run123")
-    program = rank_program("p.yaml", {"search": "http://s", "code": "http://c"}, resume=True)
+    program = rank_program("p.yaml", {"search": "http://s", "code": "http://c"}, PLAN)
     assert program == ["-m", "pipeline.train", "--params", "p.yaml", "--metrics-dir", "metrics",
-                       "--tool-url=code=http://c", "--tool-url=search=http://s", "--stage-run", "run123", "--resume"]
+                       "--tool-url=code=http://c", "--tool-url=search=http://s", "--stage-run", "run123",
+                       "--plan", PLAN.encoded()]
+    assert re.fullmatch(r"[A-Za-z0-9_=-]+", program[-1])  # one word to any shell a launcher hands it to
 
 
 def test_a_failing_rank_fails_the_stage_naming_it(tmp_path: Path, repo_root: Path) -> None:
@@ -103,7 +111,7 @@ def test_a_failing_rank_fails_the_stage_naming_it(tmp_path: Path, repo_root: Pat
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     lines: list[str] = []
     with pytest.raises(RanksFailed, match=r"rank \d \(exit code 1\) failed first") as failed:
-        train_on_ranks(on_this_machine(2), tmp_path / "params.yaml", {}, False, lines.append,
+        train_on_ranks(on_this_machine(2), tmp_path / "params.yaml", {}, PLAN, lines.append,
                        metrics_dir=tmp_path / "metrics", log_dir=tmp_path / "logs")
     assert "missing.jsonl" in str(failed.value)  # the failing rank's own error, in the stage's failure
     assert any(line.startswith("[rank1]:") for line in lines) and any(line.startswith("[rank0]:") for line in lines)
@@ -112,20 +120,23 @@ def test_a_failing_rank_fails_the_stage_naming_it(tmp_path: Path, repo_root: Pat
 @pytest.mark.parametrize("ad_hoc", [False, True])
 def test_every_rank_trains_the_flows_run_where_the_flow_placed_it(monkeypatch, tmp_path: Path, repo_root: Path,
                                                                    ad_hoc: bool) -> None:
-    """The rank's command line, as `python -m pipeline.train` parses it: the run's folder name and an ad-hoc
-    run's model and metrics places reach `run`; without them, the params' own places and the config's folder."""
+    """The rank's command line, as `python -m pipeline.train` parses it: the stage's plan (the run's folder, the
+    checkpoint every rank starts from) and an ad-hoc run's model and metrics places reach `run`; without the
+    places, the params' own."""
     monkeypatch.setenv(STAGE_RUN_ENV, "run123")  # restored afterwards (the rank entry sets it from --stage-run)
-    name, model = ("exp 1", tmp_path / "runs/train/exp/models/policy") if ad_hoc else (None, None)
-    program = rank_program(repo_root / "params.yaml", {"code": "http://c"}, resume=ad_hoc,
-                           metrics_dir=tmp_path / "metrics", run_name=name, output_dir=model)
+    model = tmp_path / "runs/train/exp/models/policy" if ad_hoc else None
+    plan = PLAN if ad_hoc else RunPlan(Path("runs/train/cfg-0123456789"), {}, {}, "auto", False, "fresh", None)
+    program = rank_program(repo_root / "params.yaml", {"code": "http://c"}, plan,
+                           metrics_dir=tmp_path / "metrics", output_dir=model)
     called: dict = {}
-    monkeypatch.setattr(train_module, "run", lambda cfg, urls, **kw: called.update(cfg=cfg, urls=urls, **kw))
+    monkeypatch.setattr(train_module, "run",
+                        lambda cfg, urls, plan, **kw: called.update(cfg=cfg, urls=urls, plan=plan, **kw))
     monkeypatch.setattr(train_module, "die_with_launcher", lambda: None)
     monkeypatch.setattr(train_module, "leave_process_group", lambda: None)
     assert program[:2] == ["-m", "pipeline.train"]
     train_module.main(program[2:])
     params = load_config(repo_root / "params.yaml")
-    assert called["run_name"] == name and called["resume"] is ad_hoc and called["urls"] == {"code": "http://c"}
+    assert called["plan"] == plan and called["urls"] == {"code": "http://c"}
     assert called["metrics_dir"] == tmp_path / "metrics"
     assert called["cfg"].train.output_dir == (str(model) if ad_hoc else params.train.output_dir)
     placed_train = called["cfg"].train.model_copy(update={"output_dir": params.train.output_dir})

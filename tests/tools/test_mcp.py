@@ -158,5 +158,5 @@ def test_a_training_set_up_that_fails_after_the_server_started_stops_it(tmp_path
                   "checkpoint_dir": str(tmp_path / "ckpt"), "gradient_checkpointing": False},
         "model": {"device": "cpu"}})
     with pytest.raises(TemplateError, match="incrementally"):
-        set_up(cfg, {}, resume=False)
+        set_up(cfg, {})
     assert not [t.name for t in threading.enumerate() if t.name == "mcp-refused"]

@@ -63,7 +63,7 @@ def dropout_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_first_mini_batch_ratio_is_exactly_one_with_dropout_in_the_model(tmp_path: Path,
                                                                                dropout_model: Path) -> None:
     cfg = toy_config(tmp_path, dropout_model, logprobs_source="recompute", micro_batch_size=4, ppo_epochs=2)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     assert tr.replicas.model.model.layers[0].self_attn.attention_dropout == P  # loaded with dropout on
     seen: list[bool] = []
 

@@ -156,7 +156,7 @@ def test_every_sampling_path_applies_the_trainer_filter(tmp_path: Path) -> None:
     for refill, sampler in ((False, InRounds), (True, Refilling)):
         cfg = toy_config(tmp_path / str(refill), model_dir, group_size=2, prompts_per_step=2, max_gen_rounds=2,
                          refill_dropped_groups=refill, algorithm={"kind": "dapo", "filter_metric": "total"})
-        tr = set_up(cfg, {}, resume=False)
+        tr = set_up(cfg, {})
         assert tr.keep == InformativeFilter("total", variant(TepoOff()))  # resolved once from the config
         assert type(tr.sampler) is sampler
         consulted.clear()

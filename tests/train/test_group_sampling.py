@@ -24,7 +24,7 @@ def test_refill_draws_until_the_batch_is_full_and_not_one_problem_more(tmp_path:
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, group_size=2, prompts_per_step=3, max_gen_rounds=2,
                      refill_dropped_groups=True)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     assert tr.sampler == Refilling(3, 2, 2)
     drawn_per_step, cursor = [], 0
     for _ in range(6):
@@ -78,7 +78,7 @@ def test_sharded_refill_draws_from_the_window_in_order_and_skips_the_rest(tmp_pa
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, group_size=2, prompts_per_step=3, max_gen_rounds=2,
                      refill_dropped_groups=True)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     sharded, sampler = ShardedRollouts(tr.engine), ShardedRefilling(3, 2, 2)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:

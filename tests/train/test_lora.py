@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from pipeline.train import run, set_up, update
 from pipeline.training_run.folder import run_folder
+from pipeline.training_run.plan import plan_run
 from tests.helpers.training import collect_batch
 from tests.train.test_resume import assert_same_metrics
 from tests.train.toy_task import build_direct_model, toy_config
@@ -40,7 +41,7 @@ def merged(base_W: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor) -> 
 
 def test_lora_trains_only_the_adapter(tmp_path: Path, model_dir: Path) -> None:
     cfg = toy_config(tmp_path, model_dir, steps=3, gradient_checkpointing=True, finetune=LORA)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     trainable = {n for n, p in tr.replicas.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     held = [p for group in tr.replicas.optimizer.param_groups for p in group["params"]]
@@ -90,7 +91,7 @@ def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, mod
     # As if killed after logging step 2 but before its checkpoint: resume from step 2 redoes step 2.
     shutil.rmtree(run_folder(cfg) / "checkpoints" / "step-000003")
     last_checkpoint = load_file(run_folder(cfg) / "checkpoints" / "step-000002" / "model.safetensors")
-    run(cfg, {}, resume=True, metrics_dir=metrics)
+    run(cfg, {}, plan_run(cfg, metrics_dir=metrics, mode="insisted"), metrics_dir=metrics)  # --resume
     rows = [json.loads(line) for line in (metrics / "train_history.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]  # step 2 ran twice; the history keeps the resumed run's row
     assert_same_metrics(rows[-1], straight[2], exact=True)
@@ -133,4 +134,4 @@ def test_lora_with_data_parallelism_is_refused_before_loading(tmp_path: Path) ->
     cfg = toy_config(tmp_path, tmp_path / "no-model-here", finetune=LORA)
     cfg = cfg.model_copy(update={"distributed": cfg.distributed.model_copy(update={"enabled": True})})
     with pytest.raises(ValueError, match="train.finetune: kind lora is not supported with distributed.enabled"):
-        set_up(cfg, {}, resume=False)
+        set_up(cfg, {})

@@ -38,7 +38,7 @@ def test_an_unknown_decay_names_the_key() -> None:
 def test_the_trainer_builds_the_configured_schedule_and_a_restored_one_continues(tmp_path: Path) -> None:
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, steps=4, warmup_steps=1, lr_decay="cosine", min_lr_ratio=0.1, lr=1e-3)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     expected = lr_multiplier("cosine", 1, 4, 0.1)
     seen = []
     for s in range(5):
@@ -51,7 +51,7 @@ def test_the_trainer_builds_the_configured_schedule_and_a_restored_one_continues
     assert seen[1] == pytest.approx(1e-3) and seen[4] == pytest.approx(1e-4)
 
     restored = set_up(toy_config(tmp_path / "again", model_dir, steps=4, warmup_steps=1, lr_decay="cosine",
-                                 min_lr_ratio=0.1, lr=1e-3), {}, resume=False)
+                                 min_lr_ratio=0.1, lr=1e-3), {})
     restored.scheduler.load_state_dict(saved)
     assert restored.scheduler.get_last_lr()[0] == pytest.approx(seen[2])
 
@@ -68,7 +68,7 @@ def test_the_logged_rate_is_the_rate_each_step_stepped_with(tmp_path: Path) -> N
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, steps=4, warmup_steps=2, lr_decay="linear", min_lr_ratio=0.1, lr=1e-3,
                      ppo_epochs=2)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     used: list[float] = []
     tr.replicas.optimizer.register_step_pre_hook(lambda opt, *_: used.append(opt.param_groups[0]["lr"]))
     expected, updates = lr_multiplier("linear", 2, 4, 0.1), 0

@@ -44,7 +44,7 @@ def adam_steps(optimizer: torch.optim.Optimizer) -> int:
 def test_each_mini_batch_is_its_own_optimiser_step(tmp_path: Path) -> None:
     model_dir = build_direct_model(tmp_path / "model")
     cfg = toy_config(tmp_path, model_dir, prompts_per_step=3, max_gen_rounds=3, ppo_epochs=2, ppo_mini_batches=2)
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     kept, _ = collect_batch(tr)
     assert len(kept) == 3  # the coin flip makes informative groups: mini-batches of 2 and 1 groups
     initial = {n: p.detach().clone() for n, p in tr.replicas.model.named_parameters()}
@@ -55,7 +55,7 @@ def test_each_mini_batch_is_its_own_optimiser_step(tmp_path: Path) -> None:
 
     # The same updates written out: each mini-batch a separate step over its own tokens, the two
     # mini-batches in order, twice; old log-probs are those the rollout recorded.
-    manual = set_up(toy_config(tmp_path / "manual", model_dir), {}, resume=False)
+    manual = set_up(toy_config(tmp_path / "manual", model_dir), {})
     assert all(torch.equal(p, initial[n]) for n, p in manual.replicas.model.named_parameters())
     halves = [prepared_batch(manual, groups)[0] for groups in (kept[:2], kept[2:])]
     assert halves[0].n_policy_tokens + halves[1].n_policy_tokens == sum(
@@ -70,7 +70,7 @@ def test_each_mini_batch_is_its_own_optimiser_step(tmp_path: Path) -> None:
         assert not torch.equal(ours, initial[name]), name
 
     # One step over the whole batch lands elsewhere: the split is not a no-op.
-    whole = set_up(toy_config(tmp_path / "whole", model_dir), {}, resume=False)
+    whole = set_up(toy_config(tmp_path / "whole", model_dir), {})
     update(whole, kept)
     assert adam_steps(whole.replicas.optimizer) == 1
     assert any(not torch.equal(a, b) for a, b in zip(tr.replicas.model.parameters(), whole.replicas.model.parameters(), strict=True))

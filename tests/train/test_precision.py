@@ -56,7 +56,7 @@ def test_one_step_moves_every_weight_in_every_accepted_precision(dtype: str, fin
         assert dtype != "float32" and all("model.dtype" in r for r in refused), refused
         assert dtype == "float16" or autocast != "none", refused
         return
-    tr = set_up(cfg, {}, resume=False)
+    tr = set_up(cfg, {})
     try:
         trained = [p for p in tr.replicas.model.parameters() if p.requires_grad]
         assert {p.dtype for p in trained} == {torch.float32}  # master weights, whatever model.dtype says

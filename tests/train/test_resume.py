@@ -45,10 +45,11 @@ STEPS, CHECKPOINT_EVERY, KILL_AFTER_LOGGED = 6, 2, 3  # killed after step 2 is l
 # rows that come back from a tool together share one prefill and the same steps, and which rows do depends
 # on tool latency. Everything else must match exactly.
 TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency|prefill_tokens|reused_kv_tokens|decode_step)")
-DRIVER = (
+DRIVER = (  # as the stage runs it: planned (`--resume` insists), then trained
     "import sys; from pathlib import Path; from pipeline.config import load_config; from pipeline.train import run; "
-    "run(load_config(sys.argv[1]), {'code': sys.argv[2]} if sys.argv[2] else {}, "
-    "resume=sys.argv[3] == 'resume', metrics_dir=Path(sys.argv[4]))"
+    "from pipeline.training_run.plan import plan_run; cfg, metrics = load_config(sys.argv[1]), Path(sys.argv[4]); "
+    "plan = plan_run(cfg, metrics_dir=metrics, mode='insisted' if sys.argv[3] == 'resume' else 'never'); "
+    "run(cfg, {'code': sys.argv[2]} if sys.argv[2] else {}, plan, metrics_dir=metrics)"
 )
 
 

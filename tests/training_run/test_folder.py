@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,11 @@ from pipeline.config import load_config
 from pipeline.export import CheckpointNotFound, export_checkpoint
 from pipeline.export import main as export_cli
 from pipeline.paths import REPO_ROOT
-from pipeline.train import run
+from pipeline.train import run, set_up
+from pipeline.training_run.checkpoint import read_state
 from pipeline.training_run.folder import (NOT_IDENTITY, RUN_CONFIG, ConfigMismatch, check_resumable, config_name,
-                                         run_folder, take, training_identity)
+                                          run_folder, take, training_identity)
+from pipeline.training_run.plan import plan_run
 from tests.train.toy_task import build_direct_model, toy_config
 
 # Keys that change what a run computes, each with another valid value.
@@ -157,9 +160,25 @@ def test_resuming_another_configs_run_is_refused_before_training(two_runs: tuple
     _, configs = two_runs
     other = run_folder(configs[3]).name  # e.g. the same DVC experiment name reused with other params
     with pytest.raises(ConfigMismatch, match=r"1 key\(s\) differ: train\.steps: 3 in the checkpoints, 2 now"):
-        run(configs[2], {}, resume=True, run_name=other, metrics_dir=Path(configs[2].train.output_dir + "-resumed"))
+        metrics_dir = Path(configs[2].train.output_dir + "-resumed")
+        run(configs[2], {}, plan_run(configs[2], name=other, metrics_dir=metrics_dir, mode="insisted"),
+            metrics_dir=metrics_dir)
     assert sorted(p.name for p in (run_folder(configs[3]) / "checkpoints").iterdir()) == ["step-000002",
                                                                                           "step-000003"]
+
+
+def test_a_run_starts_from_the_checkpoint_its_plan_names(two_runs: tuple[Path, dict]) -> None:
+    """Not from whatever is newest: the stage chose the checkpoint (and a data-parallel rank is handed the same
+    plan), so what the run loads is the plan's."""
+    _, configs = two_runs
+    older = run_folder(configs[3]) / "checkpoints" / "step-000002"
+    t = set_up(configs[3], {}, replace(plan_run(configs[3]), resume=True, start_from=older))
+    try:
+        assert (t.start.step, t.stream.cursor) == (2, read_state(older).data_cursor)
+        assert sorted(p.name for p in (run_folder(configs[3]) / "checkpoints").iterdir()) == ["step-000002",
+                                                                                              "step-000003"]
+    finally:
+        t.engine.close()
 
 
 def test_exporting_a_checkpoint_that_is_not_there_lists_those_that_are(

@@ -16,10 +16,10 @@ import pytest
 from pipeline.config import config_from_dict
 from pipeline.tracking.history import MetricHistory, recorded_history
 from pipeline.training_run.manifest import MANIFEST
-from pipeline.training_run.folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, take,
-                                         training_identity)
-from pipeline.training_run.inputs import (code_digest, decide_resume, mark_finished, record_inputs, run_inputs,
-                                         tree_digest)
+from pipeline.training_run.folder import (ATTEMPT_FILES, CHECKPOINTS, HISTORY, INPUTS, RUN_CONFIG, mark_finished,
+                                          take, training_identity)
+from pipeline.training_run.inputs import code_digest, note_inputs, record_inputs, run_inputs, tree_digest
+from pipeline.training_run.plan import decide_resume
 from tests.helpers.checkpoints import history_rows, write_checkpoints, write_history
 
 IDENTITY = {"train.lr": 0.001, "train.steps": 4}
@@ -173,8 +173,6 @@ def test_a_history_row_that_is_no_step_record_is_named(tmp_path: Path, line: str
 
 
 def test_an_insisted_resume_names_the_inputs_that_changed_and_records_the_new_ones(tmp_path: Path, capsys) -> None:
-    from pipeline.train import note_inputs
-
     folder = tmp_path / "run"
     make_folder(folder, "complete", False, "same", "same")
     changed = INPUTS_NOW | {"code": "c1", "train_file": "t1"}

@@ -40,6 +40,6 @@ def configured(params: str, label: str | None = None, out: str | None = None) ->
 
 @flow(name="build-index", log_prints=True)
 def build_index_flow(params: str = "params.yaml", label: str | None = None, out: str | None = None) -> dict:
-    cfg, _ = configured(params, label, out)
-    return reported_stage(params, "build-index", "search", build_index_task, cfg)
+    cfg, place = configured(params, label, out)
+    return reported_stage(params, "build-index", "search", build_index_task, cfg, place.label)
 

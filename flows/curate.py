@@ -62,6 +62,6 @@ def configured(params: str, label: str | None = None, out: str | None = None) ->
 
 @flow(name="curate", log_prints=True)
 def curate_flow(params: str = "params.yaml", label: str | None = None, out: str | None = None) -> dict:
-    run, _ = configured(params, label, out)
-    return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params), run)
+    run, place = configured(params, label, out)
+    return reported_stage(params, "curate", "curate", lambda cfg: curate_task(run, params), run, place.label)
 

@@ -30,6 +30,6 @@ def configured(params: str, label: str | None = None, out: str | None = None) ->
 
 @flow(name="prepare-model", log_prints=True)
 def prepare_model_flow(params: str = "params.yaml", label: str | None = None, out: str | None = None) -> str:
-    cfg, _ = configured(params, label, out)
-    return reported_stage(params, "prepare-model", "model", convert, cfg)
+    cfg, place = configured(params, label, out)
+    return reported_stage(params, "prepare-model", "model", convert, cfg, place.label)
 

@@ -18,13 +18,14 @@ T = TypeVar("T")
 
 
 def reported_stage(params: str | Path, stage: str, section: str, work: Callable[[Any], T],
-                   cfg: RunConfig | None = None) -> T:
+                   cfg: RunConfig | None = None, label: str | None = None) -> T:
     """A stage whose library opens no MLflow run (prepare-model, curate, build-index): run
     `work(cfg.<section>)` inside the stage's MLflow run, which records the section and the report. `cfg`: the
-    run's config as resolved (an ad-hoc run's outputs placed, flows.outputs), else the params file's."""
+    run's config as resolved (an ad-hoc run's outputs placed, flows.outputs), else the params file's; `label`: an
+    ad-hoc run's, which names its MLflow run."""
     cfg = load_or_exit(params) if cfg is None else cfg
     part: BaseModel = getattr(cfg, section)
-    with stage_run(cfg, stage) as run_id:
+    with stage_run(cfg, stage, label) as run_id:
         report = work(part)
         log_report(cfg.run, run_id, {section: part.model_dump()}, report)
     print(f"{stage}: {report}")

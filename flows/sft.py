@@ -39,7 +39,7 @@ def configured(params: str, label: str | None = None, out: str | None = None) ->
 def sft_flow(params: str = "params.yaml", label: str | None = None, out: str | None = None) -> dict:
     cfg, place = configured(params, label, out)
     tools = ("code", "search") if cfg.sft.enabled else ()  # the teacher's calls really run (pipeline.sft)
-    with stage_run(cfg, "sft") as run_id, running_services(cfg, tools, params) as urls:
+    with stage_run(cfg, "sft", place.label) as run_id, running_services(cfg, tools, params) as urls:
         metrics = sft_task(cfg, urls, place.place("metrics"))
     print(f"sft: {metrics}")
     publish("sft", f"sft: {cfg.sft.output_dir}", markdown_table(metrics), cfg.run, run_id)

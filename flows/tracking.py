@@ -8,10 +8,15 @@ Where the parent comes from:
   process above the stage), and its later stages find it by that tag;
 * a stage run alone (`python -m flows.curate`) has no parent.
 
-`stage_run` opens the stage's run under that parent, tagged with the git commit and the DVC
+`stage_run` opens the stage's run under that parent, named after the stage (`train`, `evaluate-sft`; an ad-hoc
+run after what it ran too: `evaluate-step12`, tagged `tapo.label`), tagged with the git commit and the DVC
 hash of each of the stage's file/directory inputs (`dvc.dep.<path>`, computed by DVC the way
 `dvc.lock` records them, from DVC's hash cache, so it is cheap), and names it in
-`TAPO_MLFLOW_STAGE_RUN`, where the library's `tracked_run` adopts it. A data-parallel rank
+`TAPO_MLFLOW_STAGE_RUN`, where the library's `tracked_run` adopts it. When the stage succeeds its headline numbers
+become the parent's metrics (`<stage>/<name>`), the columns of the runs table's shared `headline` view
+(`pipeline.tracking.views`). A plain `dvc repro`'s parent is RUNNING, with no end time, while one of its stages runs,
+and ends with each (FINISHED, FAILED or KILLED, the stages' end time): between two stages it says how the stages so
+far ended. A data-parallel rank
 other than 0 records nothing. A stage run is always new: a resumed training does not reopen the run of the
 attempt that was killed (which stays KILLED under the parent of the `dvc repro` it ran in), so the parent of
 the invocation that finishes the training holds the run that finished it (`pipeline.tracking.runs`).
@@ -36,9 +41,9 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag
 from flows.quiet import quiet_libraries
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
-from pipeline.tracking.headline import PREFIX as HEADLINE
-from pipeline.tracking.runs import (OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten, git_commit,
-                                    mark_abandoned_runs, open_experiment, owner)
+from pipeline.tracking.runs import (LABEL_TAG, OWNER_TAG, PARENT_ENV, STAGE_RUN_ENV, dvc_dep_tags, flatten,
+                                    git_commit, mark_abandoned_runs, open_experiment, owner)
+from pipeline.tracking.views import experiment_url, share_headline_view, stage_headline
 
 INVOCATION_TAG = "dvc_invocation"
 UI_URL_ENV = "TAPO_MLFLOW_UI_URL"
@@ -48,6 +53,7 @@ DEFAULT_UI_URL = "http://127.0.0.1:5000"
 UI_MODE = "workflowType=machine_learning"
 RUNNING, FINISHED, FAILED, KILLED = (RunStatus.to_string(s) for s in (
     RunStatus.RUNNING, RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED))
+CURVED_STAGES = ("train", "sft")  # stages whose runs chart per-step curves: no single-value metrics beside them
 
 
 class LockFileError(ValueError):
@@ -157,27 +163,37 @@ def dvc_run_name() -> str:
     return os.environ.get("DVC_EXP_NAME") or f"dvc-repro-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def stage_run_name(client: MlflowClient, parent: str | None, stage: str) -> str:
-    """`<parent's name>/<stage>` (the DVC experiment's or the flow run's), else `<DVC experiment>/<stage>`,
-    else the stage: chart legends and compare columns then say which run a stage belongs to."""
-    prefix = client.get_run(parent).info.run_name if parent else os.environ.get("DVC_EXP_NAME")
-    return f"{prefix}/{stage}" if prefix else stage
+def stage_run_name(stage: str, label: str | None = None) -> str:
+    """The stage (`train`, `evaluate-sft`: the parent, named after the experiment, says which pipeline run it belongs
+    to, and a name stays short enough for the UI's columns); an ad-hoc run's also names what it ran (its label:
+    the model's folder or `--label`), `evaluate-step12`."""
+    return f"{stage}-{label}" if label else stage
 
 
 def copy_headline(client: MlflowClient, stage_run_id: str, parent: str | None, stage: str) -> None:
-    """The stage's `headline/*` metrics onto the parent run as `<stage>/<name>`."""
-    if parent is None:
+    """The stage's headline (`pipeline.tracking.views.stage_headline`) as metrics `<stage>/<name>` of the run that
+    sums it up: the parent, else a stage run alone that charts no curves (an ad-hoc evaluation, whose row then reads
+    beside the pipeline's); the shared `headline` view shows them as columns."""
+    summary = parent if parent is not None else None if stage in CURVED_STAGES else stage_run_id
+    headline = {f"{stage}/{k}": v for k, v in stage_headline(client.get_run(stage_run_id)).items()}
+    if summary is None or not headline:
         return
-    metrics = client.get_run(stage_run_id).data.metrics
-    headline = {f"{stage}/{k.removeprefix(HEADLINE)}": v for k, v in metrics.items() if k.startswith(HEADLINE)}
-    if headline:
-        client.log_batch(parent, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headline.items()])
+    client.log_batch(summary, metrics=[Metric(k, v, int(time.time() * 1000), 0) for k, v in headline.items()])
+    share_headline_view(client, client.get_run(summary).info.experiment_id, headline)
+
+
+def reopen(client: MlflowClient, run_id: str) -> None:
+    """Mark a finished run RUNNING again with no end time. `MlflowClient.update_run` keeps the end time the run
+    got when it finished, so a reopened `dvc repro` parent showed a duration while it ran; the tracking store's own
+    update sets one (0, which the UI and this project read as none: no public call clears it)."""
+    client._tracking_client.store.update_run_info(run_id, RunStatus.RUNNING, end_time=0, run_name=None)
 
 
 @contextmanager
-def stage_run(cfg: RunConfig, stage: str) -> Iterator[str | None]:
+def stage_run(cfg: RunConfig, stage: str, label: str | None = None) -> Iterator[str | None]:
     """The stage's MLflow run, a new one nested under the pipeline parent if there is one; yields its id (None
-    on data-parallel ranks other than 0). On success the stage's headline metrics are copied onto the parent."""
+    on data-parallel ranks other than 0). `label`: an ad-hoc run's (flows.outputs.Placement), which names it. On
+    success the stage's headline is copied onto the parent (`copy_headline`)."""
     quiet_libraries()
     if int(os.environ.get("RANK", "0")) != 0:
         yield None
@@ -188,11 +204,11 @@ def stage_run(cfg: RunConfig, stage: str) -> Iterator[str | None]:
     invocation = None if parent else dvc_invocation()
     if invocation:  # a plain `dvc repro`: this invocation's parent, open again while this stage runs
         parent = dvc_parent(cfg, invocation)
-        client.update_run(parent, status=RUNNING)
+        reopen(client, parent)
     hashes = dvc_dep_tags(stage_input_hashes(stage))
     tags = {"stage": stage, "git_commit": git_commit(), OWNER_TAG: owner(), **hashes} | (
-        {"mlflow.parentRunId": parent} if parent else {})
-    run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(client, parent, stage),
+        {"mlflow.parentRunId": parent} if parent else {}) | ({LABEL_TAG: label} if label else {})
+    run_id = client.create_run(_experiment_id(cfg.run), run_name=stage_run_name(stage, label),
                                tags=tags).info.run_id
     with _terminated(client, parent if invocation else None), _terminated(client, run_id), \
             _env(STAGE_RUN_ENV, run_id):
@@ -221,6 +237,12 @@ def run_url(run_cfg: RunSection, run_id: str) -> str:
     base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL).rstrip("/")
     experiment_id = _client(run_cfg).get_run(run_id).info.experiment_id
     return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{UI_MODE}"
+
+
+def runs_table_url(run_cfg: RunSection) -> str:
+    """The experiment's runs table, headline columns first (`pipeline.tracking.views`)."""
+    base = os.environ.get(UI_URL_ENV, DEFAULT_UI_URL)
+    return experiment_url(base, _experiment_id(run_cfg), UI_MODE)
 
 
 def _client(run_cfg: RunSection) -> MlflowClient:

@@ -3,8 +3,12 @@
     python -m pipeline.tracking.compare [--last N] [--experiment NAME] [--tracking-uri URI] [--params params.yaml]
 
 A pipeline run's row gathers the metrics of its nested stage runs (train, evaluate, sft); a
-stage run started on its own (e.g. `python -m flows.evaluate`) is a row by itself. Experiment
-and tracking URI default to the params file's `run` section. Columns no row has are left out.
+stage run started on its own (e.g. `python -m flows.evaluate --model runs/step12`, named `evaluate-step12`) is a
+row by itself, its model in the `model` column. Experiment and tracking URI default to the params file's `run`
+section. Columns no row has are left out. Training and evaluation figures are each stage's headline (training's
+"final": the mean over the last quarter of the steps, as the stage's last line and `metrics/headline/train.json`
+say; `pipeline.tracking.headline`), never its last step; a run logged before headlines existed falls back to its
+last logged value.
 
 Two accuracies compare only within one evaluation setting, so each row also shows what its evaluation (the
 `evaluate` stage, the policy's) ran on: split, problem count, samples, temperature and model (the run's
@@ -21,20 +25,37 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mlflow import MlflowClient
-from mlflow.entities import Run
-
 from pipeline.config import DEFAULT_PARAMS, ConfigError, load_config
 
-# (stage, metric key, column title): what a reader compares first across runs.
-KEY_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("sft", "sft/loss", "sft loss"),
-    ("train", "reward/mean", "reward"),
-    ("train", "reward/accuracy", "train acc"),
-    ("train", "reward/format_error_rate", "format err"),
-    ("evaluate", "eval/all/accuracy", "eval acc"),
-    ("evaluate", "eval/all/format_error_rate", "eval fmt err"),
-    ("evaluate", "eval/all/tool_failure_rate", "tool fail"),
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, built before MLflow is imported (seconds), so `--help` answers at once."""
+    built = argparse.ArgumentParser(prog="python -m pipeline.tracking.compare",
+                                    description="Print the key metrics of the last N runs from MLflow.")
+    built.add_argument("--last", type=int, default=10, help="number of top-level runs (default 10)")
+    built.add_argument("--experiment", default=None, help="experiment name (default: run.experiment in params)")
+    built.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: run.tracking_uri)")
+    built.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file for the defaults")
+    return built
+
+
+if __name__ == "__main__":
+    parser().parse_args()
+
+from mlflow import MlflowClient  # noqa: E402  (after the command line: see `parser`)
+from mlflow.entities import Run  # noqa: E402
+
+from pipeline.tracking.views import stage_headline  # noqa: E402
+
+# (stage, headline name, metric key when the run has no headline, column title): what a reader compares first.
+KEY_METRICS: tuple[tuple[str, str | None, str, str], ...] = (
+    ("sft", None, "sft/loss", "sft loss"),
+    ("train", "reward", "reward/mean", "reward"),
+    ("train", "accuracy", "reward/accuracy", "train acc"),
+    ("train", "format_error_rate", "reward/format_error_rate", "format err"),
+    ("evaluate", "accuracy", "eval/all/accuracy", "eval acc"),
+    ("evaluate", "format_error_rate", "eval/all/format_error_rate", "eval fmt err"),
+    ("evaluate", "tool_failure_rate", "eval/all/tool_failure_rate", "tool fail"),
 )
 KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.lr", "lr"), ("train.algorithm.kind", "algo"))
 # What the policy's evaluation ran on (tags of the `evaluate` stage run; the model is its param).
@@ -65,8 +86,13 @@ def _stage(run: Run) -> str:
 
 def _absorb(row: Row, run: Run) -> None:
     """Take a run's key metrics into its row; runs come newest first, so a stage's newest run wins."""
-    for stage, key, title in KEY_METRICS:
-        if _stage(run) == stage and key in run.data.metrics:
+    headline = stage_headline(run)
+    for stage, name, key, title in KEY_METRICS:
+        if _stage(run) != stage:
+            continue
+        if name in headline:
+            row.metrics.setdefault(title, headline[name])
+        elif key in run.data.metrics:
             row.metrics.setdefault(title, run.data.metrics[key])
     for key, title in KEY_PARAMS:
         if key in run.data.params:
@@ -126,7 +152,7 @@ def differing_params(rows: Sequence[Row]) -> list[str]:
 
 def render(rows: Sequence[Row]) -> str:
     """A plain aligned text table (readable in a terminal and in CI logs), then the params that differ."""
-    metric_cols = [t for _, _, t in KEY_METRICS if any(t in r.metrics for r in rows)]
+    metric_cols = [t for *_, t in KEY_METRICS if any(t in r.metrics for r in rows)]
     param_cols = [t for _, t in KEY_PARAMS if any(t in r.params for r in rows)]
     setting_cols = [t for _, t in (*SETTING_TAGS, SETTING_MODEL) if any(t in r.setting for r in rows)]
     header = ["run", "name", "started (UTC)", "status", "commit", *param_cols, *setting_cols, *metric_cols]
@@ -153,14 +179,10 @@ def render(rows: Sequence[Row]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Print the key metrics of the last N runs from MLflow.")
-    parser.add_argument("--last", type=int, default=10, help="number of top-level runs (default 10)")
-    parser.add_argument("--experiment", default=None, help="experiment name (default: run.experiment in params)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: run.tracking_uri)")
-    parser.add_argument("--params", default=str(DEFAULT_PARAMS), help="params file for the defaults")
-    args = parser.parse_args(argv)
+    command = parser()
+    args = command.parse_args(argv)
     if args.last < 1:
-        parser.error("--last must be at least 1")
+        command.error("--last must be at least 1")
     return args
 
 

@@ -2,10 +2,11 @@
 
 * `log_and_register` logs the final model directory as an MLflow *logged model* of the train run (its
   files plus an `MLmodel` file with the text-in, text-out signature; no flavour, see below) and registers
-  it as a new version of `tapo-policy`, tagged with a digest of the directory's content (so an
-  evaluation of `models/policy` can later find its version), the DVC hashes of the run's inputs
-  (`dvc.dep.<path>`), what the caller records (the training's algorithm, steps, data hashes) and a
-  description of what was trained.
+  it as a new version of `tapo-policy`, tagged with what a person looks for: a digest of the directory's content
+  (so an evaluation of `models/policy` can later find its version), the run that trained it (name and id), the
+  code (`git_commit`), what the caller records (the training's algorithm, steps, data and its hash) and a
+  description of what was trained. The DVC hash of every input of the run (`dvc.dep.<path>` on the run, a few
+  dozen) is one file beside the model's, `dvc_lineage.json`, not a tag each.
 * `update_champion` records an evaluation's accuracy on the version it evaluated, keyed by the
   evaluation's setting (split, problem-set hash, samples, temperature, protocol, mode: `setting_key`),
   and moves the `champion` alias to it only when it beats the holder's accuracy *under the same
@@ -46,6 +47,10 @@ MODEL_NAME = "tapo-policy"
 CHAMPION = "champion"
 ARTIFACT_PATH = "policy"  # the logged model's name
 DIGEST_TAG = "content_sha256"
+TRAIN_RUN_ID_TAG = "train_run_id"
+CODE_TAG = "git_commit"
+LINEAGE_FILE = "dvc_lineage.json"  # beside the logged model's files: {path: DVC md5} of every input of its run
+LINEAGE_TAG = "dvc_lineage"
 ACCURACY_TAG = "eval_accuracy"  # the latest evaluation's, whatever its setting
 EVAL_RUN_TAG = "eval_run_id"
 TRAIN_RUN_TAG = "train_run"  # the training run's name (the DVC experiment's or the flow run's)
@@ -53,7 +58,7 @@ SETTING_TAG = "eval.{key}.setting"  # per evaluation setting: what it was, the a
 SETTING_ACCURACY_TAG = "eval.{key}.accuracy"
 SETTING_RUN_TAG = "eval.{key}.run_id"
 MLMODEL = "MLmodel"
-MLFLOW_FILES = (MLMODEL, "registered_model_meta")  # beside the model's files: the signature; a download's note
+MLFLOW_FILES = (MLMODEL, "registered_model_meta", LINEAGE_FILE)  # beside the model's files, not of its content
 SIGNATURE = ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string", "response")]))
 _VERSION_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>\d+|latest)|@(?P<alias>[\w-]+))$")
 
@@ -121,7 +126,8 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
 def log_and_register(run_cfg: RunSection, run_id: str, model_dir: Path, name: str = MODEL_NAME, *,
                      description: str = "", tags: Mapping[str, str] | None = None) -> ModelVersion:
     """Log `model_dir` as a logged model of run `run_id` and register it as a new version of `name`, tagged
-    with its digest, the run's name and DVC input hashes, and `tags`; described by `description`."""
+    with its digest, the run (name, id, commit) and `tags`, its run's DVC inputs one file beside it
+    (`LINEAGE_FILE`); described by `description`."""
     client = _client(run_cfg)
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
@@ -130,17 +136,22 @@ def log_and_register(run_cfg: RunSection, run_id: str, model_dir: Path, name: st
         run = client.get_run(run_id)
     except MlflowException as err:
         raise RegistryError(f"MLflow run {run_id!r} not found at {run_cfg.tracking_uri}: {err}") from None
+    lineage = {k.removeprefix(DVC_TAG_PREFIX): v for k, v in sorted(run.data.tags.items())
+               if k.startswith(DVC_TAG_PREFIX)}
     version_tags = {DIGEST_TAG: model_digest(model_dir), TRAIN_RUN_TAG: run.info.run_name or run_id,
-                    **{k: v for k, v in run.data.tags.items() if k.startswith(DVC_TAG_PREFIX)}, **(tags or {})}
-    logged = log_model_dir(client, run, model_dir, version_tags)
+                    TRAIN_RUN_ID_TAG: run_id, CODE_TAG: run.data.tags.get(CODE_TAG, "unknown"),
+                    LINEAGE_TAG: f"{LINEAGE_FILE}: {len(lineage)} DVC inputs", **(tags or {})}
+    logged = log_model_dir(client, run, model_dir, version_tags, lineage)
     _ensure_registered_model(client, name)
     return client.create_model_version(name, f"models:/{logged.model_id}", run_id=run_id, tags=version_tags,
                                        description=description or f"trained by run {version_tags[TRAIN_RUN_TAG]}",
                                        model_id=logged.model_id)
 
 
-def log_model_dir(client: MlflowClient, run: Run, model_dir: Path, tags: Mapping[str, str]) -> LoggedModel:
-    """A READY logged model of `run`: the directory's files and an `MLmodel` with the signature."""
+def log_model_dir(client: MlflowClient, run: Run, model_dir: Path, tags: Mapping[str, str],
+                  lineage: Mapping[str, str] | None = None) -> LoggedModel:
+    """A READY logged model of `run`: the directory's files, an `MLmodel` with the signature and the run's DVC
+    inputs (`LINEAGE_FILE`)."""
     logged = client.create_logged_model(run.info.experiment_id, name=ARTIFACT_PATH, source_run_id=run.info.run_id,
                                         tags=dict(tags), model_type="hf-causal-lm")
     try:
@@ -148,6 +159,7 @@ def log_model_dir(client: MlflowClient, run: Run, model_dir: Path, tags: Mapping
         with tempfile.TemporaryDirectory() as meta:
             Model(artifact_path=logged.artifact_location, run_id=run.info.run_id, model_id=logged.model_id,
                   signature=SIGNATURE).save(str(Path(meta) / MLMODEL))
+            (Path(meta) / LINEAGE_FILE).write_text(json.dumps(dict(lineage or {}), indent=1, sort_keys=True))
             client.log_model_artifacts(logged.model_id, meta)
     except BaseException:
         client.finalize_logged_model(logged.model_id, "FAILED")

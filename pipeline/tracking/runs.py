@@ -44,6 +44,7 @@ STAGE_RUN_ENV = "TAPO_MLFLOW_STAGE_RUN"
 MAX_PARAM_LEN = 500
 DVC_TAG_PREFIX = "dvc.dep."  # one tag per DVC input of a run: dvc.dep.<path> = its md5
 OWNER_TAG = "tapo.owner"  # '<host>:<pid>:<start time>' of the process that keeps the run open
+LABEL_TAG = "tapo.label"  # on an ad-hoc stage run: its label (flows.outputs), so it never stands for the pipeline's
 KILLED = RunStatus.to_string(RunStatus.KILLED)
 RESUMED_FROM_TAG = "tapo.resumed_from"  # on a resumed attempt's run: the run that saved its checkpoint
 RESUMED_AT_TAG = "tapo.resumed_at_step"  # ... and the step it continues from

@@ -102,3 +102,24 @@ def test_bad_input_is_a_clear_error(run_cfg: RunSection, capsys: pytest.CaptureF
         main(["--last", "0"])
     assert main(["--params", "missing.yaml"]) == 1
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def test_training_and_evaluation_show_their_headline_not_their_last_step(
+        run_cfg: RunSection, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """"Final" is one number: the train stage's headline (the last quarter's mean, a tag on its run) wins over the
+    last step's `reward/mean`, which the row showed (0.625 beside a headline of 0.439). An ad-hoc evaluation is a row
+    of its own, named and parametrised after the model it evaluated."""
+    mlflow.set_tracking_uri(run_cfg.tracking_uri)
+    mlflow.set_experiment(run_cfg.experiment)
+    with mlflow.start_run(run_name="pipeline", tags={"stage": "pipeline"}) as parent:
+        pass
+    monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
+    with tracked_run(run_cfg, "train", {}, tags={"headline.reward": "0.439", "headline.accuracy": "0.25"}):
+        mlflow.log_metrics({"reward/mean": 0.625, "reward/accuracy": 0.5})
+    monkeypatch.delenv(PARENT_ENV)
+    with tracked_run(run_cfg, "evaluate", {"evaluate": {"model": "runs/step12"}}, tags=SETTING):
+        mlflow.log_metrics({"headline/accuracy": 0.5179, "eval/all/accuracy": 0.5179})
+    assert main(["--last", "2", "--experiment", run_cfg.experiment, "--tracking-uri", run_cfg.tracking_uri]) == 0
+    header, _, adhoc, pipeline = capsys.readouterr().out.splitlines()[:4]
+    assert "0.439" in pipeline and "0.25" in pipeline and "0.625" not in pipeline
+    assert "runs/step12" in adhoc and "0.5179" in adhoc

@@ -14,12 +14,13 @@ import pytest
 from mlflow import MlflowClient
 
 import flows.tracking
-from flows.tracking import INVOCATION_TAG, dvc_invocation, log_report, parent_run, stage_run
+from flows.tracking import INVOCATION_TAG, dvc_invocation, log_report, parent_run, runs_table_url, stage_run
 from pipeline.config import RunConfig
 from pipeline.config.run import RunSection
 from pipeline.tracking.history import MetricHistory
-from pipeline.tracking.runs import (PARENT_ENV, RESUMED_AT_TAG, RESUMED_BY_TAG, RESUMED_FROM_TAG, STAGE_RUN_ENV,
-                                    log_checkpoints, tracked_run)
+from pipeline.tracking.runs import (LABEL_TAG, PARENT_ENV, RESUMED_AT_TAG, RESUMED_BY_TAG, RESUMED_FROM_TAG,
+                                    STAGE_RUN_ENV, log_checkpoints, tracked_run)
+from pipeline.tracking.views import HEADLINE_VIEW, SHARED_VIEW_TAG, headline_tags
 
 
 @pytest.fixture()
@@ -176,11 +177,16 @@ def test_checkpoints_logged_metadata_each_whole_the_last(cfg: RunConfig, tmp_pat
 def test_the_ui_opens_on_runs_named_after_their_pipeline_with_headline_metrics(
         cfg: RunConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The experiment is a classic ML one (MLflow opens it on the runs table); a `dvc exp run` parent is named
-    after the experiment, its stages `<exp>/<stage>`; each stage's headline metrics reach the parent."""
+    after the experiment, its stages by their stage alone (`<parent>/<stage>` was cut in the UI's columns); each
+    stage's headline (metrics or, for a run with curves, tags) reaches the parent as metrics, which the shared
+    `headline` view shows first."""
     monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4244:901")
     monkeypatch.setenv("DVC_EXP_NAME", "lr-sweep-3e6")
     with stage_run(cfg, "train") as run_id, tracked_run(cfg.run, "train", {}):
-        mlflow.log_metrics({"headline/accuracy": 0.4, "headline/reward": 0.25, "reward/std": 0.1})
+        mlflow.set_tags(headline_tags({"accuracy": 0.4, "reward": 0.25}))
+        mlflow.log_metric("reward/std", 0.1)
+    with stage_run(cfg, "evaluate-sft"), tracked_run(cfg.run, "evaluate-sft", {}):
+        mlflow.log_metric("headline/accuracy", 0.3)
     with pytest.raises(RuntimeError), stage_run(cfg, "evaluate"), tracked_run(cfg.run, "evaluate", {}):
         mlflow.log_metric("headline/accuracy", 0.9)
         raise RuntimeError("evaluation broke")  # a failed stage's numbers are not the pipeline's
@@ -189,14 +195,64 @@ def test_the_ui_opens_on_runs_named_after_their_pipeline_with_headline_metrics(
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     (parent,) = _runs(cfg, "tags.stage = 'pipeline'")
     assert parent.info.run_name == "lr-sweep-3e6"
-    assert parent.data.metrics == {"train/accuracy": 0.4, "train/reward": 0.25}
+    assert parent.data.metrics == {"train/accuracy": 0.4, "train/reward": 0.25, "evaluate-sft/accuracy": 0.3}
     names = {r.data.tags["stage"]: r.info.run_name for r in _children(cfg, parent.info.run_id).values()}
-    assert names == {"train": "lr-sweep-3e6/train", "evaluate": "lr-sweep-3e6/evaluate"}
-    assert client.get_run(run_id).info.run_name == "lr-sweep-3e6/train"
+    assert names == {"train": "train", "evaluate-sft": "evaluate-sft", "evaluate": "evaluate"}
+    assert client.get_run(run_id).data.metrics == {"reward/std": 0.1}  # no single-value bars beside its curves
+    view = json.loads(experiment.tags[SHARED_VIEW_TAG + HEADLINE_VIEW])["selectedColumns"]
+    assert view == ["metrics.`train/reward`", "metrics.`train/accuracy`", "metrics.`evaluate-sft/accuracy`",
+                    "attributes.`Duration`"]
+    assert runs_table_url(cfg.run).endswith(f"/#/experiments/{experiment.experiment_id}?viewStateShareKey=headline&"
+                                            "workflowType=machine_learning")
 
 
 def test_a_pipeline_parent_names_its_stage_runs(cfg: RunConfig) -> None:
     with parent_run(cfg.run, "crimson-fox", {}, {}) as parent_id:
         _two_stages(cfg)
     names = {r.data.tags["stage"]: r.info.run_name for r in _children(cfg, parent_id).values()}
-    assert names == {"curate": "crimson-fox/curate", "train": "crimson-fox/train"}
+    assert names == {"curate": "curate", "train": "train"}
+
+
+@pytest.mark.parametrize(("stage", "label", "name"), [("evaluate", "step12", "evaluate-step12"),
+                                                      ("evaluate-sft", "mine", "evaluate-sft-mine"),
+                                                      ("train", None, "train"), ("curate", "try-1", "curate-try-1")])
+def test_an_ad_hoc_stage_run_is_named_after_what_it_ran(cfg: RunConfig, monkeypatch: pytest.MonkeyPatch, stage: str,
+                                                        label: str | None, name: str) -> None:
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: None)
+    with stage_run(cfg, stage, label) as run_id:
+        pass
+    run = MlflowClient(cfg.run.tracking_uri).get_run(run_id)
+    assert run.info.run_name == name and run.data.tags.get(LABEL_TAG) == label
+
+
+def test_a_stage_run_alone_sums_itself_up_unless_it_charts_curves(cfg: RunConfig,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ad-hoc evaluation (no parent) carries its headline as `evaluate/<name>`, the pipeline's columns, so its row
+    reads beside the pipeline runs'; a training alone keeps them as tags (no bars beside its curves)."""
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: None)
+    with stage_run(cfg, "evaluate", "step12") as evaluation, tracked_run(cfg.run, "evaluate", {}):
+        mlflow.log_metric("headline/accuracy", 0.5179)
+    with stage_run(cfg, "train", "mine") as training, tracked_run(cfg.run, "train", {}):
+        mlflow.set_tags(headline_tags({"reward": 0.44}))
+    client = MlflowClient(cfg.run.tracking_uri)
+    assert client.get_run(evaluation).data.metrics == {"headline/accuracy": 0.5179, "evaluate/accuracy": 0.5179}
+    assert client.get_run(training).data.metrics == {}
+
+
+def test_a_dvc_repro_parent_runs_without_an_end_while_a_stage_runs(cfg: RunConfig,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain `dvc repro`'s parent is RUNNING with no end time (no duration) while each stage runs, and ends with
+    it; it showed the previous stage's end (a duration) while the next ran."""
+    monkeypatch.setattr(flows.tracking, "dvc_invocation", lambda: "host:4247:3")
+    client = MlflowClient(cfg.run.tracking_uri)
+
+    def parent():
+        (found,) = _runs(cfg, "tags.stage = 'pipeline'")
+        return client.get_run(found.info.run_id).info
+
+    for stage in ("curate", "train"):
+        with stage_run(cfg, stage):
+            running = parent()
+            assert running.status == "RUNNING" and not running.end_time
+        ended = parent()
+        assert ended.status == "FINISHED" and ended.end_time >= ended.start_time

@@ -3,6 +3,7 @@ evaluation under the same setting (an incomparable one leaves it alone)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlflow
@@ -11,9 +12,9 @@ import yaml
 from mlflow import MlflowClient
 
 from pipeline.config.run import RunSection
-from pipeline.tracking.registry import (ACCURACY_TAG, CHAMPION, DIGEST_TAG, MODEL_NAME, TRAIN_RUN_TAG, RegistryError,
-                                       champion_dir, find_version, log_and_register, model_digest, setting_key,
-                                       update_champion)
+from pipeline.tracking.registry import (ACCURACY_TAG, CHAMPION, DIGEST_TAG, LINEAGE_FILE, MODEL_NAME, TRAIN_RUN_TAG,
+                                       RegistryError, champion_dir, find_version, log_and_register, model_digest,
+                                       setting_key, update_champion)
 from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -118,15 +119,22 @@ def test_a_version_is_a_logged_model_that_says_what_was_trained(run_cfg: RunSect
     run_id = _train_run(run_cfg)
     client = MlflowClient(run_cfg.tracking_uri)
     client.set_tag(run_id, "dvc.dep.data/curated/train.jsonl", "0123abcd")
+    client.set_tag(run_id, "dvc.dep.models/sft", "feed")
+    client.set_tag(run_id, "git_commit", "c0ffee")
     model = _model(tmp_path / "policy", seed=0)
     version = log_and_register(run_cfg, run_id, model, description="DAPO for 4 steps", tags={"train.steps": "4"})
     assert version.description == "DAPO for 4 steps"
     got = client.get_model_version(MODEL_NAME, version.version)
     assert got.tags[DIGEST_TAG] == model_digest(model) and got.tags["train.steps"] == "4"
-    assert got.tags["dvc.dep.data/curated/train.jsonl"] == "0123abcd"  # the data it trained on, as DVC hashed it
     assert got.tags[TRAIN_RUN_TAG] == "train" and got.source.startswith("models:/m-")
+    assert got.tags["train_run_id"] == run_id and got.tags["git_commit"] == "c0ffee"  # the run and the code
+    # the DVC lineage is one file beside the model, not a tag per input (a version carried ~100 of them)
+    assert not [t for t in got.tags if t.startswith("dvc.dep.")] and got.tags["dvc_lineage"].endswith("2 DVC inputs")
     logged = client.get_logged_model(got.source.removeprefix("models:/"))
     assert logged.source_run_id == run_id and str(logged.status).endswith("READY")
+    lineage = json.loads(Path(mlflow.artifacts.download_artifacts(
+        artifact_uri=f"{logged.artifact_location}/{LINEAGE_FILE}", dst_path=str(tmp_path / "l"))).read_text())
+    assert lineage == {"data/curated/train.jsonl": "0123abcd", "models/sft": "feed"}  # the data, as DVC hashed it
     mlmodel = yaml.safe_load(Path(mlflow.artifacts.download_artifacts(
         artifact_uri=f"{logged.artifact_location}/MLmodel", dst_path=str(tmp_path / "d"))).read_text())
     assert "prompt" in mlmodel["signature"]["inputs"] and "response" in mlmodel["signature"]["outputs"]

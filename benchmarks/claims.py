@@ -24,13 +24,29 @@ import re
 from pathlib import Path
 
 from benchmarks import harness
-from flows.experiment import commands, experiment_config, experiment_file, experiment_refs
-from pipeline.evaluation.labels import compared_labels
-from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
-from pipeline.tracking.headline import last_quarter
 
 ARMS = ("dapo", "tepo-sparse", "tepo-dense", "no-tool-mask", "no-think", "no-search", "no-code")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (without harness's --quick), built before the pipeline is imported (MLflow, torch:
+    seconds), so `--help` answers at once."""
+    built = argparse.ArgumentParser(prog="python -m benchmarks.claims", description=__doc__.splitlines()[0])
+    built.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout holding the experiments")
+    built.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    built.add_argument("--png", type=Path, default=None, help="write the curves and accuracies here")
+    return built
+
+
+if __name__ == "__main__":
+    harness.parse(parser(), None, {})
+
+from flows.experiment import commands, experiment_config, experiment_file, experiment_refs  # noqa: E402
+from pipeline.evaluation.labels import compared_labels  # noqa: E402
+from pipeline.evaluation.report import COMPARE_FILE  # noqa: E402
+from pipeline.tracking.headline import last_quarter  # noqa: E402
+
 CURVES = {"reward/mean": "reward", "calls": "tool calls per trajectory",
           "rollout/entropy_reducing_call_share": "share of entropy-reducing calls", "train/entropy": "entropy"}
 TRAIN_COLUMNS = {"reward/mean": "reward", "calls": "calls/traj", "rollout/entropy_reducing_call_share": "H-reducing",
@@ -144,11 +160,7 @@ def planned(repo: Path, arms: tuple[str, ...]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.claims", description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout holding the experiments")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    parser.add_argument("--png", type=Path, default=None, help="write the curves and accuracies here")
-    args = harness.parse(parser, argv, {})
+    args = harness.parse(parser(), argv, {})
     if args.quick:
         harness.last_line(planned(args.repo, tuple(args.arms)), quick=True)
         return

@@ -34,10 +34,25 @@ import time
 from pathlib import Path
 
 from benchmarks import harness
-from flows import experiment as experiments
-from pipeline.evaluation.labels import compared_labels
-from pipeline.evaluation.report import COMPARE_FILE
 from pipeline.paths import REPO_ROOT
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (without harness's --quick), built before the pipeline is imported (MLflow, torch:
+    seconds), so `--help` answers at once."""
+    built = argparse.ArgumentParser(prog="python -m benchmarks.learning_cpu", description=__doc__.splitlines()[0])
+    built.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each experiment")
+    built.add_argument("--collect", action="store_true", help="run nothing: read the experiments already run")
+    built.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout that runs or holds the experiments")
+    return built
+
+
+if __name__ == "__main__":
+    harness.parse(parser(), None, {})
+
+from flows import experiment as experiments  # noqa: E402
+from pipeline.evaluation.labels import compared_labels  # noqa: E402
+from pipeline.evaluation.report import COMPARE_FILE  # noqa: E402
 
 PRESET = "configs/experiments/learning-cpu.yaml"
 NAME = Path(PRESET).stem  # flows.experiment names each experiment <preset>-s<seed>
@@ -117,11 +132,7 @@ def planned(seeds: list[int], repo: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.learning_cpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each experiment")
-    parser.add_argument("--collect", action="store_true", help="run nothing: read the experiments already run")
-    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout that runs or holds the experiments")
-    args = harness.parse(parser, argv, {})
+    args = harness.parse(parser(), argv, {})
     repo = args.repo
     if args.quick:
         harness.last_line(planned(args.seeds, repo), quick=True)

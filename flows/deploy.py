@@ -24,25 +24,45 @@ import os
 from pathlib import Path
 
 import yaml
-from mlflow.entities.model_registry import ModelVersion
-from prefect import flow, serve
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import WorkPoolCreate
-from prefect.deployments.runner import EntrypointType, RunnerDeployment, deploy
-from prefect.exceptions import ObjectNotFound
-from prefect.schedules import Cron
 
-from flows.common import load_or_exit
-from flows.summary import publish
-from flows.evaluate import evaluate_flow
-from flows.pipeline import pipeline_flow
-from pipeline.config import RunConfig, read_params
-from pipeline.evaluation.benchmarks import load_benchmarks
-from pipeline.evaluation.setting import evaluation_setting
-from pipeline.tracking.registry import (MODEL_NAME, SETTING_ACCURACY_TAG, RegistryError, latest_version,
+NIGHTLY_CRON = "0 2 * * *"  # 02:00 UTC
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, built before Prefect and MLflow are imported (seconds), so `--help` answers at once."""
+    built = argparse.ArgumentParser(prog="python -m flows.deploy",
+                                    description="Serve or deploy the tapo Prefect deployments.")
+    built.add_argument("command", choices=("serve", "deploy"), help="serve here, or deploy to a work pool")
+    built.add_argument("--params", default="params.yaml", help="params file, relative to --workdir")
+    built.add_argument("--workdir", default=".", help="checkout the runs execute in (default: here)")
+    built.add_argument("--pool", default="tapo", help="process work pool name (deploy only)")
+    built.add_argument("--cron", default=NIGHTLY_CRON,
+                       help=f"nightly schedule (default {NIGHTLY_CRON!r}, UTC)")
+    return built
+
+
+if __name__ == "__main__":
+    parser().parse_args()
+
+# After the command line (see `parser`).
+from mlflow.entities.model_registry import ModelVersion  # noqa: E402
+from prefect import flow, serve  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.actions import WorkPoolCreate  # noqa: E402
+from prefect.deployments.runner import EntrypointType, RunnerDeployment, deploy  # noqa: E402
+from prefect.exceptions import ObjectNotFound  # noqa: E402
+from prefect.schedules import Cron  # noqa: E402
+
+from flows.common import load_or_exit  # noqa: E402
+from flows.summary import publish  # noqa: E402
+from flows.evaluate import evaluate_flow  # noqa: E402
+from flows.pipeline import pipeline_flow  # noqa: E402
+from pipeline.config import RunConfig, read_params  # noqa: E402
+from pipeline.evaluation.benchmarks import load_benchmarks  # noqa: E402
+from pipeline.evaluation.setting import evaluation_setting  # noqa: E402
+from pipeline.tracking.registry import (MODEL_NAME, SETTING_ACCURACY_TAG, RegistryError, latest_version,  # noqa: E402
                                         setting_key)
 
-NIGHTLY_CRON = "0 2 * * *"
 TIMEZONE = "UTC"
 LATEST_OUTPUT_ROOT = "runs/evaluate-latest"
 
@@ -124,13 +144,7 @@ async def ensure_process_pool(name: str) -> None:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Serve or deploy the tapo Prefect deployments.")
-    parser.add_argument("command", choices=("serve", "deploy"), help="serve here, or deploy to a work pool")
-    parser.add_argument("--params", default="params.yaml", help="params file, relative to --workdir")
-    parser.add_argument("--workdir", default=".", help="checkout the runs execute in (default: here)")
-    parser.add_argument("--pool", default="tapo", help="process work pool name (deploy only)")
-    parser.add_argument("--cron", default=NIGHTLY_CRON, help=f"nightly schedule (default {NIGHTLY_CRON!r}, UTC)")
-    return parser.parse_args()
+    return parser().parse_args()
 
 
 def main() -> None:

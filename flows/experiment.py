@@ -34,12 +34,31 @@ from pathlib import Path
 
 import yaml
 
-from flows.common import stage_process
-from flows.dvc_run import run_dvc
-from flows.dvc_state import DvcStillRunning, set_aside_broken_state
 from pipeline.config import DEFAULT_PARAMS, ConfigError, RunConfig, config_from_dict, load_config
 from pipeline.config.params_file import read_params
 from pipeline.config.overrides import experiment_overrides, leaf_overrides
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, built before the stage machinery is imported (MLflow, torch: seconds), so `--help`
+    answers at once."""
+    built = argparse.ArgumentParser(prog="python -m flows.experiment", description=__doc__.split("\n\n")[0])
+    built.add_argument("preset", type=Path, help="an override file, e.g. configs/experiments/learning-cpu.yaml")
+    built.add_argument("--seeds", type=int, nargs="+", default=[0], help="run.seed of each experiment")
+    built.add_argument("--name", default=None, help="experiment name prefix (default: the preset's file name)")
+    built.add_argument("--queue", action="store_true", help="queue the experiments (dvc queue start runs them)")
+    built.add_argument("--dry-run", action="store_true", help="print the dvc commands instead of running them")
+    built.add_argument("--allow-changed-params", action="store_true",
+                       help="run although params.yaml differs from the last commit (the changes join every run)")
+    return built
+
+
+if __name__ == "__main__":
+    parser().parse_args()
+
+from flows.common import stage_process  # noqa: E402  (after the command line: see `parser`)
+from flows.dvc_run import run_dvc  # noqa: E402
+from flows.dvc_state import DvcStillRunning, set_aside_broken_state  # noqa: E402
 
 
 def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path = DEFAULT_PARAMS) -> list[list[str]]:
@@ -111,15 +130,7 @@ def set_aside_what_dvc_left(repo: Path = Path(".")) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.experiment", description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", type=Path, help="an override file, e.g. configs/experiments/learning-cpu.yaml")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="run.seed of each experiment")
-    parser.add_argument("--name", default=None, help="experiment name prefix (default: the preset's file name)")
-    parser.add_argument("--queue", action="store_true", help="queue the experiments (dvc queue start runs them)")
-    parser.add_argument("--dry-run", action="store_true", help="print the dvc commands instead of running them")
-    parser.add_argument("--allow-changed-params", action="store_true",
-                        help="run although params.yaml differs from the last commit (the changes join every run)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         lines = commands(args.preset, args.seeds, args.name or args.preset.stem, args.queue)
     except ConfigError as err:

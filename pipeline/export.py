@@ -16,16 +16,33 @@ import argparse
 import sys
 from pathlib import Path
 
-from safetensors.torch import load_model
-
 from pipeline.config import ConfigError, RunConfig, load_config
-from pipeline.distributed.checkpointing import LATEST, export_from_checkpoint, is_deepspeed_checkpoint
-from pipeline.model import load_policy
-from pipeline.outputs import publish_dir, staging_dir
-from pipeline.training_run.checkpoint import FILES as CHECKPOINT_FILES
-from pipeline.trainer.replicas import save_policy
-from pipeline.training_run.folder import CHECKPOINTS
-from pipeline.trainer.weights import policy_weights
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, built before torch is imported (seconds), so `--help` answers at once."""
+    built = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
+    built.add_argument("--params", default=None, help="the params the run trained with (train.init_model, "
+                                                       "train.finetune, model.dtype); single-process checkpoints")
+    built.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/<run>/"
+                       "checkpoints (DeepSpeed: or that checkpoints directory itself, for the latest step)")
+    built.add_argument("out", type=Path, help="the Hugging Face directory to write")
+    return built
+
+
+if __name__ == "__main__":
+    parser().parse_args()
+
+# After the command line (see `parser`): these import torch.
+from safetensors.torch import load_model  # noqa: E402
+
+from pipeline.distributed.checkpointing import LATEST, export_from_checkpoint, is_deepspeed_checkpoint  # noqa: E402
+from pipeline.model import load_policy  # noqa: E402
+from pipeline.outputs import publish_dir, staging_dir  # noqa: E402
+from pipeline.training_run.checkpoint import FILES as CHECKPOINT_FILES  # noqa: E402
+from pipeline.trainer.replicas import save_policy  # noqa: E402
+from pipeline.training_run.folder import CHECKPOINTS  # noqa: E402
+from pipeline.trainer.weights import policy_weights  # noqa: E402
 
 STEP_GLOBS = ("step-??????", f"{CHECKPOINTS}/step-??????", f"*/{CHECKPOINTS}/step-??????")
 
@@ -82,13 +99,7 @@ def export_single_process(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default=None, help="the params the run trained with (train.init_model, "
-                                                        "train.finetune, model.dtype); single-process checkpoints")
-    parser.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/<run>/"
-                        "checkpoints (DeepSpeed: or that checkpoints directory itself, for the latest step)")
-    parser.add_argument("out", type=Path, help="the Hugging Face directory to write")
-    args = parser.parse_args()
+    args = parser().parse_args()
     try:
         cfg = load_config(Path(args.params)) if args.params else None
         print(export_checkpoint(cfg, args.checkpoint, args.out))

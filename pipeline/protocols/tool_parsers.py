@@ -99,6 +99,11 @@ class HermesParser(ToolCallParser):
             calls.append(RawCall(None, None, "</tool_call> without a <tool_call>", tail))
         return tuple(calls)
 
+    def call_json(self, name: str, arguments: dict[str, Any]) -> str:
+        # a string holding "</tool_call>" would end the block inside the call: "<\/" is the same JSON string (in
+        # JSON "<" appears only inside strings, so the replacement touches nothing else)
+        return super().call_json(name, arguments).replace(self.closer, self.closer.replace("/", "\\/", 1))
+
     def _read(self, body: str) -> RawCall:
         read = read_json(body)
         if read.error is None and body[read.end:].strip(JSON_WHITESPACE):

@@ -9,7 +9,7 @@ import typing
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipeline.config.tools import ChatToolsConfig
@@ -33,6 +33,7 @@ def test_the_parsers_are_the_configs_choices() -> None:
 @pytest.mark.parametrize("family", sorted(PARSERS))
 @settings(max_examples=150, deadline=None)
 @given(calls=st.lists(st.tuples(names, arguments), min_size=1, max_size=4), thought=thoughts)
+@example(calls=[("A", {m: m}) for m in MARKERS], thought="")  # every family's delimiters inside the arguments
 def test_what_a_parser_writes_it_reads_back_in_order(family: str, calls: list, thought: str) -> None:
     parser = PARSERS[family]
     read = parser.parse(parser.render(calls, thought))

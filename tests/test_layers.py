@@ -2,11 +2,14 @@
 
 Read from the source with `ast` (nothing is imported), so a new upward import fails here whatever
 runs it. An import under `if TYPE_CHECKING:` names a type for an annotation and is not a runtime
-dependency; it is exempt from the order, and from nothing else (the third-party rule below counts it).
+dependency; it is exempt from the order, and from nothing else (the third-party rule below counts it,
+and so does the cycle check: two modules that import each other, even for an annotation or inside a
+function, cannot be read one without the other).
 """
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -83,6 +86,58 @@ def violations() -> list[str]:
     return bad
 
 
+def module_graph(top: str) -> dict[str, set[str]]:
+    """Every module of `top` -> the modules of `top` it imports: anywhere in the file (under `if TYPE_CHECKING:`,
+    inside a function), `from m import n` meaning the module m.n where there is one, else m."""
+    modules = {_module_name(path): path for path in source_files(top)}
+
+    def module(name: str) -> str | None:  # the module an import names, or the package holding it
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else module(node.module)
+                            for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {module(a.name) for a in node.names}
+        graph[name] = {t for t in targets if t is not None and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: each strongly connected set of two or more modules, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
 def test_every_part_of_the_library_has_a_layer() -> None:
     parts = {part_of(_module_name(p)) for p in source_files("pipeline")} - {"pipeline"}
     unplaced = sorted(p for p in parts if not any(p in layer for layer in LAYERS))
@@ -91,6 +146,25 @@ def test_every_part_of_the_library_has_a_layer() -> None:
 
 def test_imports_follow_the_layers() -> None:
     assert violations() == []
+
+
+@pytest.mark.parametrize("top", ["pipeline", "flows"])
+def test_no_module_imports_one_that_imports_it_back(top: str) -> None:
+    """No import circle, however indirect, annotations included: each module can be read, and tested, from the
+    modules below it alone."""
+    assert cycles(module_graph(top)) == []
+
+
+def test_the_cycle_check_finds_a_circle_hidden_behind_type_checking(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pipeline" / "rollout").mkdir(parents=True)
+    (tmp_path / "pipeline" / "rollout" / "a.py").write_text("from pipeline.rollout import b\n")
+    (tmp_path / "pipeline" / "rollout" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                            "    from pipeline.rollout.c import C\n")
+    (tmp_path / "pipeline" / "rollout" / "c.py").write_text("def f():\n    import pipeline.rollout.a\n")
+    (tmp_path / "pipeline" / "rollout" / "d.py").write_text("import pipeline.rollout.a\n")  # imports, not in it
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert cycles(module_graph("pipeline")) == [["pipeline.rollout.a", "pipeline.rollout.b", "pipeline.rollout.c"]]
 
 
 def test_the_contract_is_the_documented_one() -> None:

@@ -10,13 +10,33 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from pipeline.config.rollout import vllm_logprobs_mode
+from pipeline.config.distributed import DistributedConfig
+from pipeline.config.model import ModelConfig
+from pipeline.config.reward import RewardConfig
+from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
+from pipeline.config.sft import SFTConfig
 from pipeline.config.tools import USER_KINDS
+from pipeline.config.train import TrainConfig
 
-if TYPE_CHECKING:
-    from pipeline.config import RunConfig
+
+class Sections(Protocol):
+    """The sections the refusals read, as `pipeline.config.RunConfig` has them (it calls `refusals` as it validates:
+    imported here, the two modules would import each other)."""
+
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def reward(self) -> RewardConfig: ...
+    @property
+    def sft(self) -> SFTConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+    @property
+    def distributed(self) -> DistributedConfig: ...
 
 
 @dataclass(frozen=True)
@@ -24,15 +44,15 @@ class Unsupported:
     """A combination refused: the dotted keys that make it, when it applies, and why it cannot run."""
 
     keys: tuple[str, ...]
-    applies: Callable[[RunConfig], bool]
+    applies: Callable[[Sections], bool]
     why: str
 
-    def message(self, cfg: RunConfig) -> str:
+    def message(self, cfg: Sections) -> str:
         values = ", ".join(f"{key} = {_value_at(cfg, key)}" for key in self.keys)
         return f"unsupported combination: {values}: {self.why}"
 
 
-def _value_at(cfg: RunConfig, dotted: str) -> object:
+def _value_at(cfg: Sections, dotted: str) -> object:
     node: object = cfg
     for part in dotted.split("."):
         node = getattr(node, part)
@@ -87,6 +107,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def refusals(cfg: RunConfig) -> list[str]:
+def refusals(cfg: Sections) -> list[str]:
     """One message per unsupported combination `cfg` makes (none: it can run)."""
     return [rule.message(cfg) for rule in UNSUPPORTED if rule.applies(cfg)]

@@ -112,7 +112,7 @@ class ShardedRollouts:
     def _nothing_to_sample(self) -> RolloutResult:
         """Fewer problems than ranks: nothing sampled here, but the rollout counts, as on the ranks that sample
         (the count seeds the next rollout, which must seed alike everywhere)."""
-        self.engine.calls += 1
+        self.engine.rollouts_started += 1
         return EMPTY
 
 

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from pipeline.protocols.arguments import compile_arguments
-from pipeline.protocols.base import MALFORMED, Dialogue, ParsedCall, Renderer, SegmentEnd
+from pipeline.protocols.base import MALFORMED, Dialogue, ParsedCall, Renderer, SegmentEnd, ToolProtocol
 from pipeline.protocols.chat_template import ChatTemplate, TemplateError
 from pipeline.protocols.tokens import encode_template_text, valid_json, valid_text
+from pipeline.protocols.tool_parsers import ToolCallParser
 from pipeline.types import Problem, ToolName, ToolSpec
-
-if TYPE_CHECKING:
-    from pipeline.protocols.chat_tools import ChatToolsProtocol
 
 PROBE_TOOL = ToolSpec("probe_lookup", "Look a word up.", {"type": "object", "properties": {"word": {"type": "string"}},
                                                           "required": ["word"]})
@@ -39,11 +37,11 @@ PROBE_TOOL = ToolSpec("probe_lookup", "Look a word up.", {"type": "object", "pro
 class ChatRenderer(Renderer):
     """chat-tools over one tokenizer and the run's tools (see the module docstring)."""
 
-    def __init__(self, protocol: ChatToolsProtocol, tokenizer: PreTrainedTokenizerBase,
-                 specs: Mapping[ToolName, ToolSpec], eos_ids: frozenset[int], source: str) -> None:
-        self.protocol, self.tokenizer = protocol, tokenizer
+    def __init__(self, protocol: ToolProtocol, tokenizer: PreTrainedTokenizerBase, specs: Mapping[ToolName, ToolSpec],
+                 eos_ids: frozenset[int], source: str, *, parser: ToolCallParser, answer: ToolSpec | None) -> None:
+        # `protocol` is `chat_tools.ChatToolsProtocol`, which builds this; its parser and answer tool come as such
+        self.protocol, self.tokenizer, self.parser = protocol, tokenizer, parser
         self.specs = dict(specs)
-        answer = protocol.answer_spec
         if answer is not None and answer.name in self.specs:
             raise ValueError(f"rollout.chat_tools.answer_tool {answer.name!r} is also the name of a tool")
         self.template = ChatTemplate(tokenizer, source, eos_ids)
@@ -128,7 +126,7 @@ class ChatRenderer(Renderer):
         dialogue = probe.start(Problem("probe", "What does 'probe' mean?", ("x",), "fact", "probe", "test"),
                                (PROBE_TOOL.name,))
         ids, sampled = list(dialogue.prompt_ids), {}
-        parser = self.protocol.parser
+        parser = self.parser
         for turn, results in _probe_turns(parser):
             turn_ids = encode_template_text(self.tokenizer, turn) + [self.template.turn_end_id]
             if self.turn_text(turn_ids) != turn:  # the template would be given other text than was sampled
@@ -155,6 +153,7 @@ class _ProbeRenderer(ChatRenderer):
 
     def __init__(self, outer: ChatRenderer) -> None:
         self.protocol, self.tokenizer, self.template = outer.protocol, outer.tokenizer, outer.template
+        self.parser = outer.parser
         self.specs = {PROBE_TOOL.name: PROBE_TOOL}
         self._schemas = {PROBE_TOOL.name: compile_arguments(PROBE_TOOL)}
         self._declared, self._answer_declared = {PROBE_TOOL.name: declared(PROBE_TOOL)}, outer._answer_declared

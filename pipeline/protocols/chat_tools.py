@@ -151,7 +151,7 @@ class ChatToolsProtocol(ToolProtocol):
              eos_ids: frozenset[int]) -> Renderer:
         source = template_source(self.options.template, tokenizer)
         try:
-            return ChatRenderer(self, tokenizer, specs, eos_ids, source)
+            return ChatRenderer(self, tokenizer, specs, eos_ids, source, parser=self.parser, answer=self.answer_spec)
         except TemplateError as err:  # name the template the run was given
             raise TemplateError(f"rollout.chat_tools.template {self.options.template or '(the tokenizer own)'!r}: "
                                 f"{err}") from None

@@ -1,47 +1,28 @@
-"""The tool-augmented rollout loop (TAPO Algorithm 1, ToRL's TIR rollout), asynchronous.
+"""The rollout engine: built once per run, it samples groups of trajectories with tools, one rollout at a time.
 
-One coroutine-free decoder thread generates for every sequence (`pipeline.rollout.backends.hf.HFDecoder`);
-tool calls run as asyncio tasks on the event loop, with a concurrency limit per tool. When
-a segment ends at tool calls (one for the tag protocols; any number in a chat-tools turn, run together and
-answered in the order written), the sequence is parked; the protocol's renderer (`ToolProtocol.bind`) gives
-the ids of the results as it shows them (a tag protocol's wrapped output as plain text, `encode_plain`:
-special tokens in a tool's output stay text; chat-tools: the chat template's own rendering of the tool
-messages, token-exact), appended with loss mask 0, and the sequence rejoins the running batch. Nobody waits for the slowest tool of a whole batch
-(TAPO and ToRL do). With the hf backend a row rejoins at a decoding step fixed when it called
-(`rollout.readmit_after_steps` later; `_ClockedRun`), not when its tool happens to answer: which
-rows share a batch then depends on the sampled tokens alone, so log-probs are bit-identical
-however tools are timed, and a killed-and-resumed run with tools reproduces the uninterrupted one.
-The price: a row whose tool answered early idles until its step, and the batch waits at that step
-for a tool that is later still. `readmit_after_steps: 0` rejoins on arrival instead (vLLM always
-does: it batches requests itself).
+Built once: the protocol's token side for the tokenizer (`ToolProtocol.bind`, checked there), the backend
+`rollout.backend` names (`backends`: hf decodes on a thread of its own, vLLM batches requests itself), the schedule
+`rollout.schedule` names (`schedule.schedule_for`), the trajectory's limits, and one event loop for the engine's
+life (tool clients keep connection pools bound to it).
 
-Budgets, as in ToRL/TAPO: C answered tool calls (later calls are answered "tool budget
-exhausted"), `max_turns` generation segments, policy-token and total-token limits (a segment that
-ends on the policy budget ends the trajectory, even at a call: nothing could read the output).
-Malformed calls get an error message as their tool output, never an exception.
+A rollout: its problems drawn (`draws.Draws`), its episodes (`episode.Episodes`: TAPO's Algorithm 1, and how this
+departs from it) driven by the backend's decoder, their tool calls run on the event loop; then its groups, in draw
+order, and its statistics. Each row samples from a generator of its own, seeded by the rollout (the engine's seed and
+`rollouts_started`) and the row's key (`draws`): a caller that samples part of a batch (one rank of
+`pipeline.distributed.sharding`) passes the problems' places in the whole batch as `keys`, so a trajectory is the
+same whichever rank samples it, and a data-parallel run samples what one process would.
 
-A rollout never dies of its input: a failure inside one trajectory (its prompt, a parse, a tool, the tokenizer,
-the template) ends that trajectory with finish reason "error" and the reason on `Trajectory.error` (the scorer
-gives it the format penalty), and no row waits for ever (`rollout.watchdog`: each call's deadline, and a
-watchdog that names and ends a row left waiting). What still raises from `rollout` is the caller's (a refill
-that raised) or the machinery's (a backend failure), never one row's.
-
-A rollout can grow while it runs (`refill`): when a problem's group finishes, a callback may
-name further problems, whose sequences join the running batch (on the hf clock, like a tool's
-result, `readmit_after_steps` after the group closed). Dynamic sampling uses
-it to replace a dropped group without waiting for the rollout's longest rows (`pipeline.sampling.dynamic_sampling`).
-
-Each sequence samples from a generator of its own, seeded by the rollout (the engine's seed and its count of
-rollouts) and the sequence's *key*: its problem's place in the batch and its index in the group. A caller that
-samples part of a batch (one rank of `pipeline.distributed.sharding`) passes the problems' places in the whole
-batch as `keys`, so a trajectory is the same whichever rank samples it, and a data-parallel run samples what one
-process would.
+Closing waits a bounded time for everything (CLOSE_GRACE_S each): a tool client's `aclose`, and what is left on the
+event loop once cancelled (a call let go at its deadline); a task that ignores its cancellation past that is
+abandoned with a warning that names it (`asyncio.Runner.close` would wait for it for ever).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Mapping
 from collections.abc import Sequence as Ordered
 from dataclasses import dataclass
 
@@ -49,20 +30,24 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.rollout.backends import make_backend
-from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, eos_ids
-from pipeline.rollout.backends.hf import HFDecoder
 from pipeline.protocols import Renderer, ToolProtocol, protocol_of
 from pipeline.protocols.base import system_turn_length as turn_length
 from pipeline.protocols.tokens import chat_ids, encode_plain, special_token_ids  # noqa: F401 - re-exported
+from pipeline.rollout.backends import make_backend
+from pipeline.rollout.backends.decoding import Decoder, DecoderStats, SamplingParams, Scheduler, eos_ids
+from pipeline.rollout.draws import Draws, RowCodec
+from pipeline.rollout.episode import BUDGET_EXHAUSTED, Episodes, Limits, Refill, ToolRunner  # noqa: F401 - re-exported
 from pipeline.rollout.metrics import RolloutStats
-from pipeline.rollout.offered import tools_for
+from pipeline.rollout.schedule import schedule_for
 from pipeline.rollout.sequence import Sequence
-from pipeline.rollout.watchdog import describe
-from pipeline.rollout.schedule import BUDGET_EXHAUSTED, Refill, schedule_for  # noqa: F401 - re-exported
-from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
 from pipeline.tools.base import Tool, tool_specs
+from pipeline.tools.shown import cut_middle  # noqa: F401 - re-exported (pipeline.sft)
 from pipeline.types import Group, Problem, ToolName
+
+log = logging.getLogger(__name__)
+
+CLOSE_GRACE_S = 10.0  # how long closing waits for one thing it cancelled (see the module)
+_ABANDONED: list[asyncio.Task] = []  # kept from the collector: asyncio would log each again as destroyed pending
 
 
 @dataclass(frozen=True)
@@ -94,12 +79,16 @@ class RolloutEngine:
         self.eos_ids = eos_ids(model, tokenizer)
         # the protocol's token side: prompts, segment reading, the ids appended after calls (checked once here)
         self.renderer: Renderer = self.protocol.bind(tokenizer, tool_specs(tools), self.eos_ids)
+        self.rows = RowCodec(self.renderer, tokenizer, tuple(tools), self.eos_ids)
+        self.limits = Limits.of(cfg)
         self.seed = seed
         self.backend = make_backend(model, tokenizer, cfg, seed)  # chosen once by rollout.backend
-        # One event loop for the engine's life: tool clients keep connection pools bound to it.
-        self._runner = asyncio.Runner()
-        self._open_runs: set = set()  # the schedulers of rollouts whose decoder thread may still run
-        self.calls = 0  # rollouts so far; seeds each rollout's sampler (saved in checkpoints)
+        # One event loop for the engine's life: tool clients keep connection pools bound to it. A loop of its own
+        # (not the thread's current one), so closing can abandon what will not end (see the module).
+        self._runner = asyncio.Runner(loop_factory=asyncio.new_event_loop)
+        self._open_runs: set[Episodes] = set()  # the episodes of rollouts whose decoder thread may still run
+        self._closed = False
+        self.rollouts_started = 0  # seeds each rollout's generators (saved in checkpoints; evaluation sets it)
         self._schedule = schedule_for(cfg)  # resolved once
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
@@ -116,11 +105,13 @@ class RolloutEngine:
             run.abandon()
 
     def close(self) -> None:
-        """Close the tool clients and the engine's event loop."""
+        """Close the tool clients, the engine's event loop and the backend, each wait bounded (see the module)."""
+        if self._closed:
+            return
+        self._closed = True
         self._abandon_open_runs()
-        for tool in self.tools.values():
-            self._runner.run(tool.aclose())
-        self._runner.close()
+        self._runner.run(_close_tools(self.tools, CLOSE_GRACE_S))
+        _close_loop(self._runner, CLOSE_GRACE_S)
         self.backend.close()
 
     def __enter__(self) -> RolloutEngine:
@@ -144,12 +135,13 @@ class RolloutEngine:
             max_policy_tokens=self.cfg.max_policy_tokens,
             max_total_tokens=self.cfg.max_total_tokens,
         )
-        self.calls += 1
-        rollout_seed = self.seed * 1_000_003 + self.calls
+        self.rollouts_started += 1
+        rollout_seed = self.seed * 1_000_003 + self.rollouts_started
         decoder = self.backend.decoder(params, seed=rollout_seed)
-        draws = _Draws(self, n, rollout_seed, keys)
+        draws = Draws(self.rows, n, rollout_seed, keys)
         draws.add(problems)
-        run = self._schedule(self, draws, asyncio.get_running_loop(), refill)
+        tools = ToolRunner(self.tools, self.cfg.tool_concurrency)
+        run = Episodes(draws, self.renderer, tools, self.limits, self._schedule, refill)
         t0 = time.perf_counter()
         # a bar with ETA on a terminal only (disable=None); leave=False: the caller's own bar stays
         self._open_runs.add(run)
@@ -165,37 +157,15 @@ class RolloutEngine:
         if run.error is not None:
             raise run.error
         groups = [draws.group(k) for k in range(len(draws.problems))]
-        stats = RolloutStats.collect(groups, decoder_stats, run.tool_results, time.perf_counter() - t0)
+        stats = RolloutStats.collect(groups, decoder_stats, tools.results, time.perf_counter() - t0)
         return RolloutResult(groups, stats)
 
     def _new_sequence(self, problem: Problem) -> Sequence:
-        tools = tools_for(problem, tuple(self.tools))
-        try:
-            dialogue = self.renderer.start(problem, tools)
-        except Exception as err:  # noqa: BLE001 - this problem's prompt: its row ends, the rollout goes on
-            return self._unpromptable(problem, tools, err)
-        return Sequence(problem=problem, tools=tools, prompt_ids=dialogue.prompt_ids,
-                        shared_prefix_len=dialogue.shared_prefix_len, dialogue=dialogue)
-
-    def _unpromptable(self, problem: Problem, tools: tuple[ToolName, ...], err: Exception) -> Sequence:
-        """A row whose prompt could not be built: it samples nothing and ends with finish reason "error" when the
-        scheduler first takes it. Its prompt ids are the question as plain text (never empty: a batch row must
-        have a token; nothing of it is trained, it has no sampled token)."""
-        try:
-            prompt = encode_plain(self.tokenizer, problem.question)
-        except Exception:  # noqa: BLE001 - the question itself is what failed
-            prompt = []
-        return Sequence(problem=problem, tools=tools, prompt_ids=prompt or [min(self.eos_ids, default=0)],
-                        error=f"its prompt could not be built: {describe(err)}")
-
-    def segment_texts(self, seq: Sequence) -> tuple[str, ...]:
-        """The policy's text between insertions, each run decoded alone without the end-of-sequence token
-        that closed it (`Trajectory.segments`)."""
-        runs = seq.sampled_runs()
-        return tuple(self.tokenizer.decode(run[:-1] if run and run[-1] in self.eos_ids else run) for run in runs)
+        """A problem's row as a rollout starts it (its prompt ids; the tests read them)."""
+        return self.rows.row(problem)
 
 
-def _run_decoder(decoder: HFDecoder, run) -> DecoderStats:
+def _run_decoder(decoder: Decoder, run: Scheduler) -> DecoderStats:
     """The decoder's loop, off the event loop. A StopIteration escaping it would never reach the awaiting
     coroutine (asyncio cannot set it on a future: the rollout would hang), so it is re-raised as a RuntimeError."""
     try:
@@ -204,42 +174,56 @@ def _run_decoder(decoder: HFDecoder, run) -> DecoderStats:
         raise RuntimeError(f"the decoder raised StopIteration: {err!r}") from err
 
 
-class _Draws:
-    """A rollout's problems in draw order and their sequences, `n` each; a sequence's generator is seeded by
-    its key (its problem's key, by default its position in the draw order, and its index in the group), so its
-    tokens depend on which problems were drawn before it, not on timing, nor on the rank sampling it."""
+async def _within(awaitable, name: str, grace_s: float) -> bool:
+    """Await `awaitable` as a task named `name` for up to `grace_s`; past that it is cancelled and let go. Whether it
+    ended; what it raised is raised."""
+    task = asyncio.ensure_future(awaitable)
+    if isinstance(task, asyncio.Task):
+        task.set_name(name)
+    done, _ = await asyncio.wait({task}, timeout=grace_s)
+    if not done:
+        task.cancel()
+        return False
+    task.result()
+    return True
 
-    def __init__(self, engine: RolloutEngine, n: int, rollout_seed: int, keys: Ordered[int] | None = None) -> None:
-        self.engine, self.n, self.rollout_seed, self.keys = engine, n, rollout_seed, keys
-        self.problems: list[Problem] = []
-        self.seqs: list[Sequence] = []
-        self.group_of: dict[int, int] = {}  # id(seq) -> index of its problem
-        self.index: dict[int, int] = {}  # id(seq) -> its place in the draw order
-        self.unfinished: list[int] = []  # per problem: its sequences still running
-        self._groups: dict[int, Group] = {}
 
-    def add(self, problems: list[Problem]) -> list[Sequence]:
-        first = len(self.problems)
-        if self.keys is not None and first + len(problems) > len(self.keys):
-            raise ValueError(f"the rollout drew {first + len(problems)} problems but was given {len(self.keys)} keys")
-        new = [self.engine._new_sequence(p) for p in problems for _ in range(self.n)]
-        for index, seq in enumerate(new, start=len(self.seqs)):  # one generator per sequence
-            k, j = divmod(index, self.n)
-            key = k if self.keys is None else self.keys[k]
-            seq.rng.manual_seed(self.rollout_seed * 100_003 + key * self.n + j)
-            self.group_of[id(seq)] = k
-            self.index[id(seq)] = index
-        self.problems += problems
-        self.seqs += new
-        self.unfinished += [self.n] * len(problems)
-        return new
+async def _close_tools(tools: Mapping[ToolName, Tool], grace_s: float) -> None:
+    for name, tool in tools.items():
+        if not await _within(tool.aclose(), f"tool {name!r}: aclose", grace_s):
+            log.warning("tool %r did not close within %gs; it is let go", name, grace_s)
 
-    def group(self, k: int) -> Group:
-        """Problem k's finished group (built once)."""
-        if k not in self._groups:
-            decode = self.engine.tokenizer.decode
-            seqs = self.seqs[k * self.n:(k + 1) * self.n]
-            self._groups[k] = Group(self.problems[k], tuple(
-                s.to_trajectory(decode(s.response_ids, skip_special_tokens=True), self.engine.segment_texts(s))
-                for s in seqs))
-        return self._groups[k]
+
+async def _cancel_the_rest(grace_s: float) -> list[asyncio.Task]:
+    """Cancel every other task of the loop and wait up to `grace_s` for them: the ones still running."""
+    rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    if not rest:
+        return []
+    for task in rest:
+        task.cancel()
+    done, pending = await asyncio.wait(rest, timeout=grace_s)
+    for task in done:  # as asyncio.Runner.close reports them
+        if not task.cancelled() and task.exception() is not None:
+            asyncio.get_running_loop().call_exception_handler({
+                "message": "unhandled exception while the rollout engine closed", "exception": task.exception(),
+                "task": task})
+    return sorted(pending, key=lambda task: task.get_name())
+
+
+def _close_loop(runner: asyncio.Runner, grace_s: float) -> None:
+    """Close the runner's loop; tasks that outlive their cancellation by `grace_s` are abandoned, named."""
+    stuck = runner.run(_cancel_the_rest(grace_s))
+    if not stuck:
+        runner.close()
+        return
+    names = "; ".join(f"{task.get_name()} ({getattr(task.get_coro(), '__qualname__', task.get_coro())})"
+                      for task in stuck)
+    log.warning("closing the rollout engine: %d task(s) still ran %gs after being cancelled and are abandoned "
+                "(a tool client that ignores its cancellation): %s", len(stuck), grace_s, names)
+    _ABANDONED.extend(stuck)
+    loop = runner.get_loop()
+    try:  # the rest of asyncio.Runner.close, each step bounded too
+        loop.run_until_complete(_within(loop.shutdown_asyncgens(), "shutdown asyncgens", grace_s))
+        loop.run_until_complete(_within(loop.shutdown_default_executor(), "shutdown executor", grace_s))
+    finally:
+        loop.close()

@@ -114,6 +114,14 @@ class GrowingCache(DynamicCache):
             layer.update(keys, values)
 
     @classmethod
+    def empty(cls, layers: int, max_tokens: int = 0) -> GrowingCache:
+        """A cache of `layers` empty layers, each keeping every column it is given (a model's own cache, built
+        from its config, keeps only the last window of a sliding layer)."""
+        cache = cls([], max_tokens)
+        cache.layers = [GrowingLayer(max_tokens) for _ in range(layers)]
+        return cache
+
+    @classmethod
     def stacked(cls, blocks: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]], width: int,
                 max_tokens: int = 0) -> GrowingCache:
         """Row blocks (per layer: keys, values [B_i, H, T_i, D], T_i <= width) stacked along rows, each

@@ -34,6 +34,7 @@ class Sequence:
     turns: int = 0
     finish_reason: FinishReason | None = None
     error: str = ""  # why it ended with finish_reason "error" (`Trajectory.error`)
+    draw_index: int = -1  # its place in the rollout's draw order (`rollout.draws.Draws`); -1 until drawn
     # Its own sampling generator: a row's draws must not depend on which other rows share
     # its batch, which depends on tool latency (resumed runs would otherwise diverge).
     rng: torch.Generator = field(default_factory=torch.Generator, repr=False)

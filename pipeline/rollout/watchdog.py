@@ -61,6 +61,8 @@ async def bounded_call(tool: Any, name: ToolName, call_input: str, deadline_s: f
         task = asyncio.ensure_future(tool(call_input))
     except Exception as err:  # noqa: BLE001 - a client that raises before it awaits, or is no coroutine function
         return _broken(name, err, time.perf_counter() - t0)
+    if isinstance(task, asyncio.Task):  # named, should it outlive its cancellation (the engine's close says so)
+        task.set_name(f"tool {name!r}: call")
     try:
         done, _ = await asyncio.wait({task}, timeout=deadline_s)
     finally:

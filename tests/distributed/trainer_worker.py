@@ -51,7 +51,7 @@ def main(params: Path, out: Path) -> None:
     cfg = load_config(params)
     tr = set_up(cfg, {})
     first = one_step(tr)
-    saved = tr.replicas.save_checkpoint(tr.plan.folder, TrainerState(1, tr.stream.cursor, tr.engine.calls),
+    saved = tr.replicas.save_checkpoint(tr.plan.folder, TrainerState(1, tr.stream.cursor, tr.engine.rollouts_started),
                                         tr.scheduler, tr.tokenizer)
     before_second = gathered(tr)
     second = one_step(tr)

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from transformers.cache_utils import DynamicCache
 
 from pipeline.model import embedded_gguf_path
-from pipeline.rollout.schedule import NO_OUTPUT
+from pipeline.rollout.episode import NO_OUTPUT
 from pipeline.tools.shown import cut_middle
 from pipeline.types import Trajectory
 from tests.helpers.tiny import _Out

@@ -1,11 +1,20 @@
-"""Continuous batching with cache merges gives the same greedy tokens as one-at-a-time generation."""
+"""Continuous batching with cache merges gives the same greedy tokens as one-at-a-time generation, and the log-probs
+of the model's own forward for every attention variant (sliding windows included)."""
 
 from __future__ import annotations
 
-import torch
+from types import SimpleNamespace
 
+import pytest
+import torch
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, Llama4TextConfig, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends.decoding import SamplingParams
-from pipeline.rollout.backends.hf import MIN_SHARED_PREFIX_TOKENS, HFDecoder
+from pipeline.rollout.backends.hf import MIN_SHARED_PREFIX_TOKENS, HFBackend, HFDecoder
+from pipeline.rollout.backends.windows import attention_windows
 from pipeline.rollout.backends.next_token import inverse_cdf_sample
 from pipeline.rollout.sequence import Sequence
 from pipeline.types import Problem
@@ -251,3 +260,69 @@ def test_copies_that_agree_through_a_tool_output_are_prefilled_once() -> None:
     for seq in copies:
         assert seq.response_ids == alone[0].response_ids and seq.loss_mask == alone[0].loss_mask
         assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(alone[0].logprobs), atol=1e-5)
+
+
+# --- attention variants: every forward that feeds a log-prob matches the model's own ------------------------------
+WINDOW = 4  # rows run far past it: prompts of 5-30 tokens, 3 tool rounds
+VARIANT_SIZES = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=256)
+VARIANTS = {  # as tests/train/test_attention_variants.py builds them, with the tokenizer's vocabulary
+    "llama": lambda v: LlamaForCausalLM(LlamaConfig(vocab_size=v, **VARIANT_SIZES)),
+    "qwen2-sliding": lambda v: Qwen2ForCausalLM(Qwen2Config(vocab_size=v, **VARIANT_SIZES, use_sliding_window=True,
+                                                            sliding_window=WINDOW, max_window_layers=1)),
+    "mistral-sliding": lambda v: MistralForCausalLM(MistralConfig(vocab_size=v, **VARIANT_SIZES,
+                                                                  sliding_window=WINDOW)),
+    "gemma2": lambda v: Gemma2ForCausalLM(Gemma2Config(vocab_size=v, **VARIANT_SIZES, head_dim=8,
+                                                       sliding_window=WINDOW)),
+    "gemma3": lambda v: Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=v, **VARIANT_SIZES, head_dim=8,
+                                                           sliding_window=WINDOW, sliding_window_pattern=2)),
+}
+
+
+@pytest.mark.parametrize("parked", [0, 10_000], ids=["re-prefilled", "parked-caches"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_attention_variant_samples_the_log_probs_of_the_models_own_forward(variant: str, parked: int) -> None:
+    """Left padding, padding between a parked cache and its new tokens, merges, row selection and a shared system
+    turn's cache: a sliding window must still cut what the model's own forward on the whole row cuts. The defect:
+    transformers measured windows in the batch's cache columns (Mistral 0.06-0.11 off) and its own cache kept only a
+    sliding layer's last window (Qwen2, Gemma 2 and 3 crashed, Mistral with parked caches)."""
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = VARIANTS[variant](len(tok)).eval()
+    model.generation_config.eos_token_id = None
+    system = tok("<|im_start|>system\nThe quick brown fox jumps over the lazy dog 0123456789.<|im_end|>\n")["input_ids"]
+    questions = [tok(q)["input_ids"] for q in ("What is 6 * 7?", "0123", "capital of Australia", "a b")]
+    seqs = _system_turn_rows(tok, system, questions[:2], shared=True) + [_seq(q) for q in questions[2:]]
+    for i, seq in enumerate(seqs):
+        seq.rng.manual_seed(i)
+    outputs = [tok(t)["input_ids"] for t in ("<output>42</output>", "<output>error: x</output> more", "ok")]
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_policy_tokens=6, max_total_tokens=512)
+    stats = HFDecoder(model, tok, params, max_batch=2, max_parked_kv_tokens=parked).run(
+        ToolRoundsScheduler(seqs, rounds=3, outputs=outputs))
+    assert stats.reused_tokens > 0  # the system turn's cache (and parked caches) served
+    for seq in seqs:
+        with torch.no_grad():
+            logits = model(torch.tensor([seq.context_ids])).logits[0].log_softmax(-1)
+        n = len(seq.prompt_ids)
+        sampled = [i for i, m in enumerate(seq.loss_mask) if m]
+        assert len(sampled) == 6 + 3
+        expected = torch.tensor([logits[n - 1 + i, seq.response_ids[i]].item() for i in sampled])
+        torch.testing.assert_close(torch.tensor([seq.logprobs[i] for i in sampled]), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    (lambda: _with_kernel(MistralConfig(vocab_size=48, **VARIANT_SIZES, sliding_window=WINDOW), "flash_attention_2"),
+     "attention kernel 'flash_attention_2'"),
+    (lambda: Llama4TextConfig(vocab_size=48, **VARIANT_SIZES, attention_chunk_size=WINDOW), "chunked_attention"),
+])
+def test_a_model_whose_windows_the_decoder_cannot_mask_is_refused_at_set_up(config, named: str) -> None:
+    model = SimpleNamespace(config=config())
+    with pytest.raises(ValueError, match=f"rollout.backend 'hf' cannot decode this model exactly.*{named}"):
+        HFBackend(model, tiny_tokenizer(), RolloutConfig())
+    no_window = MistralConfig(vocab_size=48, **VARIANT_SIZES, sliding_window=None)  # its default is 4096
+    assert attention_windows(SimpleNamespace(config=no_window)) is None  # the model's own masks, as before
+
+
+def _with_kernel(config, kernel: str):
+    config._attn_implementation = kernel
+    return config

@@ -18,7 +18,8 @@ from pipeline.config.reward import RewardConfig
 from pipeline.config.rollout import RolloutConfig
 from pipeline.protocols import protocol_for
 from pipeline.reward.score import score_trajectory
-from pipeline.rollout import schedule, watchdog
+from pipeline.rollout import engine as engine_module
+from pipeline.rollout import episode, schedule, watchdog
 from pipeline.rollout.engine import RolloutEngine, special_token_ids
 from pipeline.types import Problem, ToolResult
 from tests.helpers.tiny import ScriptedLM, tiny_tokenizer
@@ -66,10 +67,10 @@ def answers(value):
     return answer
 
 
-def rollout(tok, tool, schedule_cfg: dict, problems=PROBLEMS, n: int = 2, patch=None, **cfg):
+def rollout(tok, tool, schedule_cfg: dict, problems=PROBLEMS, n: int = 2, patch=None, others=None, **cfg):
     config = RolloutConfig(**{"max_policy_tokens": 200, "max_total_tokens": 4000, "max_tool_output_chars": 200,
                               "temperature": 1.0, **schedule_cfg, **cfg})
-    with RolloutEngine(ScriptedLM(tok, SEGMENTS), tok, {"code": tool}, config, seed=0) as engine:
+    with RolloutEngine(ScriptedLM(tok, SEGMENTS), tok, {"code": tool, **(others or {})}, config, seed=0) as engine:
         if patch is not None:
             patch(engine)
         return engine.rollout(problems, n)
@@ -132,7 +133,10 @@ HOSTILE = {
 def test_a_tool_breaking_its_contract_is_the_tools_failure_and_the_row_goes_on(tok, schedule_cfg, kind,
                                                                                 monkeypatch) -> None:
     monkeypatch.setattr(watchdog, "WATCHDOG_MARGIN_S", 0.0)
-    result = rollout(tok, Tool(HOSTILE[kind], deadline_s=0.2), schedule_cfg)
+    # the watchdog's limit is the longest call deadline: a search tool (not offered here) of 5 s puts it past the
+    # code call's 0.2 s, which a busy machine's decoder thread could otherwise reach first (then the row ended)
+    idle = Tool(answers(ToolResult("", ok=True)), deadline_s=5.0)
+    result = rollout(tok, Tool(HOSTILE[kind], deadline_s=0.2), schedule_cfg, others={"search": idle})
     for traj in trajectories(result):
         (call,) = traj.tool_calls
         assert not call.result.ok and call.result.infrastructure, call.result  # the service's fault: not trained
@@ -150,6 +154,28 @@ def test_a_call_is_answered_at_its_deadline_even_by_a_client_that_ignores_its_ca
     finally:
         loop.close()
     assert result.status == "timeout" and result.infrastructure and not result.ok
+
+
+async def _ignores_cancellation(code: str):
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            continue
+
+
+def test_closing_the_engine_abandons_a_call_that_ignores_its_cancellation(tok, schedule_cfg, monkeypatch,
+                                                                          caplog) -> None:
+    """Each call was let go at its deadline and goes on for ever: closing cancels it, waits CLOSE_GRACE_S and
+    abandons it, naming the tool (asyncio.Runner.close, which the engine's close ended with, waited for ever)."""
+    monkeypatch.setattr(watchdog, "WATCHDOG_MARGIN_S", 0.0)
+    monkeypatch.setattr(engine_module, "CLOSE_GRACE_S", 0.2)
+    idle = Tool(answers(ToolResult("", ok=True)), deadline_s=5.0)  # the watchdog's limit past the calls' deadline
+    with caplog.at_level("WARNING", logger=engine_module.__name__):
+        result = rollout(tok, Tool(_ignores_cancellation, deadline_s=0.2), schedule_cfg, others={"search": idle})
+    assert all(c.result.status == "timeout" for t in trajectories(result) for c in t.tool_calls)
+    abandoned = [r.getMessage() for r in caplog.records if r.name == engine_module.__name__]
+    assert len(abandoned) == 1 and "4 task(s)" in abandoned[0] and "tool 'code': call" in abandoned[0], abandoned
 
 
 def test_a_tool_answering_megabytes_is_cut_to_the_output_limit(tok, schedule_cfg) -> None:
@@ -225,7 +251,7 @@ def test_a_prompt_that_cannot_be_built_ends_its_rows_without_sampling(tok, sched
 def test_a_callback_raising_on_the_event_loop_ends_its_row_not_the_rollout(tok, schedule_cfg, monkeypatch) -> None:
     """What `_call_tools` calls once the tools answered raises (the first time): the row must not wait for ever."""
     clocked = schedule_cfg.get("readmit_after_steps", 0) > 0 and "schedule" not in schedule_cfg
-    cls, name = (schedule._ClockedRun, "_arrive") if clocked else (schedule._Run, "_insert")
+    cls, name = (schedule.Clocked, "arrive") if clocked else (episode.Episodes, "_insert")
     original, raised = getattr(cls, name), []
 
     def once(self, *args):
@@ -243,14 +269,14 @@ def test_a_callback_raising_on_the_event_loop_ends_its_row_not_the_rollout(tok, 
 def test_the_watchdog_names_and_ends_a_row_whose_answer_is_lost(tok, schedule_cfg, monkeypatch) -> None:
     monkeypatch.setattr(watchdog, "WATCHDOG_MARGIN_S", 0.0)
     lost = []
-    spawn = schedule._Run._spawn
+    spawn = episode.Episodes._spawn
 
     def loses_the_first(self, seq, *args):
         if not lost:
             lost.append(self.row_label(seq))
             return None  # the calls never run: nothing will ever answer this row
         return spawn(self, seq, *args)
-    monkeypatch.setattr(schedule._Run, "_spawn", loses_the_first)
+    monkeypatch.setattr(episode.Episodes, "_spawn", loses_the_first)
     result = rollout(tok, Tool(answers(ToolResult("42", ok=True)), deadline_s=0.2), schedule_cfg)
     ended = [t for t in trajectories(result) if t.finish_reason == "error"]
     assert len(ended) == 1 and sum(t.finish_reason == "answer" for t in trajectories(result)) == 3

@@ -42,7 +42,7 @@ def test_refill_draws_until_the_batch_is_full_and_not_one_problem_more(tmp_path:
         drawn_per_step.append(len(seen))
         cursor = tr.stream.cursor
     assert max(drawn_per_step) > 3  # some step did replace a dropped group
-    assert tr.engine.calls == 6  # one rollout a step, however many replacements
+    assert tr.engine.rollouts_started == 6  # one rollout a step, however many replacements
     tr.engine.close()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.rollout import RolloutConfig
-from pipeline.rollout import schedule, watchdog
+from pipeline.rollout import episode, watchdog
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.types import ToolResult
 from tests.helpers.tiny import tiny_tokenizer
@@ -64,14 +64,14 @@ def test_hostile_output_and_lost_answers_end_rows_never_the_vllm_rollout(trained
 
         # an answer lost on the event loop: the watchdog names the row and ends it
         monkeypatch.setattr(watchdog, "WATCHDOG_MARGIN_S", 0.0)
-        spawn, lost = schedule._Run._spawn, []
+        spawn, lost = episode.Episodes._spawn, []
 
         def loses_the_first(self, seq, *args):
             if not lost:
                 lost.append(self.row_label(seq))
                 return None
             return spawn(self, seq, *args)
-        monkeypatch.setattr(schedule._Run, "_spawn", loses_the_first)
+        monkeypatch.setattr(episode.Episodes, "_spawn", loses_the_first)
         trajs = run()
         ended = [t for t in trajs if t.finish_reason == "error"]
         assert len(ended) == 1 and ended[0].error.startswith(f"watchdog: row {lost[0]} waited")

@@ -7,10 +7,12 @@ from __future__ import annotations
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline.config.rollout import RolloutConfig, vllm_logprobs_mode
+from pipeline.rollout.backends.decoding import Backend
 from pipeline.rollout.backends.hf import HFBackend
 
 
-def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig, seed: int):
+def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig,
+                 seed: int) -> Backend:
     """The generation backend named by `rollout.backend`; vLLM is imported only when selected
     (a missing install raises `VLLMUnavailable` naming the fix). The vllm backend loads the model
     from its directory (`model.name_or_path`) and takes new weights through `update_weights`."""

@@ -6,7 +6,7 @@ admits the rows the scheduler hands it: their context is prefilled and their KV 
 into the running batch (both left-padded to a common length). So a sequence waiting on a tool
 never holds up the others. The scheduler counts decoding steps (`take_ready` is called once per
 step) and hands back a row whose tool was called at step s at step s + `rollout.readmit_after_steps`
-(rollout.engine), so which rows share a batch, and hence every row's float rounding, does not
+(`rollout.schedule.Clocked`), so which rows share a batch, and hence every row's float rounding, does not
 depend on how fast tools answer.
 
 Sampled tokens are appended exactly as sampled (never decoded and re-tokenized), with the
@@ -27,6 +27,9 @@ rules and tool examples: 274 of ~313 tokens of a TAPO prompt offering both tools
 prefilled once per rollout; each fresh row starts from its cache (`Sequence.shared_prefix_len`).
 Beyond that, unlike vLLM's prefix cache, nothing is shared between sequences: a general
 cross-sequence cache would need a block allocator, which vLLM already is.
+
+A model with sliding-window layers gets its attention masks from the decoder (`windows.py`): in the batch's
+layout the model's own would measure its windows in cache columns, not in the row's positions.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from transformers.cache_utils import DynamicCache
 from pipeline.config.rollout import RolloutConfig
 from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, Scheduler, eos_ids
 from pipeline.rollout.backends.next_token import sample_tokens
+from pipeline.rollout.backends.windows import Windows, attention_windows
 from pipeline.rollout.kv_cache import GrowingCache
 from pipeline.rollout.sequence import Sequence, unique_rows
 
@@ -64,6 +68,9 @@ class HFDecoder:
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, params: SamplingParams,
                  *, max_batch: int, max_parked_kv_tokens: int = 0) -> None:
         self.model = model
+        # sliding-window layers: the decoder's own masks and full caches (`windows.py`); None: the model's own
+        self.windows: Windows | None = attention_windows(model)
+        self.dtype = next(model.parameters()).dtype
         self.tokenizer = tokenizer
         self.params = params
         self.max_batch = max_batch
@@ -124,8 +131,8 @@ class HFDecoder:
             positions[i, width - len(suffix):] = torch.arange(cached, cached + len(suffix))
         unique, expand = unique_rows([prefill_key(seq, past) for seq, past in zip(seqs, pasts)])
         pasts_u = [pasts[i] for i in unique]
-        cache = _stack_pasts(pasts_u, past_len) if past_len else None
-        out = self.model(input_ids=ids[unique].to(self.device), attention_mask=attn[unique].to(self.device),
+        cache = _stack_pasts(pasts_u, past_len) if past_len else self._new_cache()
+        out = self.model(input_ids=ids[unique].to(self.device), attention_mask=self._mask(attn[unique], width),
                          position_ids=positions[unique].to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
         expand_B = torch.tensor(expand, device=self.device)
         prefilled = sum(len(suffixes[i]) for i in unique)
@@ -155,8 +162,9 @@ class HFDecoder:
         key = tuple(seq.prompt_ids[:n])
         if key not in self._prefixes:
             out = self.model(input_ids=torch.tensor([key], device=self.device),
-                             attention_mask=torch.ones((1, n), dtype=torch.long, device=self.device),
-                             position_ids=torch.arange(n, device=self.device)[None], use_cache=True, logits_to_keep=1)
+                             attention_mask=self._mask(torch.ones((1, n), dtype=torch.long), n),
+                             position_ids=torch.arange(n, device=self.device)[None], cache=self._new_cache(),
+                             use_cache=True, logits_to_keep=1)
             self._prefixes[key] = [(k[0], v[0]) for k, v in _kv(out.cache)]
             stats.prefill_tokens += n
         return self._prefixes[key]
@@ -191,7 +199,7 @@ class HFDecoder:
     def _step(self, batch: _Batch, stats: DecoderStats, scheduler: Scheduler) -> None:
         ones = torch.ones((len(batch.rows), 1), dtype=batch.attn_BT.dtype, device=self.device)
         batch.attn_BT = torch.cat([batch.attn_BT, ones], dim=1)
-        out = self.model(input_ids=batch.next_ids_B[:, None], attention_mask=batch.attn_BT,
+        out = self.model(input_ids=batch.next_ids_B[:, None], attention_mask=self._mask(batch.attn_BT, 1),
                          position_ids=batch.positions_B[:, None], cache=batch.cache, use_cache=True)
         batch.cache = out.cache
         batch.positions_B = batch.positions_B + 1
@@ -199,6 +207,17 @@ class HFDecoder:
         stats.steps += 1
         stats.sampled_tokens += len(batch.rows)
         self._retire_stopped(batch, list(range(len(batch.rows))), scheduler)
+
+    def _mask(self, attn_BK: torch.Tensor, queries: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """What the model is given as its attention mask for the last `queries` columns: the 2D mask, from which it
+        builds its own, or, with sliding windows, the masks of each layer type (`windows.py`)."""
+        attn_BK = attn_BK.to(self.device)
+        return attn_BK if self.windows is None else self.windows.masks(attn_BK, queries, self.dtype)
+
+    def _new_cache(self) -> GrowingCache | None:
+        """The cache of a forward without a past: the model's own (None), or with sliding windows one that keeps
+        every column (the model's keeps only a sliding layer's last window, which merges and masks do not expect)."""
+        return None if self.windows is None else GrowingCache.empty(self.windows.layers)
 
     def _sample(self, logits_BV: torch.Tensor, rows: list[Sequence]) -> torch.Tensor:
         return sample_tokens(logits_BV, rows, self.params).to(self.device)
@@ -314,6 +333,7 @@ class HFBackend:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: RolloutConfig) -> None:
         self.model, self.tokenizer, self.cfg = model, tokenizer, cfg
+        attention_windows(model)  # a model the decoder cannot decode exactly is refused here, at set-up
 
     def decoder(self, params: SamplingParams, seed: int) -> HFDecoder:
         # `seed` is unused here: each sequence carries its own generator (seeded by the engine).

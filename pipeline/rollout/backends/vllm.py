@@ -1,8 +1,8 @@
 """The `vllm` rollout backend: vLLM's async engine, one coroutine per trajectory segment.
 
-Same interface as `hf.HFDecoder` (`run(scheduler) -> DecoderStats`, driven by the
-rollout engine's scheduler), so `rollout.engine` picks one by `rollout.backend` and
-nothing else changes. vLLM does the batching (continuous batching, prefix caching: a
+Same interface as `hf.HFDecoder` (`decoding.Decoder`: `run(scheduler) -> DecoderStats`, driven by
+the rollout's episodes, `rollout.episode.Episodes`), so `rollout.engine` picks one by `rollout.backend`
+and nothing else changes. vLLM does the batching (continuous batching, prefix caching: a
 sequence re-admitted after a tool call reuses the KV of its context instead of
 prefilling it again).
 

@@ -43,6 +43,7 @@ from pipeline.evaluation.evaluate import run as evaluate
 from pipeline.evaluation.labels import run_label
 from pipeline.evaluation.report import TABLE_FILE
 from pipeline.evaluation.setting import evaluation_setting
+from pipeline.tracking.comparable import comparable_evaluations
 from pipeline.tracking.model_source import ModelSourceError, resolve_model
 from pipeline.tracking.registry import update_champion
 from pipeline.tracking.runs import tracked_run
@@ -57,10 +58,10 @@ def evaluate_task(cfg: RunConfig, urls: dict, model: str | None, stage: str) -> 
 
 
 def with_overrides(cfg: RunConfig, label: str | None, place: Placement, model: str | None = None) -> RunConfig:
-    """The row label given (a model given without one: named after it), and the output folder where this run
-    writes (ad hoc: under runs/evaluate/<label>/).
-    The DVC stage (written in place) compares with the baselines' evaluations first."""
-    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))}
+    """The model given (its run records what it evaluated: `evaluate.model`), the row label given (a model given
+    without one: named after it), and the output folder where this run writes (ad hoc: under
+    runs/evaluate/<label>/). The DVC stage (written in place) compares with the baselines' evaluations first."""
+    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))} | ({"model": model} if model else {})
     if label or model:  # params' evaluate.label names the policy, not a model given by hand
         update["label"] = label or ""
     if place.root is None:
@@ -89,26 +90,39 @@ def preflight(params: str, model: str | None = None, label: str | None = None, o
 
 
 def configured(params: str, model: str | None, label: str | None, out: str | None,
-               baseline: str | None) -> tuple[RunConfig, str]:
-    """This run's config and the stage it is: a baseline's DVC stage, the policy's, or an ad-hoc run (a baseline's
-    too: with another params file, a label or --out it writes under runs/evaluate/<label>/)."""
+               baseline: str | None) -> tuple[RunConfig, str, str | None]:
+    """This run's config, the stage it is (a baseline's DVC stage, the policy's) and, for an ad-hoc run, its label
+    (a baseline's too: with another params file, a label or --out it writes under runs/evaluate/<label>/)."""
     if baseline is not None:
         place = placement("evaluate", params, label=label, out=out, ad_hoc=False)
         cfg = placed(as_baseline(load_or_exit(params), baseline), STAGE_OUTPUTS["evaluate"], place)
-        return cfg, f"evaluate-{baseline}"
+        return cfg, f"evaluate-{baseline}", place.label
     place = placement("evaluate", params, label=label or model, out=out, ad_hoc=model is not None)
-    return with_overrides(load_or_exit(params), label, place, model), "evaluate"
+    return with_overrides(load_or_exit(params), label, place, model), "evaluate", place.label
+
+
+def beside_the_pipeline(cfg: RunConfig, benchmarks: list) -> RunConfig:
+    """An ad-hoc evaluation of a policy compares with the base, SFT and current policy evaluations the tracking
+    store holds under its setting (`pipeline.tracking.comparable`), downloaded beside its outputs, before the
+    evaluations `evaluate.compare_dirs` names."""
+    found = comparable_evaluations(cfg.run, evaluation_setting(cfg, benchmarks), list(cfg.evaluate.baselines),
+                                   Path(cfg.evaluate.output_dir) / "compared")
+    print(f"compared with {len(found)} evaluation(s) under the same setting: {', '.join(map(str, found)) or 'none'}")
+    dirs = tuple(str(d) for d in found) + cfg.evaluate.compare_dirs
+    return cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"compare_dirs": dirs})})
 
 
 @flow(name="evaluate", log_prints=True)
 def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: str | None = None,
                   out: str | None = None, baseline: str | None = None) -> dict:
-    cfg, stage = configured(params, model, label, out, baseline)
+    cfg, stage, ad_hoc = configured(params, model, label, out, baseline)
     # Bad benchmarks or a missing model fail here, before any service starts.
     benchmarks = load_benchmarks(cfg.evaluate)
     resolve_model(model or cfg.evaluate.model, cfg.run.tracking_uri)
+    if ad_hoc and baseline is None:
+        cfg = beside_the_pipeline(cfg, benchmarks)
     tools = () if cfg.evaluate.mode == "no_tools" else tools_needed(benchmarks)
-    with stage_run(cfg, stage) as run_id:
+    with stage_run(cfg, stage, ad_hoc) as run_id:
         probe = search_probes([p for b in benchmarks for p in b.problems])
         with running_services(cfg, tools, params, search_probe=probe, stage=stage) as urls:
             metrics = evaluate_task(cfg, urls, model, stage)
@@ -122,4 +136,5 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
     table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
     publish(stage, f"{stage}: {run_label(cfg, model or cfg.evaluate.model)}",
             f"{table}\n{champion}\n\nOutputs: `{cfg.evaluate.output_dir}`", cfg.run, run_id)
+    print(table.strip())  # the stage's last words: the table, the format notes, the flips and their p-value
     return metrics

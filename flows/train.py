@@ -51,7 +51,7 @@ from flows.tracking import stage_run
 from pipeline.config import RunConfig
 from pipeline.distributed.launch import RankLayout
 from pipeline.outputs import OutputNotWritable
-from pipeline.tracking.headline import headline_file
+from pipeline.tracking.headline import final_file, final_line
 from pipeline.tracking.history import HistoryGap
 from pipeline.tracking.registry import MODEL_NAME, find_version, quiet_progress_unless_tty
 from pipeline.tracking.runs import log_checkpoints
@@ -166,8 +166,8 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
         if run_id is not None:
             logged = log_run_checkpoints(cfg, run_id, run_dir, started, earlier)
             print(f"checkpoints in {run_dir / CHECKPOINTS}; their metadata logged to MLflow run {run_id}: {logged}")
-    print(f"final step: reward {metrics.get('reward/mean')}, accuracy {metrics.get('reward/accuracy')}; "
-          f"model {cfg.train.output_dir}, metrics {metrics_dir}")
+    final = final_line(json.loads(final_file(metrics_dir).read_text())) if run_id is not None else "trained"
+    print(f"{final}; model {cfg.train.output_dir}, metrics {metrics_dir}")  # final: the headline's, not the last step
     if run_id is not None:  # the main process (the others record nothing)
         publish("train", f"train: {run_dir.name}", training_summary(cfg, run_dir, metrics_dir), cfg.run, run_id)
     return metrics
@@ -176,7 +176,7 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
 def training_summary(cfg: RunConfig, run_dir: Path, metrics_dir: Path) -> str:
     """The run in a few lines: what trained, where everything went, the headline numbers, the registered version."""
     tc = cfg.train
-    headline = json.loads(headline_file(metrics_dir, "train").read_text())
+    headline = json.loads(final_file(metrics_dir).read_text())
     version = find_version(cfg.run, tc.output_dir)
     registered = f"`{MODEL_NAME}` v{version.version}" if version is not None else "not registered"
     return "\n".join([

@@ -58,7 +58,7 @@ from pipeline.distributed.launch import die_with_launcher, leave_process_group
 from pipeline.model import enable_activation_checkpointing, load_policy, model_device, training_forward
 from pipeline.repeatable import make_repeatable
 from pipeline.outputs import ensure_writable, publish_dir, staging_dir, write_json_durably
-from pipeline.rl.advantage import GroupFilter, group_filter, token_advantages
+from pipeline.rl.advantage import GroupFilter, advantages_of, group_filter, token_advantages
 from pipeline.rl.anchor import step_openings
 from pipeline.rl.loss import PolicyLoss, make_policy_loss
 from pipeline.rl.tepo import Tepo, tepo_variant
@@ -74,6 +74,7 @@ from pipeline.tracking.history import TRAIN_HISTORY, MetricHistory, StepProgress
 from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
+from pipeline.tracking.traces import log_step_traces
 from pipeline.tracking.train_samples import log_samples
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.training_run.checkpoint import TrainerState
@@ -151,7 +152,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
     if start is not None:  # the engine sampled from the initial weights (vLLM loaded them; a ZeRO-3 copy holds them)
         replicas.sync(engine)
     start = start or TrainerState(step=0, data_cursor=0, rollout_calls=0)
-    engine.calls = start.rollout_calls
+    engine.rollouts_started = start.rollout_calls
     keep = group_filter(tc.algorithm, tepo)
     device = model_device(replicas.model)
     autocast = training_forward(cfg.model.dtype, held, tc.autocast, device)  # `auto`: bf16 where the device has it
@@ -257,7 +258,10 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
                 print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
             if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
                 log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
-            state = TrainerState(step + 1, t.stream.cursor, t.engine.calls, active.info.run_id if active else None)
+            log_step_traces(cfg.run.traces, active.info.run_id if active else None, step, collected,
+                            lambda groups: advantages_of(groups, tc.algorithm))  # a few groups, turn by turn
+            state = TrainerState(step + 1, t.stream.cursor, t.engine.rollouts_started,
+                                 active.info.run_id if active else None)
             if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:  # with the history it was saved after
                 state = replace(state, history_sha256=history.digest(step + 1))
                 t.replicas.save_checkpoint(plan.folder, state, t.scheduler, t.tokenizer)  # collective

@@ -37,7 +37,8 @@ from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
 from pipeline.evaluation.labels import run_label
 from pipeline.tracking.model_source import fingerprint, resolve_model
-from pipeline.evaluation.report import comparison_headline, write_reports
+from pipeline.evaluation.report import headline as evaluation_headline
+from pipeline.evaluation.report import write_reports
 from pipeline.evaluation.results import RUN_FILE, RunResult, load_run
 from pipeline.evaluation.setting import evaluation_setting
 from pipeline.tracking.headline import HEADLINE_DIR, PREFIX, eval_headline, headline_file
@@ -47,6 +48,7 @@ from pipeline.jsonl import write_json
 from pipeline.model import load_policy
 from pipeline.tools.outages import OutageCounts, ToolOutage
 from pipeline.tracking.progress import progress
+from pipeline.tracking.traces import log_evaluation_traces
 from pipeline.protocols import protocol_of
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
@@ -141,7 +143,7 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
         return
     # Seed by chunk position (not by how many rollouts this process ran) so resuming
     # reproduces exactly what an uninterrupted run would have sampled.
-    plan.engine.calls = position - 1
+    plan.engine.rollouts_started = position - 1
     result = await plan.engine.arollout(list(chunk), ec.samples, temperature=ec.temperature)
     outages = OutageCounts.of(t for g in result.groups for t in g.trajectories)
     for tool in outages.over(0.0):
@@ -155,6 +157,8 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
         raise JudgeUnavailable(f"{err}; stopped before storing chunk {position} of {bench.name} "
                                "(a resumed run judges it again)") from None
     plan.store.append(judged)
+    log_evaluation_traces(plan.cfg.run.traces, bench.name, bench.problems, [g for g in result.groups if g.problem in todo],
+                          judged)  # each problem a trace in the run (pipeline.tracking.traces)
 
 
 async def _evaluate(plan: _Plan) -> None:
@@ -199,8 +203,10 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     write_json(out_dir / METRICS_FILE, metrics)
     result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
-    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks}) | comparison_headline([*earlier, result])
+    # the headline (a DVC metric: a few short keys) in its file; in MLflow beside the pooled detail
+    headline = evaluation_headline([*earlier, result], {n: b.output_dir for n, b in ec.baselines.items()})
     write_json(headline_file(out_dir, "eval"), headline)
+    headline = eval_headline(metrics, {b.name: b.category for b in benchmarks}) | headline
     write_json(out_dir / RUN_FILE, result.header())
     artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
     log_to_mlflow(metrics | {PREFIX + k: v for k, v in headline.items()},

@@ -26,6 +26,7 @@ class RunResult:
     benchmarks: dict[str, str]  # name -> category, in evaluation order
     metrics: dict[str, float]
     records: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    source: str = ""  # the output folder it was read back from (load_run); "" for the run in hand
 
     def header(self) -> dict[str, Any]:
         return {"label": self.label, "model": self.model, "mode": self.mode, "benchmarks": self.benchmarks}
@@ -44,4 +45,5 @@ def load_run(out_dir: Path) -> RunResult:
     header = json.loads((out_dir / RUN_FILE).read_text(encoding="utf-8"))
     metrics = json.loads((out_dir / "eval.json").read_text(encoding="utf-8"))
     records = [r for _, r in iter_json_lines(out_dir / "eval_samples.jsonl")]
-    return RunResult(header["label"], header["model"], header["mode"], header["benchmarks"], metrics, records)
+    return RunResult(header["label"], header["model"], header["mode"], header["benchmarks"], metrics, records,
+                     str(out_dir))

@@ -139,11 +139,14 @@ def test_table_and_plots_compare_runs(tok, tmp_path) -> None:
     scripted_run(tok, make_cfg(base, label="Base", mode="no_tools"), [calculator(["What is 2 + 3?"])], tools={})
     scripted_run(tok, make_cfg(policy, label="Policy", compare_dirs=(str(base),)), [calculator()])
     table = (policy / "eval_table.md").read_text()
-    rows = [line for line in table.splitlines() if line.startswith("| ")]
-    assert rows[0] == "| Method | Math: calculator | Avg. |"
-    assert rows[1] == "| Base | 0.0 | 0.0 |"
-    assert rows[2] == "| Policy | 50.0 | 50.0 |"
-    assert "| Policy | 0.00 / 0.75 |" in table
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    # one benchmark: no macro average; the overall column is the pooled (micro) one, then the format errors
+    assert cells[0] == ["Method", "Math: calculator", "All (micro)", "Format errors"]
+    assert cells[2] == ["Base", "0.0", "0.0", "0.0"] and cells[3] == ["Policy", "50.0", "50.0", "25.0"]
+    assert len({len(line) for line in lines[:4]}) == 1, "the table's columns are not aligned"
+    assert ["Policy", "0.00 / 0.75"] in cells
+    assert table.rstrip().splitlines()[-1].startswith("Flips Base -> Policy on the 1 problems both evaluated: 1 wrong -> right")
     for name in ("accuracy", "tool_calls", "response_length"):
         width, height = _png_size(policy / "eval_plots" / f"{name}.png")
         assert width >= 600 and height >= 400
@@ -151,11 +154,14 @@ def test_table_and_plots_compare_runs(tok, tmp_path) -> None:
     assert (policy / "eval_accuracy.csv").read_text() == "benchmark,accuracy\ncalculator,0.500000\nall,0.500000\n"
     full = json.loads((policy / "eval.json").read_text())
     headline = json.loads((policy / "headline" / "eval.json").read_text())
-    assert headline == {k: full[f"all/{k}"] for k in ("accuracy", "format_error_rate", "tool_failure_rate",
-                                                       "calls_per_rollout/code", "calls_per_rollout/search",
-                                                       "tool_use", "right_tool")} | {
-        "n_problems": full["n_problems"],  # one benchmark, one category: no per-benchmark columns
-        "gain_over_previous": 0.5, "flips/to_right": 1.0, "flips/to_wrong": 0.0, "flips/sign_test_p": 1.0}  # vs Base
+    # the DVC headline: the policy's pooled accuracy and right tool, the flips against Base (not a baseline of
+    # evaluate.baselines, so no acc_<name> column); the detail stays in eval.json
+    assert headline == {"accuracy": full["all/accuracy"], "right_tool": full["all/right_tool"], "to_right": 1.0,
+                        "to_wrong": 0.0, "p_value": 1.0}
+    # Base read from the folder of evaluate.baselines' "base": its accuracy joins as acc_base
+    baselines = {"base": {"model": "scripted", "label": "Base", "output_dir": str(base)}}
+    scripted_run(tok, make_cfg(policy, label="Policy", compare_dirs=(str(base),), baselines=baselines), [calculator()])
+    assert json.loads((policy / "headline" / "eval.json").read_text()) == headline | {"acc_base": 0.0}
 
 
 def test_missing_compare_dir_fails_before_any_rollout(tmp_path, tiny_model_dir) -> None:

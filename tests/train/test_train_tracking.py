@@ -73,3 +73,7 @@ def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path
             else:
                 assert row["total"] == pytest.approx(row["format"] + row["length"])
     assert well_formed > 0  # the cold-started model mostly answers in format
+
+    traces = mlflow.search_traces(run_id=run_id, return_type="list")  # run.traces: 2 groups a step, turn by turn
+    assert sorted(int(t.info.tags["tapo.step"]) for t in traces) == [0, 0, 1, 1, 2, 2]
+    assert {t.info.tags["tapo.stage"] for t in traces} == {"train"}

@@ -134,7 +134,7 @@ def test_the_ui_shows_runs_stages_a_step_chart_and_the_champion(finished_run: di
     assert f"{PARENT}/train" not in runs  # one row: the stage runs are folded under their parent
     for stage in ("train", "evaluate"):  # each stage run, nested: its page names the parent
         page = visit(browser, f"{base}/#/experiments/{experiment}/runs/{finished_run[stage]}?{UI_MODE}",
-                     f"{PARENT}/{stage}", PARENT, shot=shots / f"2-{stage}-run.png")
+                     "Parent run", PARENT, shot=shots / f"2-{stage}-run.png")
         assert "Parent run" in page
     visit(browser, f"{base}/#/experiments/{experiment}/runs/{finished_run['train']}/model-metrics?{UI_MODE}",
           "headline", shot=shots / "3-train-metrics.png")

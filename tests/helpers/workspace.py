@@ -15,7 +15,7 @@ from tests.helpers.tiny import tiny_llama, tiny_tokenizer
 
 TINY_EVAL = {
     "run": {"experiment": "orchestration-test", "tracking_uri": "sqlite:///mlruns.db", "torch_threads": 1},
-    "rollout": {"group_size": 2, "max_policy_tokens": 8, "max_total_tokens": 512, "max_batch_sequences": 4},
+    "rollout": {"group_size": 2, "max_policy_tokens": 8, "max_total_tokens": 1024, "max_batch_sequences": 4},
     "evaluate": {"model": "tiny-model", "split_file": "data/test.jsonl", "limit": 2, "mode": "no_tools",
                  "plots": False, "resume": False, "compare_dirs": []},
 }

@@ -117,7 +117,8 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
     assert saved == ["run_config.json", "step-000001", "step-000002"]  # checkpoint_every 1, the last 2 kept
     for step in saved[1:]:  # metadata only by default (train.log_full_checkpoints: the last one whole)
-        assert [Path(f.path).name for f in client.list_artifacts(train, f"checkpoints/{step}")] == ["state.json"]
+        files = [Path(f.path).name for f in client.list_artifacts(train, f"checkpoints/{step}")]
+        assert files == ["manifest.json", "state.json"]
     (version,) = client.search_model_versions("name = 'tapo-policy'")
     logged = client.get_logged_model(version.source.removeprefix("models:/"))
     assert logged.source_run_id == train and version.tags["train.steps"] == "2", "final model not logged"

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -75,6 +76,11 @@ def test_hanging_sync_tool_gives_its_threads_back_when_its_calls_return() -> Non
     stuck, = asyncio.run(calls(hanging, 1))
     assert stuck.status == "timeout"
     user_functions.RELEASE.set()
+    # the released call returns on its own thread, whenever the machine schedules it: wait for that, not a time
+    deadline = time.monotonic() + 30
+    while hanging._threads.hung and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hanging._threads.hung == 0, "the released call never gave its thread back"
     answered, = asyncio.run(calls(hanging, 1, seconds=0.0))
     assert answered.ok and answered.output == "released"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.evaluation.flips import Flips, paired_flips
+from pipeline.evaluation.flips import Flips, flips_line, paired_flips
 from pipeline.evaluation.plots import write_plots
 from pipeline.evaluation.results import RunResult
 from pipeline.jsonl import write_json
@@ -133,12 +133,6 @@ def flips_of(runs: list[RunResult]) -> Flips | None:
     if len(runs) < 2:
         return None
     return paired_flips(runs[-2].records, runs[-1].records, (runs[-2].label, runs[-1].label))
-
-
-def flips_line(flips: Flips) -> str:
-    return (f"Flips {flips.before} -> {flips.after} on the {flips.problems} problems both evaluated: "
-            f"{flips.to_right} wrong -> right, {flips.to_wrong} right -> wrong (two-sided sign test p = "
-            f"{flips.sign_test_p:.3g}).")
 
 
 def comparison(runs: list[RunResult]) -> dict:

@@ -1,12 +1,22 @@
 """Run a params preset as DVC experiments, one per seed.
 
     python -m flows.experiment configs/experiments/learning-cpu.yaml [--seeds 0 1 2] [--queue] [--name NAME]
-                               [--dry-run]
+                               [--dry-run] [--summarise]
 
 For each seed this runs `dvc exp run -n <name>-s<seed> -S <override> ... -S run.seed=<seed>` (or queues it with
 `--queue`; then `dvc queue start` runs the queue), where the overrides are every leaf the preset changes against
 params.yaml (`pipeline.config.overrides`). `dvc exp show` / `dvc params diff` list them. `--dry-run` prints the
 commands.
+
+Once the runs end, the seeds are summarised (`pipeline.evaluation.seeds`): each headline number's mean and 95 %
+t-interval over the seeds, the policy's gain over SFT likewise, and the sign test over all seeds' flips pooled.
+`--summarise` prints that summary for experiments already run (queued ones, once `dvc queue start` has run them)
+without running anything. Each seed's numbers are its experiment's headline files (`HEADLINE_FILES`, the metrics
+dvc.yaml declares) read from the experiment's own git commit (`refs/exps/.../<name>-s<seed>`), not from
+`dvc exp show --json` nor MLflow: the commit is what DVC itself keeps and shows, found for any baseline (`dvc exp
+show` lists only the current commit's experiments unless told otherwise, in a JSON layout that changed between DVC
+releases), read in milliseconds without DVC's repository lock (which a queued run holds), and independent of
+whether or where MLflow tracked the run; `tests/orchestration/test_seeds.py` checks the two agree.
 
 An experiment is the preset on the *committed* params: DVC runs (and queues) experiments on the workspace, and
 `dvc exp run -S` leaves its overrides in the workspace's params.yaml, so a second preset run there would also carry
@@ -27,6 +37,7 @@ stop every later dvc command there.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import subprocess
 import sys
@@ -50,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     built.add_argument("--dry-run", action="store_true", help="print the dvc commands instead of running them")
     built.add_argument("--allow-changed-params", action="store_true",
                        help="run although params.yaml differs from the last commit (the changes join every run)")
+    built.add_argument("--summarise", action="store_true",
+                       help="run nothing: summarise the experiments <name>-s<seed> already run (mean, 95%% interval, "
+                            "pooled sign test)")
     return built
 
 
@@ -59,6 +73,9 @@ if __name__ == "__main__":
 from flows.common import stage_process  # noqa: E402  (after the command line: see `parser`)
 from flows.dvc_run import run_dvc  # noqa: E402
 from flows.dvc_state import DvcStillRunning, set_aside_broken_state  # noqa: E402
+from pipeline.evaluation.seeds import render_summary  # noqa: E402
+
+HEADLINE_FILES = ("metrics/headline/train.json", "metrics/headline/eval.json")  # dvc.yaml's metrics
 
 
 def commands(preset: Path, seeds: list[int], name: str, queue: bool, base: Path = DEFAULT_PARAMS) -> list[list[str]]:
@@ -93,6 +110,37 @@ def experiment_file(ref: str, path: str, repo: Path = Path(".")) -> str:
 def experiment_config(ref: str, repo: Path = Path(".")) -> RunConfig:
     """The config the experiment `ref` ran with: its own committed params.yaml (the preset's overrides applied)."""
     return config_from_dict(read_params(experiment_file(ref, DEFAULT_PARAMS.name, repo)), f"{ref}:{DEFAULT_PARAMS.name}")
+
+
+def experiment_headline(ref: str, repo: Path = Path(".")) -> dict[str, float]:
+    """The headline numbers of the experiment `ref` (both headline files merged; their keys are unique)."""
+    out: dict[str, float] = {}
+    for path in HEADLINE_FILES:
+        out |= {k: float(v) for k, v in json.loads(experiment_file(ref, path, repo)).items()}
+    return out
+
+
+def seed_headlines(name: str, seeds: list[int], repo: Path = Path(".")) -> dict[str, dict[str, float]]:
+    """Experiment name -> its headline numbers, for `<name>-s<seed>` of each seed; LookupError naming the
+    experiments not found (or a headline file one lacks)."""
+    refs = experiment_refs(repo)
+    names = [f"{name}-s{seed}" for seed in seeds]
+    missing = [n for n in names if n not in refs]
+    if missing:
+        raise LookupError(f"no DVC experiment {', '.join(missing)} in {repo.resolve()} (`dvc exp list --all-commits` "
+                          "lists those there; a queued one runs with `dvc queue start`)")
+    return {n: experiment_headline(refs[n], repo) for n in names}
+
+
+def print_summary(name: str, seeds: list[int]) -> int:
+    try:
+        per_seed = seed_headlines(name, seeds)
+    except LookupError as err:
+        print(f"summary: {err}", file=sys.stderr)
+        return 1
+    print(f"\n{name}: {len(seeds)} seed{'s' * (len(seeds) != 1)} ({', '.join(per_seed)})", flush=True)
+    print(render_summary(per_seed), flush=True)
+    return 0
 
 
 def changed_since_commit(params: Path) -> list[str]:
@@ -131,8 +179,11 @@ def set_aside_what_dvc_left(repo: Path = Path(".")) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    name = args.name or args.preset.stem
+    if args.summarise:
+        return print_summary(name, args.seeds)
     try:
-        lines = commands(args.preset, args.seeds, args.name or args.preset.stem, args.queue)
+        lines = commands(args.preset, args.seeds, name, args.queue)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 1
@@ -153,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(line), flush=True)
             if run_keeping(DEFAULT_PARAMS, line) != 0:
                 return 1
-    return 0
+    if args.queue:
+        print(f"queued; once `dvc queue start` has run them: python -m flows.experiment {shlex.quote(str(args.preset))} "
+              f"--seeds {' '.join(map(str, args.seeds))}{f' --name {shlex.quote(name)}' if args.name else ''} "
+              "--summarise", flush=True)
+        return 0
+    return print_summary(name, args.seeds)
 
 
 if __name__ == "__main__":

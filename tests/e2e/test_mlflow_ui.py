@@ -5,7 +5,9 @@ its evaluate run that made that model `champion`).
 
 Checked: the experiment opens on the runs table (not the GenAI overview) showing the parent run by its name;
 the stage runs are nested under it; a step-metric chart draws the training reward; the registry shows the
-`champion` alias. Screenshots of each page go to `TAPO_TEST_ARTIFACTS` (default `test-artifacts/mlflow-ui/`).
+`champion` alias; a training step's trace opens from the experiment's traces view
+(`#/experiments/<id>/traces?selectedEvaluationId=<trace id>`, what a click on a trace's row opens) with its span
+tree: the group, its trajectories and their turns. Screenshots of each page go to `TAPO_TEST_ARTIFACTS` (default `test-artifacts/mlflow-ui/`).
 """
 
 from __future__ import annotations
@@ -148,5 +150,22 @@ def test_the_ui_shows_runs_stages_a_step_chart_and_the_champion(finished_run: di
     registry = visit(browser, f"{base}/#/models/{MODEL_NAME}?{UI_MODE}", MODEL_NAME, CHAMPION,
                      shot=shots / "4-registry.png")
     assert "Version 1" in registry
+    # a training step's rollouts as a trace (`pipeline.tracking.traces.group_trace`), opened from the experiment's
+    # traces view as a click on its row does: the span tree shows the group, its trajectories and their turns
+    trace_id, root = training_trace(finished_run)
+    page = visit(browser, f"{base}/#/experiments/{experiment}/traces?selectedEvaluationId={trace_id}&traceId={trace_id}",
+                 root, "trajectory 0", "turn 1", shot=shots / "5-train-trace.png")
+    assert "Spans" in page and trace_id.removeprefix("tr-")[:8] in page
     assert sorted(p.name for p in shots.iterdir()) == ["1-runs-table.png", "2-evaluate-run.png", "2-train-run.png",
-                                                      "3-train-metrics.png", "4-registry.png"]
+                                                      "3-train-metrics.png", "4-registry.png", "5-train-trace.png"]
+
+
+def training_trace(finished_run: dict[str, str]) -> tuple[str, str]:
+    """(trace id, root span name) of one of the train run's traces: a step's group, named `step <n> · <problem> ·
+    kept|dropped`."""
+    traces = MlflowClient(finished_run["uri"]).search_traces(locations=[finished_run["experiment"]],
+                                                             run_id=finished_run["train"])
+    assert traces, "the train run logged no traces"
+    (root,) = [span.name for span in traces[0].data.spans if span.parent_id is None]
+    assert root.startswith("step ") and any(span.name == "trajectory 0" for span in traces[0].data.spans), root
+    return traces[0].info.trace_id, root

@@ -207,13 +207,31 @@ def test_the_nccl_routes_control_plane_runs_on_a_cpu_server(pool: ServerPool) ->
     assert max(abs(a - b) for a, b in zip(after.logprobs, before.logprobs)) < 1e-5
 
 
+LONG = 1000  # tokens: the longest request the servers' max_model_len (1024) takes, so it is running when killed
+
+
+async def _running_on_its_home(client: InferenceClient, pool: ServerPool, key: str) -> str:
+    """The server `key`'s request went to, once that server says a request is running (its /metrics): waited for,
+    not slept for, so a fast machine cannot finish the request before the test acts on it."""
+    while key not in client.router.home:
+        await asyncio.sleep(0.005)
+    home = client.router.home[key]
+    url = next(s.url for s in pool.servers if s.name == home)
+    async with httpx.AsyncClient(timeout=30) as http:
+        while True:
+            metrics = (await http.get(url + "/metrics")).text
+            running = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")]
+            if any(float(line.rsplit(" ", 1)[1]) > 0 for line in running):
+                return home
+            await asyncio.sleep(0.01)
+
+
 def test_a_server_killed_mid_request_is_retried_restarted_and_caught_up(pool: ServerPool) -> None:
     async def kill_mid_request() -> tuple[Generation, str]:
         async with InferenceClient(pool, deadline_s=600.0, attempts=3) as client:
             request = asyncio.create_task(client.generate("victim", PROMPTS[1],
-                                                          Sampling(max_tokens=400, seed=2, ignore_eos=True)))
-            await asyncio.sleep(1.5)
-            home = client.router.home["victim"]
+                                                          Sampling(max_tokens=LONG, seed=2, ignore_eos=True)))
+            home = await _running_on_its_home(client, pool, "victim")  # killed mid-request, however fast the machine
             keeper = next(k for k in pool.keepers if k.server.name == home)
             pool.segments = keeper.process.shared_memory
             os.killpg(keeper.process.process.pid, signal.SIGKILL)
@@ -222,7 +240,7 @@ def test_a_server_killed_mid_request_is_retried_restarted_and_caught_up(pool: Se
             return generation, home
 
     generation, home = run(kill_mid_request())
-    assert generation.server != home and generation.attempts == 2 and len(generation.token_ids) == 400
+    assert generation.server != home and generation.attempts == 2 and len(generation.token_ids) == LONG
     victim = next(s for s in pool.servers if s.name == home)
     end = time.monotonic() + 900
     while not (victim.state is ServerState.READY and victim.generation == 2):

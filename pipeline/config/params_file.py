@@ -127,7 +127,7 @@ def _model_for(field: FieldInfo, value: dict[str, Any]) -> type[BaseModel] | Non
         tag = member.model_fields.get(discriminator) if discriminator else None
         if tag is None and len(members) == 1:
             return member
-        if tag is not None and value.get(discriminator) in typing.get_args(_unwrap(tag.annotation)):
+        if tag is not None and discriminator and value.get(discriminator) in typing.get_args(_unwrap(tag.annotation)):
             return member
     return None
 

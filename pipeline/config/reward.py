@@ -15,7 +15,7 @@ from pipeline.config.base import StageConfig
 
 VerifierKind = Literal["math", "fact", "calculator", "complex", "em", "f1"]
 
-DEFAULT_SOURCE_ROUTING: dict[str, str] = {
+DEFAULT_SOURCE_ROUTING: dict[str, VerifierKind] = {
     "nq": "fact",
     "nq_open": "fact",
     "triviaqa": "fact",
@@ -39,7 +39,7 @@ DEFAULT_SOURCE_ROUTING: dict[str, str] = {
     "complex": "complex",
 }
 
-DEFAULT_TYPE_ROUTING: dict[str, str] = {
+DEFAULT_TYPE_ROUTING: dict[str, VerifierKind] = {
     "math": "math",
     "fact": "fact",
     "calculator": "calculator",

@@ -28,7 +28,7 @@ arguments from the policy, so neither is trusted:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -278,6 +278,7 @@ def json_depth(value: Any, limit: int) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, (list, tuple)):

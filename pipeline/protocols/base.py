@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedTokenizerBase
 
-from pipeline.protocols.tokens import chat_ids, encode_plain, encode_template_text, special_token_ids
+from pipeline.protocols.tokens import chat_ids, decode, encode_plain, encode_template_text, special_token_ids
 from pipeline.types import Problem, ToolName, ToolSpec, Trajectory
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"
@@ -189,7 +189,7 @@ class TextRenderer(Renderer):
 
     def read(self, dialogue: Dialogue, segment_ids: Sequence[int], tools: tuple[ToolName, ...],
              at_eos: bool) -> SegmentEnd:
-        return self.protocol.read_segment(self.tokenizer.decode(list(segment_ids)), tools, at_eos=at_eos)
+        return self.protocol.read_segment(decode(self.tokenizer, list(segment_ids)), tools, at_eos=at_eos)
 
     def reply(self, dialogue: Dialogue, segment_ids: Sequence[int], answered: Sequence[tuple[ParsedCall, str]]
               ) -> list[int]:

@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from pipeline.protocols.arguments import compile_arguments
 from pipeline.protocols.base import MALFORMED, Dialogue, ParsedCall, Renderer, SegmentEnd, ToolProtocol
 from pipeline.protocols.chat_template import ChatTemplate, TemplateError
-from pipeline.protocols.tokens import encode_template_text, valid_json, valid_text
+from pipeline.protocols.tokens import decode, encode_template_text, valid_json, valid_text
 from pipeline.protocols.tool_parsers import ToolCallParser
 from pipeline.types import Problem, ToolName, ToolSpec
 
@@ -111,7 +111,7 @@ class ChatRenderer(Renderer):
 
     def turn_text(self, segment_ids: Sequence[int]) -> str:
         """The turn's text as the template receives it: the sampled ids before the turn closer, decoded."""
-        return self.tokenizer.decode(list(segment_ids[:-1]))
+        return decode(self.tokenizer, list(segment_ids[:-1]))
 
     def _check_declares_tools(self) -> None:
         messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]

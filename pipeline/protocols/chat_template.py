@@ -38,7 +38,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from pipeline.protocols.tokens import (DeclaredText, Hidden, TemplateError, encode_marked, json_strings, mark,
-                                       special_token_ids, valid_json, valid_messages)
+                                       render_text, special_token_ids, token_text, valid_json, valid_messages)
 
 __all__ = ["ChatTemplate", "TemplateError"]
 
@@ -56,9 +56,8 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict], add_generation_prompt: bool) -> str:
         try:
-            return self.tokenizer.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
-                                                      chat_template=self.source,
-                                                      add_generation_prompt=add_generation_prompt)
+            return render_text(self.tokenizer, list(messages), tools=list(tools) or None, chat_template=self.source,
+                               add_generation_prompt=add_generation_prompt)
         except Exception as err:  # jinja's own errors (a template's raise_exception too): name the template's fault
             raise TemplateError(f"the chat template failed to render a conversation: {type(err).__name__}: {err}"
                                 ) from err
@@ -108,13 +107,13 @@ class ChatTemplate:
     def _view(self, messages: Sequence[Message], tools: Sequence[dict]) -> _View:
         """The messages and declarations as the template is given them: special-token strings in declared text
         (the declarations; a message's fields other than its role and content) behind placeholders."""
-        tools = valid_json(list(tools))
+        declarations: list[dict] = valid_json(list(tools))
         declared = [{k: v for k, v in m.items() if k not in ("role", "content")} for m in messages]
-        if not self._declared.holds_any([tools, declared]):
-            return _View(list(messages), tools, None)
-        hidden = self._declared.hiding([self.source, *json_strings([tools, list(messages)])])
+        if not self._declared.holds_any([declarations, declared]):
+            return _View(list(messages), declarations, None)
+        hidden = self._declared.hiding([self.source, *json_strings([declarations, list(messages)])])
         shown = [{**m, **self._declared.hide(d, hidden)} for m, d in zip(messages, declared)]
-        return _View(shown, self._declared.hide(tools, hidden), hidden)
+        return _View(shown, self._declared.hide(declarations, hidden), hidden)
 
     def _check_revealed(self, view: _View, rendered: str, messages: Sequence[Message], tools: Sequence[dict],
                         add_generation_prompt: bool) -> None:
@@ -148,7 +147,7 @@ class ChatTemplate:
                                 "(it escapes, trims or repeats it), so the sampled tokens could not stand for it")
         after_turn = rendered.partition(mark(0))[2]
         for eos in sorted(eos_ids):
-            text = self.tokenizer.convert_ids_to_tokens(eos)
+            text = token_text(self.tokenizer, eos)
             if eos in self._special_ids and text and after_turn.startswith(text):
                 return eos, text
         names = sorted(filter(None, self.tokenizer.convert_ids_to_tokens(sorted(eos_ids))))

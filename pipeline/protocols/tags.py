@@ -205,7 +205,7 @@ def _check_tags(
                 return f"</{match.group(2)}> without a matching <{match.group(2)}>"
             if open_tag == "answer" and not model_text[open_end : match.start()].strip():
                 return "empty <answer>"
-            blocks.append(open_tag)
+            blocks.append(match.group(2))  # the open tag's name, checked above
             open_tag = None
         if strict and token == OUTPUT_MARK and model_text[last_end : match.start()].strip():
             return "text outside tags before a tool output"

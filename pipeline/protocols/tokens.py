@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -66,6 +66,21 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """Every special token id: the named ones and any added token marked special."""
     added = getattr(tokenizer, "added_tokens_decoder", {})
     return frozenset(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """`tokenizer.decode` of one sequence of ids: a string (transformers annotates a batch's result too)."""
+    return cast(str, tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+
+
+def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str | None:
+    """`convert_ids_to_tokens` of one id: its token string, or None (transformers annotates a batch's result too)."""
+    return cast("str | None", tokenizer.convert_ids_to_tokens(token_id))
+
+
+def render_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+    """`apply_chat_template(..., tokenize=False)`: the rendering as text (transformers annotates ids too)."""
+    return cast(str, tokenizer.apply_chat_template(messages, tokenize=False, **kwargs))
 
 
 def encode_plain(tokenizer: PreTrainedTokenizerBase, text: str, special_ids: frozenset[int] | None = None
@@ -124,7 +139,7 @@ class DeclaredText:
     (`ChatTemplate`)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, special_ids: frozenset[int]) -> None:
-        strings = {tokenizer.convert_ids_to_tokens(i) for i in special_ids}
+        strings = {token_text(tokenizer, i) for i in special_ids}
         self.strings = tuple(sorted((s for s in strings if s), key=lambda s: (-len(s), s)))  # longest match first
         self._index = {s: k for k, s in enumerate(self.strings)}
         self._find = re.compile("|".join(map(re.escape, self.strings))) if self.strings else None
@@ -172,7 +187,7 @@ def mark(k: int) -> str:
     return f"\x00{k}\x00"
 
 
-def encode_marked(tokenizer: PreTrainedTokenizerBase, rendered: str, contents: Sequence[str | list[int]],
+def encode_marked(tokenizer: PreTrainedTokenizerBase, rendered: str, contents: Sequence[str | Sequence[int]],
                   special_ids: frozenset[int] | None = None, hidden: Hidden | None = None) -> list[int]:
     """Ids of a rendering whose k-th content was replaced by `mark(k)`: the template's text between the marks
     keeps the template's ids (a declared special-token string behind one of `hidden`'s placeholders is plain
@@ -196,10 +211,11 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]],
     like a tool's output: the template is rendered around placeholders and each content encoded as plain
     text (`encode_plain`), so it cannot open or close a turn. Other prompts keep the template's own ids."""
     messages = valid_messages(messages)
-    specials = [tokenizer.convert_ids_to_tokens(i) for i in special_token_ids(tokenizer)]
+    specials = [token_text(tokenizer, i) for i in special_token_ids(tokenizer)]
     if not any(token and token in m["content"] for m in messages for token in specials):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+        # a list of ids, or a BatchEncoding that holds them (by transformers version)
+        ids: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    rendered = tokenizer.apply_chat_template([{**m, "content": mark(k)} for k, m in enumerate(messages)],
-                                             add_generation_prompt=add_generation_prompt, tokenize=False)
+    rendered = render_text(tokenizer, [{**m, "content": mark(k)} for k, m in enumerate(messages)],
+                           add_generation_prompt=add_generation_prompt)
     return encode_marked(tokenizer, rendered, [m["content"] for m in messages])

@@ -97,7 +97,9 @@ def _shown_until(text: str, body: int, closer: str, output: str) -> int:
     -1. Linear: a content longer than any showing can be ends the search, and each closer before it is judged
     by the stripped content's length and a few characters, compared in full only for the one exact length
     and a bounded number of cut candidates."""
-    start = _SPACE_RE.match(text, body).end()
+    space = _SPACE_RE.match(text, body)
+    assert space is not None  # `\s*+` matches anywhere
+    start = space.end()
     longest = max(len(output), _PLACEHOLDER_MAX)
     candidates = 0
     close = text.find(closer, body)

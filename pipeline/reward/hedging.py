@@ -193,9 +193,11 @@ def _alternative_numbers(text: str, kind: str) -> list[Fraction]:
     if kind == "complex":  # reads the first number of "98/99"; to the calculator kind it is a fraction
         connectives = connectives | {"/"}
     joining = _JOINING | _AND if kind in NUMERIC_TEXT_KINDS else _JOINING
-    found: list[Fraction] = []
+    found: list[Fraction | None] = []
     for left, right in zip(matches, matches[1:]):
-        after_left = _SCALE_RE.match(text, left.end()).end()
+        scale = _SCALE_RE.match(text, left.end())
+        assert scale is not None  # every part of the pattern is optional: it matches anywhere
+        after_left = scale.end()
         raw = text[after_left:right.start()]
         gap = " ".join(fold(raw).split())
         before = text[max(0, left.start() - 40):left.start()].rstrip().casefold()

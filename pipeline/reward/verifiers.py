@@ -112,9 +112,12 @@ def fast_math_equal(pred: str, gold: str, percent_asked: bool = False) -> bool |
             # number ("the answer is not 48")
             return False
         said = _number_said(as_written)
-        if said is not None:  # prose around one number ("so the result is 48."): that number, its sign and % kept
-            return numbers_equal(said, g_num, percent_asked) if g_num is not None else numbers_equal(p_num, said,
-                                                                                                   percent_asked)
+        # prose around one number ("so the result is 48."): that number, its sign and % kept; exactly one of
+        # p_num and g_num is a number here
+        if said is not None and g_num is not None:
+            return numbers_equal(said, g_num, percent_asked)
+        if said is not None and p_num is not None:
+            return numbers_equal(p_num, said, percent_asked)
     # a number already read stays read: `1e-3` is no expression to the evaluator (nor to math-verify: 1*e - 3)
     p_val, g_val = _value_of(p_num, p), _value_of(g_num, g)
     if p_val is not None and g_val is not None:
@@ -208,9 +211,14 @@ def calculator_score(pred: str, gold: str, percent_asked: bool = False, *, abs_t
 
 
 def _within(p: Fraction | complex, g: Fraction | complex, abs_tol: float, rel_tol: float) -> bool:
-    error = abs(p - g)  # exact when both are Fractions: 10^400 vs 10^400 + 1 is not a float question
+    error = _magnitude(p - g)  # exact when both are Fractions: 10^400 vs 10^400 + 1 is not a float question
     # the tolerance exact too: a float times a Fraction past 1.8e308 overflows
-    return error < abs_tol or error <= abs(g) * Fraction(rel_tol)
+    return error < abs_tol or error <= _magnitude(g) * Fraction(rel_tol)
+
+
+def _magnitude(x: Fraction | complex) -> Fraction | float:
+    """|x|: a Fraction's exact, a complex's a float (split so each `abs` has one type to infer)."""
+    return abs(x) if isinstance(x, Fraction) else abs(x)
 
 
 def _pairs(pred: Number, gold: Number, percent_asked: bool) -> list[tuple[Fraction, Fraction]]:

@@ -148,5 +148,6 @@ def make_policy_loss(cfg: AlgorithmConfig, max_policy_tokens: int | None = None)
         if max_policy_tokens is None or max_policy_tokens < 1:
             raise ValueError(f"Dr.GRPO divides by sequences x rollout.max_policy_tokens (got {max_policy_tokens})")
         return dr_grpo_loss(cfg, max_policy_tokens)
-    builders = {DAPOLoss: dapo_loss, GRPOLoss: grpo_loss}
-    return builders[type(cfg)](cfg)
+    if isinstance(cfg, DAPOLoss):
+        return dapo_loss(cfg)
+    return grpo_loss(cfg)

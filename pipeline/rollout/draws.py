@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from pipeline.protocols import Renderer
-from pipeline.protocols.tokens import encode_plain
+from pipeline.protocols.tokens import decode, encode_plain
 from pipeline.rollout.offered import tools_for
 from pipeline.rollout.sequence import Sequence
 from pipeline.rollout.watchdog import describe
@@ -52,14 +52,14 @@ class RowCodec:
                         error=f"its prompt could not be built: {describe(err)}")
 
     def trajectory(self, seq: Sequence) -> Trajectory:
-        return seq.to_trajectory(self.tokenizer.decode(seq.response_ids, skip_special_tokens=True),
+        return seq.to_trajectory(decode(self.tokenizer, seq.response_ids, skip_special_tokens=True),
                                  self.segment_texts(seq))
 
     def segment_texts(self, seq: Sequence) -> tuple[str, ...]:
         """The policy's text between insertions, each run decoded alone without the end-of-sequence token that
         closed it (`Trajectory.segments`)."""
         runs = seq.sampled_runs()
-        return tuple(self.tokenizer.decode(run[:-1] if run and run[-1] in self.eos_ids else run) for run in runs)
+        return tuple(decode(self.tokenizer, run[:-1] if run and run[-1] in self.eos_ids else run) for run in runs)
 
 
 class Draws:

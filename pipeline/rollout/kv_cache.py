@@ -47,16 +47,24 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if self._key_buffer is not None and self.keys is not self._handed_out:
             # replaced from outside (crop, row selection): start a buffer from them
-            self.hold_stacked([self.keys], [self.values], self.keys.shape[-2])
+            keys, values = self._held()
+            self.hold_stacked([keys], [values], keys.shape[-2])
         new = key_states.shape[-2]
-        if self._key_buffer is None or self._filled + new > self._key_buffer.shape[-2]:
-            self._reserve(key_states, value_states, self._filled + new)
+        key_buffer, value_buffer = self._key_buffer, self._value_buffer
+        if key_buffer is None or value_buffer is None or self._filled + new > key_buffer.shape[-2]:
+            key_buffer, value_buffer = self._reserve(key_states, value_states, self._filled + new)
         end = self._filled + new
-        self._key_buffer[:, :, self._filled:end] = key_states
-        self._value_buffer[:, :, self._filled:end] = value_states
+        key_buffer[:, :, self._filled:end] = key_states
+        value_buffer[:, :, self._filled:end] = value_states
         self._filled = end
-        self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        self._handed_out = self.keys
+        keys, values = key_buffer[:, :, :end], value_buffer[:, :, :end]
+        self.keys, self.values = keys, values
+        self._handed_out = keys
+        return keys, values
+
+    def _held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values this layer holds (set once it is initialised)."""
+        assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
     def hold_stacked(self, key_blocks: list[torch.Tensor], value_blocks: list[torch.Tensor], width: int) -> None:
@@ -67,36 +75,37 @@ class GrowingLayer(DynamicLayer):
         k0, v0 = key_blocks[0], value_blocks[0]
         rows = sum(k.shape[0] for k in key_blocks)
         self.lazy_initialization(k0, v0)
-        self._reserve(k0.new_empty((rows, k0.shape[1], 0, k0.shape[-1])),
-                      v0.new_empty((rows, v0.shape[1], 0, v0.shape[-1])), width)
+        key_buffer, value_buffer = self._reserve(k0.new_empty((rows, k0.shape[1], 0, k0.shape[-1])),
+                                                 v0.new_empty((rows, v0.shape[1], 0, v0.shape[-1])), width)
         start = 0
         for keys, values in zip(key_blocks, value_blocks, strict=True):
             end, pad = start + keys.shape[0], width - keys.shape[-2]
-            for buffer, block in ((self._key_buffer, keys), (self._value_buffer, values)):
+            for buffer, block in ((key_buffer, keys), (value_buffer, values)):
                 buffer[start:end, :, :pad].zero_()
                 buffer[start:end, :, pad:width] = block
             start = end
         self._filled = width
-        self.keys, self.values = self._key_buffer[:, :, :width], self._value_buffer[:, :, :width]
+        self.keys, self.values = key_buffer[:, :, :width], value_buffer[:, :, :width]
         self._handed_out = self.keys
 
     def capacity(self) -> int:
         return 0 if self._key_buffer is None else self._key_buffer.shape[-2]
 
-    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> None:
-        """Move the filled part into buffers with room for `needed` tokens and some headroom."""
+    def _reserve(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Move the filled part into buffers with room for `needed` tokens and some headroom; the new buffers."""
         capacity = max(needed + MIN_HEADROOM_TOKENS, int(needed * GROWTH))
         if self.max_tokens:
             capacity = max(needed, min(capacity, self.max_tokens))
-        old_keys = self._key_buffer[:, :, :self._filled] if self._key_buffer is not None else None
-        old_values = self._value_buffer[:, :, :self._filled] if self._value_buffer is not None else None
+        old_keys, old_values = self._key_buffer, self._value_buffer
         shape_k = (*key_states.shape[:2], capacity, key_states.shape[-1])
         shape_v = (*value_states.shape[:2], capacity, value_states.shape[-1])
-        self._key_buffer = key_states.new_empty(shape_k)
-        self._value_buffer = value_states.new_empty(shape_v)
-        if self._filled:
-            self._key_buffer[:, :, :self._filled] = old_keys
-            self._value_buffer[:, :, :self._filled] = old_values
+        key_buffer, value_buffer = key_states.new_empty(shape_k), value_states.new_empty(shape_v)
+        if self._filled and old_keys is not None and old_values is not None:  # a filled layer has buffers
+            key_buffer[:, :, :self._filled] = old_keys[:, :, :self._filled]
+            value_buffer[:, :, :self._filled] = old_values[:, :, :self._filled]
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+        return key_buffer, value_buffer
 
     def reset(self) -> None:
         super().reset()
@@ -109,8 +118,9 @@ class GrowingCache(DynamicCache):
 
     def __init__(self, kv: Iterable[tuple[torch.Tensor, torch.Tensor]], max_tokens: int = 0) -> None:
         kv = list(kv)
-        Cache.__init__(self, layers=[GrowingLayer(max_tokens) for _ in kv])
-        for layer, (keys, values) in zip(self.layers, kv, strict=True):
+        layers = [GrowingLayer(max_tokens) for _ in kv]
+        Cache.__init__(self, layers=[*layers])
+        for layer, (keys, values) in zip(layers, kv, strict=True):
             layer.update(keys, values)
 
     @classmethod
@@ -127,7 +137,8 @@ class GrowingCache(DynamicCache):
         """Row blocks (per layer: keys, values [B_i, H, T_i, D], T_i <= width) stacked along rows, each
         left-padded with zeros to `width` columns (see `GrowingLayer.hold_stacked`)."""
         cache = cls([], max_tokens)
-        cache.layers = [GrowingLayer(max_tokens) for _ in blocks[0]]
-        for i, layer in enumerate(cache.layers):
+        layers = [GrowingLayer(max_tokens) for _ in blocks[0]]
+        cache.layers = [*layers]
+        for i, layer in enumerate(layers):
             layer.hold_stacked([block[i][0] for block in blocks], [block[i][1] for block in blocks], width)
         return cache

@@ -41,8 +41,9 @@ def call_deadline_s(tool: Any) -> float:
     """How long the engine lets one call of `tool` run: its own whole-call deadline (`tool.limits.deadline_s`, or
     `tool.deadline_s`; else DEFAULT_CALL_DEADLINE_S) plus WATCHDOG_MARGIN_S."""
     own = getattr(getattr(tool, "limits", None), "deadline_s", None) or getattr(tool, "deadline_s", None)
-    usable = isinstance(own, (int, float)) and not isinstance(own, bool) and 0 < own < float("inf")
-    return (float(own) if usable else DEFAULT_CALL_DEADLINE_S) + WATCHDOG_MARGIN_S
+    if isinstance(own, (int, float)) and not isinstance(own, bool) and 0 < own < float("inf"):
+        return float(own) + WATCHDOG_MARGIN_S
+    return DEFAULT_CALL_DEADLINE_S + WATCHDOG_MARGIN_S
 
 
 def call_overdue(tool: ToolName, deadline_s: float, latency_s: float) -> ToolResult:

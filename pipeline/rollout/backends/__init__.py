@@ -19,6 +19,9 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
     if cfg.backend == "vllm":
         from pipeline.rollout.backends.vllm import VLLMBackend
 
+        # no mode matches the update's log-probs: the update recomputes them (config.combinations refuses the
+        # rest), so vLLM's processed ones serve, where None is no mode vLLM accepts
+        mode = vllm_logprobs_mode(cfg.temperature, cfg.top_p) or "processed_logprobs"
         return VLLMBackend(model, max_batch=cfg.max_batch_sequences, max_model_len=cfg.max_total_tokens, seed=seed,
-                           options=cfg.vllm, logprobs_mode=vllm_logprobs_mode(cfg.temperature, cfg.top_p))
+                           options=cfg.vllm, logprobs_mode=mode)
     return HFBackend(model, tokenizer, cfg)

@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 from pipeline.config.rollout import RolloutConfig
+from pipeline.protocols.tokens import decode
 from pipeline.rollout.backends.decoding import DecoderStats, SamplingParams, Scheduler, eos_ids
 from pipeline.rollout.backends.next_token import sample_tokens
 from pipeline.rollout.backends.windows import Windows, attention_windows
@@ -62,6 +63,12 @@ class _Batch:
     attn_BT: torch.Tensor | None = None  # [B, T] 1 = real token in the cache
     next_ids_B: torch.Tensor | None = None  # [B] sampled, not yet fed
     positions_B: torch.Tensor | None = None  # [B] position id of the next fed token
+
+    def live(self) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The cache, attn_BT, next_ids_B and positions_B of a batch with rows (all None while it has none)."""
+        assert self.cache is not None and self.attn_BT is not None
+        assert self.next_ids_B is not None and self.positions_B is not None
+        return self.cache, self.attn_BT, self.next_ids_B, self.positions_B
 
 
 class HFDecoder:
@@ -143,10 +150,10 @@ class HFDecoder:
         new_attn = attn.to(self.device)
         new_positions = torch.tensor([len(seq.context_ids) - 1 for seq in seqs], device=self.device)
         if batch.rows:
-            batch.cache, batch.attn_BT = _merge(_kv(batch.cache), batch.attn_BT, new_kv, new_attn,
-                                                self.params.max_total_tokens)
-            batch.next_ids_B = torch.cat([batch.next_ids_B, next_ids])
-            batch.positions_B = torch.cat([batch.positions_B, new_positions])
+            held, attn_BT, next_ids_B, positions_B = batch.live()
+            batch.cache, batch.attn_BT = _merge(_kv(held), attn_BT, new_kv, new_attn, self.params.max_total_tokens)
+            batch.next_ids_B = torch.cat([next_ids_B, next_ids])
+            batch.positions_B = torch.cat([positions_B, new_positions])
         else:
             batch.cache, batch.attn_BT = GrowingCache(new_kv, self.params.max_total_tokens), new_attn
             batch.next_ids_B, batch.positions_B = next_ids, new_positions
@@ -176,8 +183,9 @@ class HFDecoder:
         seq = batch.rows[i]
         if seq.finish_reason is not None or self._parked_tokens + fed > self.max_parked_kv_tokens:
             return
-        real = batch.attn_BT[i].bool()
-        kv = [(k[i][:, real], v[i][:, real]) for k, v in _kv(batch.cache)]
+        cache, attn_BT, _, _ = batch.live()
+        real = attn_BT[i].bool()
+        kv = [(k[i][:, real], v[i][:, real]) for k, v in _kv(cache)]
         assert _kv_len(kv) == fed, "the parked cache must cover exactly the fed context"
         self._parked[id(seq)] = (seq, kv)
         self._parked_tokens += fed
@@ -197,12 +205,13 @@ class HFDecoder:
                 self._parked_tokens -= _kv_len(kv)
 
     def _step(self, batch: _Batch, stats: DecoderStats, scheduler: Scheduler) -> None:
-        ones = torch.ones((len(batch.rows), 1), dtype=batch.attn_BT.dtype, device=self.device)
-        batch.attn_BT = torch.cat([batch.attn_BT, ones], dim=1)
-        out = self.model(input_ids=batch.next_ids_B[:, None], attention_mask=self._mask(batch.attn_BT, 1),
-                         position_ids=batch.positions_B[:, None], cache=batch.cache, use_cache=True)
+        cache, attn_BT, next_ids_B, positions_B = batch.live()
+        ones = torch.ones((len(batch.rows), 1), dtype=attn_BT.dtype, device=self.device)
+        batch.attn_BT = attn_BT = torch.cat([attn_BT, ones], dim=1)
+        out = self.model(input_ids=next_ids_B[:, None], attention_mask=self._mask(attn_BT, 1),
+                         position_ids=positions_B[:, None], cache=cache, use_cache=True)
         batch.cache = out.cache
-        batch.positions_B = batch.positions_B + 1
+        batch.positions_B = positions_B + 1
         batch.next_ids_B = self._sample(out.logits[:, -1, :], batch.rows)
         stats.steps += 1
         stats.sampled_tokens += len(batch.rows)
@@ -253,7 +262,7 @@ class HFDecoder:
         decode took 6% of the decoder's time). A stop ending in another character is always checked."""
         piece = self._pieces.get(token_id)
         if piece is None:
-            piece = self._pieces[token_id] = self.tokenizer.decode([token_id])
+            piece = self._pieces[token_id] = decode(self.tokenizer, [token_id])
         return any(stop[-1] in piece or not stop[-1].isascii() for stop in stops)
 
 
@@ -266,7 +275,14 @@ def prefill_key(seq: Sequence, past: KV | None) -> Hashable:
 
 
 def _kv(cache: DynamicCache) -> KV:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    return [_layer_kv(layer) for layer in cache.layers]
+
+
+def _layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """An attention layer's keys and values, once a forward filled them."""
+    if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+        raise TypeError(f"the decoder reads attention caches; a {type(layer).__name__} holds no keys and values")
+    return layer.keys, layer.values
 
 
 def _kv_len(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
@@ -305,16 +321,17 @@ def _select_rows(batch: _Batch, keep: list[int], max_tokens: int) -> None:
     if not keep:
         batch.cache = batch.attn_BT = batch.next_ids_B = batch.positions_B = None
         return
-    index = torch.tensor(keep, device=batch.attn_BT.device)
-    attn = batch.attn_BT.index_select(0, index)
+    cache, attn_BT, next_ids_B, positions_B = batch.live()
+    index = torch.tensor(keep, device=attn_BT.device)
+    attn = attn_BT.index_select(0, index)
     first_real = int(attn.any(0).int().argmax())
-    kv = _kv(batch.cache)
+    kv = _kv(cache)
     blocks = [[(k[start:end, :, first_real:], v[start:end, :, first_real:]) for k, v in kv]
               for start, end in _runs(keep)]  # views: the kept rows are copied once, into the new cache
     batch.cache = GrowingCache.stacked(blocks, attn.shape[1] - first_real, max_tokens)
     batch.attn_BT = attn[:, first_real:]
-    batch.next_ids_B = batch.next_ids_B.index_select(0, index)
-    batch.positions_B = batch.positions_B.index_select(0, index)
+    batch.next_ids_B = next_ids_B.index_select(0, index)
+    batch.positions_B = positions_B.index_select(0, index)
 
 
 def _runs(indices: list[int]) -> list[tuple[int, int]]:

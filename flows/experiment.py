@@ -113,10 +113,17 @@ def experiment_config(ref: str, repo: Path = Path(".")) -> RunConfig:
 
 
 def experiment_headline(ref: str, repo: Path = Path(".")) -> dict[str, float]:
-    """The headline numbers of the experiment `ref` (both headline files merged; their keys are unique)."""
+    """The headline numbers of the experiment `ref`: the headline files it holds, merged (their keys are unique;
+    the table's n column shows a seed that lacks one); LookupError when it holds neither."""
     out: dict[str, float] = {}
+    missing = []
     for path in HEADLINE_FILES:
-        out |= {k: float(v) for k, v in json.loads(experiment_file(ref, path, repo)).items()}
+        try:
+            out |= {k: float(v) for k, v in json.loads(experiment_file(ref, path, repo)).items()}
+        except LookupError:
+            missing.append(path)
+    if len(missing) == len(HEADLINE_FILES):
+        raise LookupError(f"{ref} holds none of {', '.join(HEADLINE_FILES)} (did its train and evaluate stages run?)")
     return out
 
 
@@ -132,12 +139,14 @@ def seed_headlines(name: str, seeds: list[int], repo: Path = Path(".")) -> dict[
     return {n: experiment_headline(refs[n], repo) for n in names}
 
 
-def print_summary(name: str, seeds: list[int]) -> int:
+def print_summary(name: str, seeds: list[int], *, after_runs: bool = False) -> int:
+    """Print the seeds' summary; 1 when an experiment or its headline is missing, unless the experiments just ran
+    (their runs succeeded: a pipeline whose stages write no headline has nothing to summarise, and says so)."""
     try:
         per_seed = seed_headlines(name, seeds)
     except LookupError as err:
         print(f"summary: {err}", file=sys.stderr)
-        return 1
+        return 0 if after_runs else 1
     print(f"\n{name}: {len(seeds)} seed{'s' * (len(seeds) != 1)} ({', '.join(per_seed)})", flush=True)
     print(render_summary(per_seed), flush=True)
     return 0
@@ -209,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
               f"--seeds {' '.join(map(str, args.seeds))}{f' --name {shlex.quote(name)}' if args.name else ''} "
               "--summarise", flush=True)
         return 0
-    return print_summary(name, args.seeds)
+    return print_summary(name, args.seeds, after_runs=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.experiment import HEADLINE_FILES, main, seed_headlines
+from flows.experiment import HEADLINE_FILES, experiment_headline, main, seed_headlines
 from pipeline.evaluation.seeds import Interval, pooled_flips, render_summary, summarise_seeds, t_interval
 
 # Student's t quantiles t(0.975, df), from the printed tables.
@@ -129,6 +129,8 @@ def test_the_seeds_headlines_are_what_dvc_exp_show_reports(experiments: tuple[Pa
     assert got["toy-s2"]["reward"] == pytest.approx(0.6) and got["toy-s2"]["to_right"] == 5.0
     with pytest.raises(LookupError, match="no DVC experiment toy-s7"):
         seed_headlines("toy", [0, 7], repo)
+    with pytest.raises(LookupError, match="HEAD holds none of metrics/headline/train.json, metrics/headline/eval.json"):
+        experiment_headline("HEAD", repo)  # the commit the experiments ran on: no stage ran there
 
 
 def summary_rows(lines: list[str]) -> dict[str, list[str]]:

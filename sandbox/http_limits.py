@@ -108,6 +108,8 @@ def bounded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a deadline and a size cap on the request head."""
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        _head_deadline: asyncio.TimerHandle | None
+
         def connection_made(self, transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._head_bytes = 0

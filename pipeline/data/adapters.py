@@ -177,7 +177,8 @@ def popqa(row: dict[str, Any]) -> Adapted:
             row = {**row, "possible_answers": json.loads(possible)}
         except json.JSONDecodeError:
             raise RowError("field 'possible_answers' is not a valid JSON list") from None
-    meta_in = row.get("metadata") if isinstance(row.get("metadata"), dict) else row
+    metadata = row.get("metadata")
+    meta_in = metadata if isinstance(metadata, dict) else row
     meta = {k: meta_in[k] for k in ("prop", "s_pop") if isinstance(meta_in.get(k), str | int)}
     return _text(row, "question"), _answers(row, "golden_answers", "possible_answers"), meta
 

@@ -126,7 +126,7 @@ async def all_or_outage(coros: Iterable[Awaitable[T]]) -> list[T]:
 async def _call_tool(tools: Mapping[str, Tool], call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
     name, raw_args = fn.get("name"), fn.get("arguments") or "{}"
-    if name not in tools:
+    if not isinstance(name, str) or name not in tools:
         return f"error: unknown tool {name!r}; available: {sorted(tools)}"
     try:
         args = json.loads(raw_args) if isinstance(raw_args, str) else dict(raw_args)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.data.answerable import shows_answer
-from pipeline.types import Problem
+from pipeline.types import Problem, Split
 
 SOURCE = "wiki_facts"
 MAX_ANSWER_WORDS = 6
@@ -272,7 +272,7 @@ def _field(box: Infobox, name: str) -> str:
     return box.fields.get("capital", "") if name == "largest_city" and value.strip().lower() == "capital" else value
 
 
-def _with_split(problem: Problem, split: str) -> Problem:
+def _with_split(problem: Problem, split: Split) -> Problem:
     return Problem(problem.id, problem.question, problem.answers, problem.type, problem.source, split, problem.meta)
 
 
@@ -327,7 +327,7 @@ def _split_top_level(text: str) -> list[str]:
 def _parse_infobox(body: str) -> tuple[str, dict[str, str]]:
     head, *rest = _split_top_level(_COMMENT.sub("", body))
     kind = head.removeprefix("Infobox").strip().lower()
-    fields = {}
+    fields: dict[str, str] = {}
     for part in rest:
         key, sep, value = part.partition("=")
         if sep:

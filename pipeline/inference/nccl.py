@@ -116,12 +116,14 @@ class NCCLTransport:
         pass
 
     def _broadcast(self, source: WeightSource, names: list[str]) -> None:
+        communicator = self.communicator
+        assert communicator is not None  # `_join` made it (or raised)
         sent = 0
         for name, tensor in source.tensors():
             if sent >= len(names) or name != names[sent] or tuple(tensor.shape) != source.shapes[name]:
                 raise ValueError(f"the source yielded {name!r} {tuple(tensor.shape)} where the servers expect "
                                  f"{names[sent] if sent < len(names) else 'nothing more'}: the transfer is broken")
-            self.communicator.broadcast(tensor)
+            communicator.broadcast(tensor)
             sent += 1
         if sent != len(names):
             raise ValueError(f"the source yielded {sent} of {len(names)} tensors; the servers wait for the rest")
@@ -173,7 +175,8 @@ def gpu_check(model_dir: Path, *, server_gpus: tuple[int, ...], trainer_gpu: int
     if trainer_gpu in server_gpus:
         raise ValueError("the trainer's GPU must not be one of the server's")
     device = torch.device("cuda", trainer_gpu)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    # transformers' typed wrapper of Module.to names the model where the device goes
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)  # type: ignore[arg-type]
     spec = LaunchSpec("gpu-check", Path(model_dir), free_port(), log_dir, python=python, gpus=server_gpus, nccl=True,
                       max_model_len=1024)
     started = time.perf_counter()

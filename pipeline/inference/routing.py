@@ -27,7 +27,7 @@ class Router:
         if not available:
             raise LookupError("no server is available")
         home = self.home.get(key)
-        if home in available:
+        if home is not None and home in available:
             return home
         best = min(available, key=lambda s: (self.in_flight[s], self._held[s], available.index(s)))
         self._move(key, best)

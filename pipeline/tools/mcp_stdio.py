@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import IO, Any
 
 import anyio
 import mcp_types as types
@@ -200,7 +200,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdio_client(command: Sequence[str], *, max_line_bytes: int, errlog: TextIO,
+async def bounded_stdio_client(command: Sequence[str], *, max_line_bytes: int, errlog: IO[str],
                                on_end: Callable[[str], None], on_spawn: Callable[[asyncio.subprocess.Process], None] = lambda process: None,
                                ) -> AsyncIterator[tuple[Any, Any]]:
     """Start `command` and yield the (read, write) streams of its JSON-RPC messages, as the `mcp` package's
@@ -238,9 +238,11 @@ async def _read_stdout(process: asyncio.subprocess.Process, sink: Any, limit: in
                        on_end: Callable[[str, bool], None]) -> None:
     lines, guard = LineSplitter(limit), FloodGuard()
     reason = "it closed its stdout (exited)"
+    stdout = process.stdout
+    assert stdout is not None  # the server is started with all three pipes
     try:
         async with sink:  # closing it ends the session: its pending requests fail at once
-            while chunk := await process.stdout.read(_CHUNK):
+            while chunk := await stdout.read(_CHUNK):
                 for line in lines.feed(chunk):
                     message = message_of(line, limit)
                     if message is None:
@@ -259,20 +261,24 @@ async def _read_stdout(process: asyncio.subprocess.Process, sink: Any, limit: in
 
 
 async def _write_stdin(process: asyncio.subprocess.Process, source: Any, on_end: Callable[[str, bool], None]) -> None:
+    stdin = process.stdin
+    assert stdin is not None  # the server is started with all three pipes
     try:
         async with source:
             async for message in source:
                 data = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-                process.stdin.write(data)
-                await process.stdin.drain()
+                stdin.write(data)
+                await stdin.drain()
     except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError):
         on_end("its stdin was closed", False)
 
 
-async def _copy_stderr(process: asyncio.subprocess.Process, errlog: TextIO) -> None:
+async def _copy_stderr(process: asyncio.subprocess.Process, errlog: IO[str]) -> None:
     written = dropped = 0
+    stderr = process.stderr
+    assert stderr is not None  # the server is started with all three pipes
     try:
-        while chunk := await process.stderr.read(_CHUNK):
+        while chunk := await stderr.read(_CHUNK):
             kept = chunk[:max(0, STDERR_BYTES - written)]
             written, dropped = written + len(kept), dropped + len(chunk) - len(kept)
             if kept:
@@ -290,7 +296,8 @@ async def stop_process(process: asyncio.subprocess.Process, grace_s: float = _EX
     """Close its stdin, give it `grace_s`, then SIGTERM (and `grace_s` again) and SIGKILL its process group (its
     children too). No grace for a server that broke the framing: it may be blocked writing a flood."""
     with contextlib.suppress(OSError, RuntimeError):
-        process.stdin.close()
+        if process.stdin is not None:
+            process.stdin.close()
     if not await _exited(process, grace_s):
         kill_group(process.pid, signal.SIGTERM)
         await _exited(process, grace_s)

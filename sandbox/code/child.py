@@ -92,7 +92,8 @@ def _fresh_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     err = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="replace")
     sys.stdout, sys.stderr = out, err
-    sys.__stdout__, sys.__stderr__ = out, err
+    # typeshed declares them Final; the fresh child rebinds them on purpose, so code reading them writes to its fds
+    sys.__stdout__, sys.__stderr__ = out, err  # type: ignore[misc]
     return out, err
 
 
@@ -102,7 +103,7 @@ def _run(setup: ChildJob, out: io.TextIOWrapper, err: io.TextIOWrapper) -> dict:
     linecache.cache[policy.SNIPPET_FILENAME] = (len(setup.source), None, setup.source.splitlines(True), policy.SNIPPET_FILENAME)
     try:
         exec(setup.code, snippet_globals)
-        report = {"outcome": "finished"}
+        report: dict[str, object] = {"outcome": "finished"}
     except SystemExit as exc:
         code = exc.code
         exit_code = code if isinstance(code, int) else (0 if code is None else 1)

@@ -16,6 +16,7 @@ import binascii
 import os
 import posixpath
 import stat
+from collections.abc import Mapping
 
 MAX_FILES = 64
 MAX_FETCH_FILES = 64
@@ -57,7 +58,7 @@ def decoded_size(content: str | None) -> int:
         raise FileRequestError(f"file content is not valid base64: {exc}") from exc
 
 
-def check_input_files(files: dict[str, str | None], max_total_bytes: int) -> dict[str, str]:
+def check_input_files(files: Mapping[str, str | None], max_total_bytes: int) -> dict[str, str]:
     """Validated inputs keyed by normalised name; refuses duplicates, too many, or too many bytes."""
     if len(files) > MAX_FILES:
         raise FileRequestError(f"{len(files)} input files; the limit is {MAX_FILES}")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import ast
 import builtins
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, ModuleType
 
 # The list, scipy, and small pure-computation helpers that math code routinely uses.
 ALLOWED_MODULES = frozenset({
@@ -84,7 +84,8 @@ def install_import_guard(snippet_globals: dict) -> None:
     real_import: Callable = builtins.__import__
     modules = sys.modules
 
-    def guarded_import(name: str, globals: dict | None = None, locals: dict | None = None, fromlist=(), level: int = 0):
+    def guarded_import(name: str, globals: Mapping[str, object] | None = None, locals: Mapping[str, object] | None = None,
+                       fromlist: Sequence[str] | None = (), level: int = 0) -> ModuleType:
         caller = globals.get("__name__") if isinstance(globals, dict) else None
         from_snippet = globals is snippet_globals or not isinstance(caller, str) or caller == "__main__" or caller not in modules
         if from_snippet and (level != 0 or name.split(".")[0] not in ALLOWED_MODULES):

@@ -166,6 +166,7 @@ class WorkerPool:
                     self._kill(worker)
             raise WorkerStartError(str(failures[0])) from failures[0]
         for worker in results:
+            assert isinstance(worker, _WorkerProcess)  # no failures, so every result is a worker
             self._all[worker.slot] = worker
             self._idle.put_nowait(worker)
 

@@ -43,7 +43,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class ZygoteSetup:
     """What every child needs besides its job; fixed for the worker's life."""
 
-    seccomp_program: object
+    seccomp_program: ctypes.Structure
     uid: int | None
     workdir: str
     tmp_size_mib: int

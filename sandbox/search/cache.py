@@ -77,6 +77,12 @@ class SearchCache:
         self._next_probe = 0.0
 
     @property
+    def _client(self) -> aioredis.Redis:
+        """The connection, once `connect` found Redis (which it only tries with a URL)."""
+        assert self._redis is not None
+        return self._redis
+
+    @property
     def online(self) -> bool:
         return self._online
 
@@ -145,7 +151,7 @@ class SearchCache:
     async def _reload(self) -> None:
         try:
             count = 0
-            async for key in self._redis.scan_iter(match=f"{self.namespace}:z:*", count=1000):
+            async for key in self._client.scan_iter(match=f"{self.namespace}:z:*", count=1000):
                 count += await self._load_index(key)
             log.info("search cache index loaded: %d cached queries", count)
         except (RedisError, OSError) as err:
@@ -154,12 +160,12 @@ class SearchCache:
 
     async def _load_index(self, key: str) -> int:
         scope, top_k = key.rsplit(":", 2)[-2:]
-        await self._redis.zremrangebyscore(key, "-inf", time.time())
+        await self._client.zremrangebyscore(key, "-inf", time.time())
         index = self._index(scope, int(top_k))
         start = 0
-        while members := await self._redis.zrange(key, start, start + RELOAD_PAGE - 1):
+        while members := await self._client.zrange(key, start, start + RELOAD_PAGE - 1):
             for member in members:  # paged, so no reply outlasts the socket timeout and requests interleave
-                index.add(member)
+                index.add(_text(member))
             start += len(members)
             await asyncio.sleep(0)
         return start
@@ -190,7 +196,7 @@ class SearchCache:
         return hit
 
     async def _lookup(self, scope: str, top_k: int, normalized: str) -> CacheHit:
-        stored = await self._redis.get(self._result_key(scope, top_k, normalized))
+        stored = await self._client.get(self._result_key(scope, top_k, normalized))
         if stored is not None:
             return CacheHit("exact", _decode(stored), normalized)
         if not self.fuzzy:
@@ -200,7 +206,7 @@ class SearchCache:
         matched = index.lookup(normalized)
         if matched is None:
             return CacheHit("miss")
-        stored = await self._redis.get(self._result_key(scope, top_k, matched))
+        stored = await self._client.get(self._result_key(scope, top_k, matched))
         if stored is None:
             index.remove(matched)  # expired since it was indexed
             return CacheHit("miss")
@@ -212,7 +218,7 @@ class SearchCache:
             return
         payload = json.dumps({"query": normalized, "results": [p.to_dict() for p in results]})
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with self._client.pipeline(transaction=False) as pipe:
                 pipe.set(self._result_key(scope, top_k, normalized), payload, ex=self.ttl_s)
                 pipe.zadd(self._index_key(scope, top_k), {normalized: time.time() + self.ttl_s})
                 await pipe.execute()
@@ -228,5 +234,10 @@ class SearchCache:
             await self._redis.aclose()
 
 
-def _decode(stored: str) -> tuple[Passage, ...]:
+def _text(reply: object) -> str:
+    assert isinstance(reply, str)  # the client decodes replies (decode_responses=True)
+    return reply
+
+
+def _decode(stored: str | bytes) -> tuple[Passage, ...]:
     return tuple(Passage.from_dict(row) for row in json.loads(stored)["results"])

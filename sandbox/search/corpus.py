@@ -21,7 +21,7 @@ import bz2
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pipeline.jsonl import iter_json_lines
 from pipeline.paths import embedded_wiki_dump
@@ -55,7 +55,10 @@ def split_passages(text: str, passage_words: int) -> list[str]:
     return passages
 
 
-def _require(row: dict, key: str, kind: type, where: str) -> object:
+_T = TypeVar("_T")
+
+
+def _require(row: dict, key: str, kind: type[_T], where: str) -> _T:
     if key not in row:
         raise ValueError(f"{where}: missing key {key!r}")
     if not isinstance(row[key], kind):

@@ -69,3 +69,41 @@ def wiki_search_url(redis_server: ServiceProcess, tmp_path_factory: pytest.TempP
                              free_port(), tmp)
     with service.start(timeout_s=60):
         yield service.url
+
+
+# Tiers: every test is exactly one, from where it lives and what it uses (a module may say `pytestmark =
+# pytest.mark.<tier>` to override). `-m unit` is the quick loop while editing; CI runs all three.
+TIERS = {
+    "unit": "in one process, no service, no rank: seconds each (README's quick command)",
+    "integration": "real services (sandbox, search, Redis, Prefect, vLLM servers), ranks or minutes of training",
+    "e2e": "whole stages: dvc repro, faults injected into them, browsers",
+}
+E2E_FOLDERS = frozenset({"e2e"})  # and the fault modules that run whole stages (their pytestmark)
+INTEGRATION_FOLDERS = frozenset({"distributed", "vllm", "matrix", "orchestration", "sandbox", "benchmarks",
+                                 "inference", "search"})
+SERVICE_FIXTURES = frozenset({"redis_server", "prefect_server", "code_sandbox_url", "wiki_search_url", "search_url",
+                              "tool_urls"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+def tier_of(item: pytest.Item) -> str:
+    declared = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    if declared:
+        return declared[0]
+    parts = Path(item.path).relative_to(REPO_ROOT / "tests").parts
+    folder = parts[0] if len(parts) > 1 else ""
+    if folder in E2E_FOLDERS:
+        return "e2e"
+    uses = set(getattr(item, "fixturenames", ()))
+    if folder in INTEGRATION_FOLDERS or uses & SERVICE_FIXTURES or item.get_closest_marker("slow") is not None:
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier_of(item))

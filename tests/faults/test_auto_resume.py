@@ -40,7 +40,7 @@ from pipeline.training_run.checkpoint import read_state
 from tests.helpers.workspace import subprocess_env
 from tests.train.toy_task import build_direct_model, toy_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # six stage runs: ~2 min on 2 idle cores
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]  # six stage runs: ~2 min on 2 idle cores
 
 STEPS, KILL_AFTER = 3, 2
 TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")

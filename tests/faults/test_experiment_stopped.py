@@ -28,7 +28,7 @@ from flows.dvc_state import GIT_LOCK_PATTERNS, STATE_PATTERNS, DvcStillRunning, 
 from tests.faults.conftest import Stage, alive, assert_all_gone, stage_env, wait_for
 from tests.orchestration.test_experiment_workspace import sh
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")]
 
 # With train.steps == 3 (the `long` preset) the stage starts a helper in a session of its own and writes until it
 # is stopped; otherwise it records what it saw and ends.

@@ -31,7 +31,7 @@ from pipeline.paths import REPO_ROOT
 from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, stop_all
 from tests.faults.conftest import PYTHON, alive, assert_all_gone, stage_env, wait_for
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")]
 
 PROMISED_S = 20.0  # the project's promise, from the signal to the last process gone (about 3x what it takes)
 

@@ -21,6 +21,8 @@ from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.services.processes import ServiceProcess, free_port
 from tests.faults.conftest import PYTHON, healthy, stage_env, wait_for
 
+pytestmark = pytest.mark.integration  # a judge service that fails
+
 QUESTIONS = {f"What is {i} plus {i}?": str(2 * i) for i in range(1, 9)}
 
 

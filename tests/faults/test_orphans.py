@@ -19,7 +19,7 @@ from pipeline.config import load_config
 from pipeline.paths import REPO_ROOT
 from tests.faults.conftest import PYTHON, alive, assert_all_gone, descendants, stage_env, wait_for
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc/self").exists(), reason="watches processes through /proc (Linux)")]
 
 
 def services_params(tmp_path: Path) -> Path:

@@ -41,6 +41,8 @@ from pipeline.types import ToolCall, ToolResult, Trajectory
 from tests.faults.conftest import alive, healthy, sandbox_service, wait_for
 from tests.train.toy_task import build_toy_model, toy_config
 
+pytestmark = pytest.mark.integration  # services killed mid-run
+
 # --- the clients' classification, against real HTTP answers --------------------------------------------
 
 

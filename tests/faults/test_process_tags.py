@@ -18,7 +18,7 @@ from hypothesis import given, strategies as st
 from pipeline.services.reaper import TAGS_VAR, end_all, new_tag, tagged, with_tag
 from tests.faults.conftest import PYTHON, alive, wait_for
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads environments through /proc")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads environments through /proc")]
 
 # Each level starts the next and is gone at once (exits, or SIGKILLs itself) without waiting for it, so the leaf is
 # orphaned before anything could have noted it as a descendant of anyone.

@@ -49,6 +49,8 @@ from pipeline.config import load_config
 from pipeline.tracking.history import MetricHistory
 from pipeline.training_run.plan import plan_run
 
+pytestmark = pytest.mark.e2e  # faults injected into whole stages
+
 params, mode, metrics_dir, kill_at = sys.argv[1:5]
 
 def die(*_args, **_kwargs):

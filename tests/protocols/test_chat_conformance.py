@@ -26,7 +26,10 @@ from pipeline.reward import check_response
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.types import BUILTIN_SPECS, Problem, ToolResult, ToolSpec
 from tests.protocols.chat_helpers import (FAMILIES, STRIPS_REASONING, ChatScriptedLM, conversation,
+
                                           family_tokenizer, shown, smollm2_tokenizer, turn_end_id, whole_ids)
+
+pytestmark = pytest.mark.integration  # every chat template over real tokenizers
 
 LOOKUP = ToolSpec("lookup", "Look a word up.", {"type": "object", "required": ["word"],
                                                 "properties": {"word": {"type": "string"}, "n": {"type": "integer"}}})

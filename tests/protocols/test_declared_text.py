@@ -19,6 +19,8 @@ from pipeline.protocols.tokens import special_token_ids
 from pipeline.types import BUILTIN_SPECS, Problem, ToolSpec
 from tests.protocols.chat_helpers import FAMILIES, family_tokenizer, turn_end_id
 
+pytestmark = pytest.mark.integration  # every chat template over real tokenizers
+
 PROBLEM = Problem("p", "What does 'tapo' mean?", ("x",), "fact", "fact", "train")
 
 

@@ -34,6 +34,8 @@ from pipeline.protocols import PROTOCOLS, SegmentEnd, protocol_for
 from pipeline.protocols.reading import MAX_JSON_DEPTH
 from pipeline.protocols.tool_parsers import PARSERS, RawCall
 
+pytestmark = pytest.mark.integration  # generated hostile strings to every reader: half a minute
+
 SIZE = 12_000  # characters of each hostile string: nesting far past Python's recursion limit
 CALL_LIMIT_S = 2.0  # CPU seconds for one reader on one string (linear readers need milliseconds)
 MEMORY_LIMIT = 64 * 2**20 + 400 * SIZE  # bytes one call may hold at its peak

@@ -16,6 +16,8 @@ of a tool output.
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import re
@@ -28,6 +30,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.protocols.answers import last_answer_tag
+
+pytestmark = pytest.mark.integration  # time measured over growing inputs: a minute
 
 PIECES = ["1", "1,", "1 or ", "(", "½", "²", " ", "√", "≈", "\\frac{1}{", "the answer is ", "1.", "\u200b", ",000",
           "\\boxed{", "1–", "\\text{", "x=", "1 ", "{", "\\", " and ", "between 1 and ", "1\n", "$", " (", " /", "^{",

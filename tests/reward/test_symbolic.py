@@ -16,6 +16,8 @@ import pytest
 from pipeline.config.reward import RewardConfig
 from pipeline.reward import SymbolicChecker, Verifier
 
+pytestmark = pytest.mark.integration  # verifier time limits, waited out
+
 # sympy tries to evaluate 9^(9^(9^9)) exactly: minutes of work and unbounded memory.
 PATHOLOGICAL = "9^{9^{9^{9}}}"
 TIME_LIMIT_S = 2.0  # of the worker's CPU time

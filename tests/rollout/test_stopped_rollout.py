@@ -16,6 +16,8 @@ import pytest
 
 from tests.helpers.stopped_rollout import STOPS, assert_a_stopped_rollout_ends
 
+pytestmark = pytest.mark.integration  # rollouts stopped by signals, in child processes
+
 ROLLOUT = textwrap.dedent("""
     import sys
     from pathlib import Path

@@ -30,6 +30,8 @@ from pipeline.tools.user import HttpTool
 from pipeline.types import ToolResult
 from tests.helpers.loopback import serving
 
+pytestmark = pytest.mark.integration  # servers that drip and hang
+
 # One body every client reads as a success: code reads status/stdout, search results, an endpoint output.
 GOOD = json.dumps({"status": "ok", "stdout": "42", "results": [{"title": "T", "text": "42"}], "output": "42"}).encode()
 HUGE = 128 << 20

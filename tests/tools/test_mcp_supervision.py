@@ -33,6 +33,8 @@ from pipeline.tools.mcp import McpTool, McpUnavailable, mcp_tools
 from pipeline.tools.mcp_stdio import STDERR_BYTES
 from pipeline.types import ToolResult
 
+pytestmark = pytest.mark.integration  # MCP server processes
+
 HOSTILE = Path(__file__).with_name("hostile_mcp.py")
 
 

@@ -27,6 +27,8 @@ from pipeline.tools.user import HttpTool
 from pipeline.types import ToolResult
 from tests.helpers.loopback import serving
 
+pytestmark = pytest.mark.integration  # real HTTP services that fail on purpose
+
 RETRIES = 2
 OK_BODY = {"code": {"status": "ok", "stdout": "42\n"}, "search": {"results": [{"title": "T", "text": "42"}]},
            "http": {"output": "42"}}

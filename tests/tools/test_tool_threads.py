@@ -23,6 +23,8 @@ from pipeline.tools.user import PythonTool
 from pipeline.types import ToolResult
 from tests.tools import user_functions
 
+pytestmark = pytest.mark.integration  # hung tools and an interpreter's exit, in child processes
+
 ANY = {"type": "object"}
 
 

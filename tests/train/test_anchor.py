@@ -28,6 +28,8 @@ from tests.helpers.tiny import tiny_llama
 from tests.train.test_learning import read_history
 from tests.train.toy_task import build_direct_model, toy_config
 
+pytestmark = pytest.mark.integration  # training runs
+
 VOCAB = 64
 PROBLEM = Problem("fact-1", "q", ("a",), "fact", "nq_open", "train")
 

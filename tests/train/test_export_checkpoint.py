@@ -16,6 +16,8 @@ from pipeline.training_run.folder import run_folder
 from tests.train.test_lora import LORA
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 
+pytestmark = pytest.mark.integration  # training runs and exports
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

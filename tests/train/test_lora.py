@@ -25,6 +25,8 @@ from tests.helpers.training import collect_batch
 from tests.train.test_resume import assert_same_metrics
 from tests.train.toy_task import build_direct_model, toy_config
 
+pytestmark = pytest.mark.integration  # training runs, a resume and an export
+
 LORA = {"kind": "lora", "r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 SCALE = LORA["alpha"] / LORA["r"]
 

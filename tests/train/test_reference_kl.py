@@ -26,6 +26,8 @@ from tests.train.test_learning import read_history
 from tests.train.test_loss import _random_batch, batch_of
 from tests.train.toy_task import build_direct_model, toy_config
 
+pytestmark = pytest.mark.integration  # training runs
+
 
 def with_ref(batch: TrainBatch, ref_BT) -> TrainBatch:
     return dataclasses.replace(batch, ref_logprobs_BT=torch.as_tensor(ref_BT, dtype=torch.float64))

@@ -16,6 +16,8 @@ from pipeline.training_run.folder import run_folder
 from pipeline.types import FinishReason
 from tests.train.toy_task import QUESTION, build_direct_model, toy_config
 
+pytestmark = pytest.mark.integration  # a tracked training run
+
 
 def logged_value(run_id: str, key: str, step: int) -> float:
     (value,) = [m.value for m in mlflow.MlflowClient().get_metric_history(run_id, key) if m.step == step]

@@ -23,6 +23,8 @@ from pipeline.training_run.folder import (NOT_IDENTITY, RUN_CONFIG, ConfigMismat
 from pipeline.training_run.plan import plan_run
 from tests.train.toy_task import build_direct_model, toy_config
 
+pytestmark = pytest.mark.integration  # training runs of two configs
+
 # Keys that change what a run computes, each with another valid value.
 IDENTITY_CHANGES = {"train.steps": 7, "train.lr": 3e-6, "run.seed": 5, "rollout.group_size": 2,
                     "reward.format_penalty": -0.5, "train.algorithm.eps_high": 0.3, "train.autocast": "none",

@@ -161,7 +161,8 @@ def main() -> None:
     built = deployments(args.params, workdir, args.cron, for_pool=True)
     asyncio.run(ensure_process_pool(args.pool))
     ids = deploy(*built, work_pool_name=args.pool, print_next_steps_message=False)
-    print(f"deployed {len(ids)} deployments to work pool {args.pool!r}; run: prefect worker start --pool {args.pool}")
+    # prefect's async_dispatch types the result as a coroutine too; outside an event loop it is the list of ids
+    print(f"deployed {len(ids)} deployments to work pool {args.pool!r}; run: prefect worker start --pool {args.pool}")  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

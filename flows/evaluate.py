@@ -61,7 +61,9 @@ def with_overrides(cfg: RunConfig, label: str | None, place: Placement, model: s
     """The model given (its run records what it evaluated: `evaluate.model`), the row label given (a model given
     without one: named after it), and the output folder where this run writes (ad hoc: under
     runs/evaluate/<label>/). The DVC stage (written in place) compares with the baselines' evaluations first."""
-    update = {"output_dir": str(place.place(cfg.evaluate.output_dir))} | ({"model": model} if model else {})
+    update: dict[str, object] = {"output_dir": str(place.place(cfg.evaluate.output_dir))}
+    if model:
+        update["model"] = model
     if label or model:  # params' evaluate.label names the policy, not a model given by hand
         update["label"] = label or ""
     if place.root is None:
@@ -131,7 +133,7 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
             cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], setting=evaluation_setting(cfg, benchmarks),
             eval_run_id=run_id)
     champion = ("champion: not a policy version (a baseline)" if decision is None else
-                f"champion: {'moved to v' + decision.version if decision.promoted else 'unchanged'} ({decision.reason})")
+                f"champion: {f'moved to v{decision.version}' if decision.promoted else 'unchanged'} ({decision.reason})")
     print(f"{champion}\noutputs in {cfg.evaluate.output_dir}")
     table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
     publish(stage, f"{stage}: {run_label(cfg, model or cfg.evaluate.model)}",

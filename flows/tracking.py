@@ -212,7 +212,7 @@ def stage_run(cfg: RunConfig, stage: str, label: str | None = None) -> Iterator[
                                tags=tags).info.run_id
     with _terminated(client, parent if invocation else None), _terminated(client, run_id), \
             _env(STAGE_RUN_ENV, run_id):
-        if invocation:  # the parent gathers the inputs of every stage this invocation ran
+        if invocation and parent is not None:  # (dvc_parent's) it gathers the inputs of every stage this invocation ran
             client.log_batch(parent, tags=[RunTag(k, v) for k, v in hashes.items()])
         yield run_id
         copy_headline(client, run_id, parent, stage)

@@ -55,7 +55,7 @@ def _load_from_gguf(name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The GGUF loader marks the model as quantised, which blocks save_pretrained; the
     # weights are already de-quantised float32, so the marker is dropped.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # transformers declares no type for it
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     return model, tokenizer
@@ -125,12 +125,12 @@ def load_policy(path: str | Path, dtype: str = "float32", device: str = "cpu"
     path = str(path)
     if path in EMBEDDED_MODELS:
         model, tokenizer = _load_from_gguf(path)
-        model = model.to(DTYPES[dtype])
+        model = model.to(DTYPES[dtype])  # type: ignore[arg-type]  # transformers' typed wrapper of Module.to
     else:
         model, tokenizer = _load_hf(path, DTYPES[dtype])
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(resolve_device(device)), tokenizer
+    return model.to(resolve_device(device)), tokenizer  # type: ignore[arg-type]  # as above
 
 
 def enable_activation_checkpointing(model: PreTrainedModel) -> None:

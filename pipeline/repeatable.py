@@ -37,7 +37,8 @@ def use_deterministic_kernels(enabled: bool) -> None:
     # Deterministic mode would also fill every torch.empty with NaN (to expose a kernel that reads memory it never
     # wrote): a pass over every new activation. Left off: such a kernel shows anyway, as runs that differ, which
     # the repeat tests (tests/train/test_repeatable_update.py) and a repeated stage catch.
-    torch.utils.deterministic.fill_uninitialized_memory = False
+    # a module attribute torch sets at import, missing from its stubs
+    torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
 
 
 def make_repeatable(seed: int, deterministic: bool) -> None:

@@ -28,7 +28,7 @@ import math
 import random
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from itertools import zip_longest
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,7 @@ from pipeline.rollout.offered import tools_for
 from pipeline.tools.base import Tool, tool_specs
 from pipeline.tools.factory import make_tools
 from pipeline.tracking.runs import log_metrics, tracked_run
-from pipeline.types import Problem, ToolName, TrainBatch
+from pipeline.types import Problem, ToolName, ToolResult, TrainBatch
 from pipeline.trainer.update import micro_batches, token_logprobs_and_entropy
 
 THOUGHTS: dict[ToolName, str] = {"code": "I will compute this exactly with Python.", "search": "I should look it up."}
@@ -64,7 +64,7 @@ class Trace:
     loss_mask: tuple[int, ...]  # 1 on the teacher's tokens, 0 on prompt and tool output
 
 
-async def _call_all(tool: Tool, inputs: list[str]) -> list:
+async def _call_all(tool: Tool, inputs: list[str]) -> list[ToolResult]:
     try:
         return await asyncio.gather(*(tool(i) for i in inputs))
     finally:
@@ -92,7 +92,7 @@ def scripted_traces(problems: list[Problem], tokenizer, protocol: ToolProtocol, 
     the protocol shows it, the answer), so the tag protocols and chat-tools are taught their own format. Code
     traces and search traces alternate (in problem order within each kind)."""
     calls = teacher_calls(problems, reward, tools)
-    results: dict[ToolName, list] = {}
+    results: dict[ToolName, Iterator[ToolResult]] = {}
     for name in ("code", "search"):
         inputs = [call for _, tool, call in calls if tool == name]
         results[name] = iter(asyncio.run(_call_all(tools[name], inputs))) if inputs else iter(())

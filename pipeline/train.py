@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from pipeline.config import RunConfig, load_config
 from pipeline.config.train import LoraFinetune
@@ -167,8 +168,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
         OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, plan)
 
 
-def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           weights: PolicyWeights) -> tuple[Replicas, torch.nn.Module]:
+def placed(cfg: RunConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer,
+           weights: PolicyWeights) -> tuple[Replicas, PreTrainedModel]:
     """Where the update runs, and the model rollouts sample from."""
     if not cfg.distributed.enabled:
         return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model
@@ -179,7 +180,9 @@ def placed(cfg: RunConfig, model: torch.nn.Module, optimizer: torch.optim.Optimi
     copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.backend == "hf" else None
     replicas = deepspeed_replicas(model, optimizer, cfg)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
-        copied.to(model_device(replicas.module))  # beside the rank's shards: its GPU, not the CPU it was loaded on
+        # beside the rank's shards: its GPU, not the CPU it was loaded on (the ignore: transformers' typed wrapper
+        # of Module.to names the model where the device goes)
+        copied.to(model_device(replicas.module))  # type: ignore[arg-type]
         copy_weights_into(replicas, copied)
     return replicas, copied if copied is not None else replicas.module
 
@@ -267,7 +270,9 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
                 t.replicas.save_checkpoint(plan.folder, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
         t.engine.close()
-        if main:  # inside the MLflow run: an attempt killed before its records are written is not FINISHED
+        # inside the MLflow run (main's: the other ranks have none): an attempt killed before its records are
+        # written is not FINISHED
+        if active is not None:
             last = record_run(t, history, state.step, metrics_dir, active.info.run_id, earlier)
     return last
 

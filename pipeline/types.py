@@ -285,8 +285,9 @@ class TrainBatch:
 
     def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> TrainBatch:
         """The batch with `fn` applied to each of its [B, T] tensors (an absent reference stays absent)."""
-        return dataclasses.replace(self, **{f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+        mapped: dict[str, Any] = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                  if isinstance(getattr(self, f.name), torch.Tensor)}
+        return dataclasses.replace(self, **mapped)
 
     def to(self, device: torch.device) -> TrainBatch:
         """The same batch on `device` (the model's): every tensor moves, none is copied when already there."""

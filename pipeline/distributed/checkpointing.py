@@ -26,7 +26,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -36,14 +36,18 @@ from pipeline.outputs import fsync_path, fsync_tree, write_durably
 from pipeline.training_run.checkpoint import TrainerState, prune
 from pipeline.training_run.manifest import problem, write_manifest
 
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedModel
+
 
 class DeepSpeedRank(Protocol):
     """What these functions use of a rank (`pipeline.distributed.replicas.DeepSpeedRank`)."""
 
-    model: torch.nn.Module  # the DeepSpeed engine
+    model: DeepSpeedEngine
 
     @property
-    def module(self) -> torch.nn.Module: ...
+    def module(self) -> PreTrainedModel: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -129,7 +133,7 @@ def _full_parameters(replicas: DeepSpeedRank) -> Iterator[tuple[str, torch.Tenso
             yield name, p
 
 
-def for_each_full_parameter(replicas: DeepSpeedRank, fn: Callable[[str, torch.Tensor], None]) -> None:
+def for_each_full_parameter(replicas: DeepSpeedRank, fn: Callable[[str, torch.Tensor], object]) -> None:
     """Collective under ZeRO-3: call `fn(name, full_tensor)` on every rank, one parameter at a time."""
     with torch.no_grad():
         for name, tensor in _full_parameters(replicas):

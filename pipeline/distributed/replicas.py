@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,10 @@ from pipeline.distributed.sharding import assign_groups
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.training_run.checkpoint import TrainerState
 from pipeline.types import ScoredGroup
+
+if TYPE_CHECKING:  # DeepSpeed is imported only when used
+    from deepspeed import DeepSpeedEngine
+    from transformers import PreTrainedModel
 
 
 def resolve_collectives(name: str) -> str:
@@ -79,7 +84,7 @@ def _device() -> torch.device:
 class DeepSpeedReplicas:
     """One rank's DeepSpeed engine seen through the training step's `Replicas` interface."""
 
-    model: torch.nn.Module  # deepspeed.DeepSpeedEngine
+    model: DeepSpeedEngine
     push_to_rollout_engine: bool = False  # a vLLM engine: it holds its own copy of the weights
     push_chunk_bytes: int = weight_sync.DEFAULT_CHUNK_BYTES
     share_prefixes: bool = False  # rows run padded (see the module docstring)
@@ -89,7 +94,7 @@ class DeepSpeedReplicas:
             record_stage0_grad_norm(self.model)
 
     @property
-    def module(self) -> torch.nn.Module:
+    def module(self) -> PreTrainedModel:
         """The wrapped Hugging Face model (under ZeRO-3 its parameters are shards)."""
         return self.model.module
 
@@ -190,7 +195,7 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, c
     return engine
 
 
-def deepspeed_replicas(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> DeepSpeedReplicas:
+def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> DeepSpeedReplicas:
     """This rank of the data-parallel job `cfg.distributed` describes, for the training step."""
     engine = deepspeed_engine(model, optimizer, cfg.distributed, cfg.train.micro_batch_size, cfg.train.grad_clip,
                               cfg.model.dtype)

@@ -113,7 +113,7 @@ def _read_source(cfg: BenchmarkConfig, path: str, adapter: str, type_: str, limi
 
 def unique_ids(problems: list[Problem]) -> list[Problem]:
     seen: set[str] = set()
-    out = []
+    out: list[Problem] = []
     for p in problems:
         if p.id in seen:
             p = Problem(f"{p.id}#{p.meta.get('line', len(out))}", p.question, p.answers, p.type, p.source, p.split, p.meta)

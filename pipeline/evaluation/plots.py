@@ -89,7 +89,7 @@ def plot_response_lengths(path: Path, runs: list[RunResult]) -> Path:
     top = max((max(v) for v in lengths if v), default=1)
     bins = np.linspace(0, top + 1, 30)
     for run, values in zip(runs, lengths, strict=True):
-        ax.hist(values, bins=bins, histtype="step", linewidth=1.8,
+        ax.hist(values, bins=bins.tolist(), histtype="step", linewidth=1.8,
                 label=f"{run.label} (mean {np.mean(values):.0f})" if values else run.label)
     ax.set(xlabel="policy tokens per rollout", ylabel="rollouts", title="response length distribution")
     ax.grid(alpha=0.3)

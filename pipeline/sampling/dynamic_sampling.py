@@ -33,7 +33,7 @@ import sys
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -74,6 +74,14 @@ class Rollouts(Protocol):
 
     def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult: ...
+
+
+@runtime_checkable
+class ShardRollouts(Protocol):
+    """`pipeline.distributed.sharding.ShardedRollouts`: rollouts of a window shared out among the ranks."""
+
+    def refilled_rollout(self, window: list[Problem], target: int, n: int,
+                         rank_refill: Callable[[int, list[Problem]], Refill]) -> RolloutResult: ...
 
 
 class Sampler(Protocol):
@@ -140,6 +148,9 @@ class ShardedRefilling:
             spare = list(reversed(reserve))
             return RefillRule(target, target + len(reserve), lambda: [spare.pop()], reward, keep)
 
+        if not isinstance(rollouts, ShardRollouts):
+            raise TypeError("refilling per rank needs the rollouts shared out among the ranks, not "
+                            f"{type(rollouts).__name__}")
         result = rollouts.refilled_rollout(window, self.prompts_per_step, self.group_size, rank_rule)
         # scored again here: every group, this rank's too, comes back from the all-gather as a new object, so the
         # rules' scores (keyed by object) do not carry over; scoring is cheap next to sampling

@@ -180,7 +180,10 @@ def log_metric_rows(rows: Sequence[Mapping[str, float]]) -> None:
     now = int(time.time() * 1000)
     metrics = [Metric(key, float(value), now, int(row["step"])) for row in rows for key, value in row.items()
                if key != "step"]
-    mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
+    run = mlflow.active_run()
+    if run is None:
+        raise RuntimeError("metric rows are logged into the active MLflow run, and none is active")
+    mlflow.MlflowClient().log_batch(run.info.run_id, metrics=metrics)
 
 
 def log_dir(path: Path, artifact_path: str) -> None:

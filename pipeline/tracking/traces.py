@@ -149,7 +149,7 @@ def _sequential(build: Callable[[int, int], SpanRecord], count: int) -> list[Spa
     return spans
 
 
-def group_trace(step: int, scored: ScoredGroup, kept: bool, advantages_G: Sequence[float]) -> TraceRecord:
+def group_trace(step: int, scored: ScoredGroup, kept: bool, advantages_G: Sequence[float] | np.ndarray) -> TraceRecord:
     """A training group as a trace: each trajectory with its reward's parts and the advantage the update gave it
     (zero for a dropped group)."""
     group, rewards = scored.group, scored.rewards

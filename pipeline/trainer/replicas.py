@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from transformers import PreTrainedModel
 
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.training_run import checkpoint
@@ -26,7 +27,8 @@ from pipeline.types import ScoredGroup
 
 
 class Replicas(Protocol):
-    model: torch.nn.Module  # what runs forward and backward (DeepSpeed's engine under data parallelism)
+    @property
+    def model(self) -> torch.nn.Module: ...  # what runs forward and backward (DeepSpeed's engine under data parallelism)
     share_prefixes: bool  # run a micro-batch's rows as their prefix tree (measured on CPU only)
 
     @property
@@ -55,7 +57,7 @@ class OneProcess:
     """One process: plain autograd, global-norm clipping, the optimiser's step; a checkpoint is one directory
     of safetensors; the final model is a plain Hugging Face directory (a LoRA adapter merged)."""
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     optimizer: torch.optim.Optimizer
     grad_clip: float
     weights: PolicyWeights  # all weights, or a LoRA adapter
@@ -70,7 +72,7 @@ class OneProcess:
                              "forward in model.dtype (pipeline.model; PolicyWeights.held_dtype)")
 
     @property
-    def module(self) -> torch.nn.Module:
+    def module(self) -> PreTrainedModel:
         return self.model
 
     @property
@@ -121,6 +123,6 @@ class OneProcess:
         save_policy(self.weights, self.model, tokenizer, path)
 
 
-def save_policy(weights: PolicyWeights, model: torch.nn.Module, tokenizer, path: Path) -> None:
+def save_policy(weights: PolicyWeights, model: PreTrainedModel, tokenizer, path: Path) -> None:
     weights.export(model).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
 from pipeline.model import without_dropout
 from pipeline.rl.loss import PolicyLoss
@@ -81,11 +82,11 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: TrainBatch, temper
     rows_N, cols_N = batch.loss_mask_BT[:, first:].nonzero(as_tuple=True)
     # a model whose attention the tree mask cannot express runs padded whoever asks (`tree_attention`)
     attention = tree_attention(model.config) if share_prefixes else None
-    packable = isinstance(attention, TreeAttention)
-    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()) if packable else None
+    tree_mask = attention if isinstance(attention, TreeAttention) else None
+    tree = prefix_tree(batch.input_ids_BT, batch.attention_mask_BT.sum(1).tolist()) if tree_mask is not None else None
     with forward_precision(autocast, batch.input_ids_BT.device):
-        if tree is not None and packing_pays(tree.positions(), B, T, _hidden_size(model)):
-            logits_NV = _logits_over_prefix_tree(model, batch, pack_tree(tree), attention, rows_N, first + cols_N)
+        if tree is not None and tree_mask is not None and packing_pays(tree.positions(), B, T, _hidden_size(model)):
+            logits_NV = _logits_over_prefix_tree(model, batch, pack_tree(tree), tree_mask, rows_N, first + cols_N)
         else:
             with _head_only_at(model, rows_N, cols_N):
                 logits_NV = model(input_ids=batch.input_ids_BT, attention_mask=batch.attention_mask_BT,
@@ -147,7 +148,9 @@ def _head_only_at(model: torch.nn.Module, rows_N: torch.Tensor, cols_N: torch.Te
     A hook rather than calling the head on hidden states ourselves, so that every call still goes
     through the model's own forward: DeepSpeed's engine (ZeRO-3 gathers the head's weights there),
     peft's adapters, and model-specific logit post-processing (e.g. soft-capping) all apply."""
-    head = model.get_output_embeddings()
+    # torch types a Module's other attributes Tensor | Module; the model (or the engine or wrapper that forwards
+    # to it) is a transformers model
+    head = model.get_output_embeddings()  # type: ignore[operator]
     handle = head.register_forward_pre_hook(lambda _head, args: (_rows_at(args[0], rows_N, cols_N), *args[1:]))
     head_outside_autocast = torch.is_autocast_enabled(rows_N.device.type)
     if head_outside_autocast:
@@ -175,11 +178,11 @@ def _outside_autocast(head: torch.nn.Module) -> Callable[..., torch.Tensor]:
     ~10-30, 3 significant digits) would add ~0.01 nats of noise to every log-prob (measured on SmolLM2:
     mean |log-prob error| 0.032 with the head in bf16, 0.020 with it in float32). It runs only at the
     trained tokens, so full precision costs little."""
-    forward, dtype = head.forward, head.weight.dtype
+    forward, dtype = head.forward, head.weight.dtype  # a Linear's weight, which torch types Tensor | Module
 
     def run(hidden: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
-            return forward(hidden.to(dtype), *args, **kwargs)
+            return forward(hidden.to(dtype), *args, **kwargs)  # type: ignore[arg-type]  # (dtype, above)
     return run
 
 
@@ -248,7 +251,8 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: 
     heads = sorted(set(wanted))
     slot = {p: i for i, p in enumerate(heads)}
     ids_P = batch.input_ids_BT[packed.rows_P.to(device), packed.positions_P.to(device)]
-    masks = attention.masks(packed.attend_PP, packed.positions_P, model.get_input_embeddings().weight.dtype)
+    embeddings = model.get_input_embeddings()  # type: ignore[operator]  # a transformers model's, as above
+    masks = attention.masks(packed.attend_PP, packed.positions_P, embeddings.weight.dtype)
     masks = {k: m.to(device) for k, m in masks.items()} if isinstance(masks, dict) else masks.to(device)
     cols = torch.tensor(heads, dtype=torch.long, device=device)
     with _head_only_at(model, torch.zeros_like(cols), cols):
@@ -261,7 +265,7 @@ def _logits_over_prefix_tree(model: torch.nn.Module, batch: TrainBatch, packed: 
 
 def _hidden_size(model: torch.nn.Module) -> int:
     """The model's width, for the packing cost (a DeepSpeed engine forwards `config` to its module)."""
-    return int(model.config.hidden_size)
+    return int(model.config.hidden_size)  # type: ignore[union-attr, arg-type]  # torch types it Tensor | Module
 
 
 def _first_scored_position(loss_mask_BT: torch.Tensor) -> int:
@@ -286,7 +290,7 @@ def mean_over_updates(updates: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(u[k] for u in updates) / len(updates) for k in updates[0]}
 
 
-def policy_gradient_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
+def policy_gradient_step(model: PreTrainedModel, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                          loss: PolicyLoss, settings: UpdateSettings) -> dict[str, float]:
     """Accumulate gradients over micro-batches, then clip and step once (one process, all weights)."""
     replicas = OneProcess(model, optimizer, settings.grad_clip, FullWeights(), settings.share_prefixes)

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
+from transformers import PreTrainedModel
 
 from pipeline.config.train import FinetuneConfig, LoraFinetune
 
@@ -39,10 +40,10 @@ PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the wrapped mode
 
 class PolicyWeights(Protocol):
     def held_dtype(self, model_dtype: str, deepspeed: bool) -> str: ...
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def prepare(self, model: PreTrainedModel) -> PreTrainedModel: ...
     def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]: ...
     def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]: ...
-    def export(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def export(self, model: PreTrainedModel) -> PreTrainedModel: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class FullWeights:
         _refuse_unscaled_float16(model_dtype, deepspeed)
         return model_dtype if deepspeed else "float32"
 
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
+    def prepare(self, model: PreTrainedModel) -> PreTrainedModel:
         return model
 
     def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -62,7 +63,7 @@ class FullWeights:
     def rollout_tensors(self, model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         return model.named_parameters()
 
-    def export(self, model: torch.nn.Module) -> torch.nn.Module:
+    def export(self, model: PreTrainedModel) -> PreTrainedModel:
         return model
 
 
@@ -80,8 +81,10 @@ class LoraWeights:
         _refuse_unscaled_float16(model_dtype, deepspeed)
         return model_dtype  # the base is frozen: in model.dtype it only runs, and costs half the memory
 
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        lora = LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.alpha, lora_dropout=self.cfg.dropout,
+    def prepare(self, model: PreTrainedModel) -> PreTrainedModel:
+        # peft annotates lora_alpha int; it only divides it by r, and a float scales as written
+        lora = LoraConfig(r=self.cfg.r, lora_alpha=self.cfg.alpha,  # type: ignore[arg-type]
+                          lora_dropout=self.cfg.dropout,
                           target_modules=list(self.cfg.target_modules), bias="none", task_type="CAUSAL_LM")
         adapted = get_peft_model(model, lora)
         if not any(isinstance(m, LoraLayer) for m in adapted.modules()):
@@ -89,7 +92,8 @@ class LoraWeights:
         low = sorted({str(p.dtype) for p in adapted.parameters() if p.requires_grad and torch.finfo(p.dtype).bits < 32})
         if low:  # peft upcasts adapters over a bf16 base (autocast_adapter_dtype); an optimiser must not step these
             raise ValueError(f"the LoRA adapter's weights are {low}, not float32")
-        return adapted
+        # used as the transformers model it wraps: a PeftModel forwards every attribute it lacks to that model
+        return cast(PreTrainedModel, adapted)
 
     def trainable(self, model: torch.nn.Module) -> list[torch.nn.Parameter]:
         return [p for p in model.parameters() if p.requires_grad]
@@ -109,13 +113,15 @@ class LoraWeights:
                 continue
             module = adapted[layer]
             with torch.no_grad():
-                yield plain, param + module.get_delta_weight(module.active_adapters[0]).to(param.dtype)
+                # every LoRA layer type defines it; peft's base class does not declare it
+                delta = module.get_delta_weight(module.active_adapters[0])  # type: ignore[attr-defined]
+                yield plain, param + delta.to(param.dtype)
 
-    def export(self, model: torch.nn.Module) -> torch.nn.Module:
+    def export(self, model: PreTrainedModel) -> PreTrainedModel:
         """The base model with the adapter merged in. Done in place: call it once, at the end of training."""
         if not isinstance(model, PeftModel):
             raise TypeError(f"expected the peft-wrapped policy, got {type(model).__name__}")
-        return model.merge_and_unload()
+        return cast(PreTrainedModel, model.merge_and_unload())  # the wrapped model itself; peft types it Module
 
 
 def _refuse_unscaled_float16(model_dtype: str, deepspeed: bool) -> None:

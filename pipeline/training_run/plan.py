@@ -88,8 +88,10 @@ class RunPlan:
                    fields["reason"], None if start is None else Path(start))
 
 
-_KINDS = {"folder": str, "identity": dict, "inputs": dict, "mode": str, "resume": bool, "reason": str,
-          "start_from": (str, type(None))}  # the fields of an encoded plan, as JSON holds them
+# the fields of an encoded plan, as JSON holds them
+_KINDS: dict[str, type | tuple[type, ...]] = {
+    "folder": str, "identity": dict, "inputs": dict, "mode": str, "resume": bool, "reason": str,
+    "start_from": (str, type(None))}
 
 
 def plan_run(cfg: RunConfig, *, name: str | None = None, metrics_dir: Path = Path("metrics"),

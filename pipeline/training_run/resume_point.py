@@ -76,7 +76,7 @@ def checkpoint_problem(path: Path, history: RecordedHistory) -> str | None:
 def find_resume_point(root: Path, history: RecordedHistory) -> ResumePoint:
     """The newest checkpoint under `root` a resume can continue from exactly, and those passed over."""
     complete = sorted((p for p in (root / CHECKPOINTS).glob("step-??????") if is_complete(p)), reverse=True)
-    rejected = []
+    rejected: list[Rejected] = []
     for path in complete:
         reason = checkpoint_problem(path, history)
         if reason is None:
@@ -110,7 +110,7 @@ def settle(root: Path, history: RecordedHistory, *, insisted: bool = False) -> R
             "again to train from step 0")
     if point.checkpoint is None and point.torn and insisted:
         raise TornCheckpoints(torn_message(root, list(point.torn)))
-    if point.rejected:
+    if point.rejected and point.checkpoint is not None:  # (no checkpoint with rejected ones raised above)
         print(f"train: resuming from {point.checkpoint.name}, not from the newer {_named(point.rejected)} "
               f"(set aside as {', '.join(p.name for p in moved)})", file=sys.stderr, flush=True)
     if point.checkpoint is not None and point.torn:

@@ -37,6 +37,8 @@ from pipeline.training_run.manifest import write_manifest
 from pipeline.training_run.folder import run_folder
 from tests.train.toy_task import build_direct_model, toy_config, write_params
 
+pytestmark = pytest.mark.e2e  # faults injected into whole stages
+
 STEPS, CHECKPOINT_EVERY = 2, 1
 TIMING = re.compile(r"(wall_s|_s/|seconds|per_s|idle_fraction|latency)")
 DRIVER = r"""
@@ -48,8 +50,6 @@ import pipeline.trainer.replicas as replicas
 from pipeline.config import load_config
 from pipeline.tracking.history import MetricHistory
 from pipeline.training_run.plan import plan_run
-
-pytestmark = pytest.mark.e2e  # faults injected into whole stages
 
 params, mode, metrics_dir, kill_at = sys.argv[1:5]
 

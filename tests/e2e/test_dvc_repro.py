@@ -9,9 +9,13 @@ evaluations, and so does `dvc exp run -S` (the workspace is a git repository, as
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import re
+import struct
+import termios
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +178,44 @@ def test_exp_run_with_a_param_set_reruns_only_its_stages(workspace: Path) -> Non
     assert "dvc.dvc_exp_baseline_rev" in parents[-1].data.tags
     assert parents[-1].info.run_name == listed[0]  # the parent is named after the DVC experiment
     assert _stage_runs(client, parents[-1]).keys() == {"evaluate-sft", "evaluate"}
+
+
+HEADLINE_KEYS = ("reward", "accuracy", "right_tool", "acc_base", "acc_sft", "to_right", "to_wrong", "p_value")
+# docs/experiments.md's column filter: anchored, as `--keep reward` alone also keeps every `reward.*` parameter
+SHOWN_IN_EXP = "^(Experiment|reward|accuracy|right_tool|acc_.*|to_right|to_wrong|p_value)$"
+
+
+def _in_a_terminal(workspace: Path, args: tuple[str, ...], columns: int) -> str:
+    """What `dvc <args>` shows on a terminal `columns` wide (a pseudo-terminal of that size; DVC lays its tables out
+    for the terminal it finds, and for 80 columns when it finds none), colours removed."""
+    dvc = Path(sys.executable).with_name("dvc")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "TERM": "xterm"}
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+    process = subprocess.Popen([str(dvc), *args], cwd=workspace, stdin=follower, stdout=follower, stderr=follower,
+                               env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the command has ended
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert process.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode(errors="replace")).replace("\r", "")
+
+
+def test_the_headline_numbers_fit_a_terminal(workspace: Path) -> None:
+    """On a terminal 120 columns wide, `dvc metrics show` and `dvc exp show` (its metrics, as docs/experiments.md
+    runs it) print every headline number whole: the detail is plain outputs, not DVC metrics."""
+    for args in (("metrics", "show"),
+                 ("exp", "show", "--no-pager", "--drop", ".*", "--keep", SHOWN_IN_EXP)):
+        shown = _in_a_terminal(workspace, args, columns=120)
+        print(f"$ dvc {' '.join(args)}\n{shown}")
+        assert max(len(line) for line in shown.splitlines()) <= 120, shown
+        assert all(key in shown for key in HEADLINE_KEYS), shown
+        assert "…" not in shown, shown  # no column cut to fit

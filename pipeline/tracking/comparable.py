@@ -80,8 +80,8 @@ def download_evaluation(run_cfg: RunSection, run: Run, dest: Path) -> Path | Non
                                                 dst_path=str(dest), tracking_uri=run_cfg.tracking_uri)
     except (MlflowException, OSError):
         return None
-    folder = dest / ARTIFACT_DIR
-    return folder if all((folder / name).is_file() for name in EVALUATION_FILES) else None
+    # a single file's download lands in `dest` itself, not under its artifact folder
+    return dest if all((dest / name).is_file() for name in EVALUATION_FILES) else None
 
 
 def comparable_evaluations(run_cfg: RunSection, setting: Mapping[str, str], baselines: Sequence[str],

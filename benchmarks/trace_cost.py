@@ -9,8 +9,9 @@ metrics row (the keys one step of the main job logs) and, with traces, `run.trac
 traces, one trace a problem. The trajectories have the main job's shape at the params' limits (two turns of
 `rollout.max_policy_tokens` tokens, ~4 characters a token, and one tool call answered with
 `rollout.max_tool_output_chars`), so the figures are an upper bound for the default run. Bytes: what the store's
-database and artifact folder grew by. Seconds: wall time of the logging calls (traces are waited for, as the stages
-wait). The last line is one JSON object: per step and per problem, bytes and seconds without and with traces, and
+database and artifact folder grew by. Seconds: how long the caller is held, as the stages are: the logging calls,
+which queue the traces, and the one wait for them at the stage's end, shared over the steps or problems (MLflow's
+own thread writes them meanwhile, beside the stage's work). The last line is one JSON object: per step and per problem, bytes and seconds without and with traces, and
 "ratio" = (bytes of a step with traces) / (bytes without); "time_ratio" likewise for seconds.
 """
 
@@ -42,7 +43,7 @@ import mlflow  # noqa: E402  (after the command line: see `parser`)
 import numpy as np  # noqa: E402
 
 from pipeline.config import RunConfig  # noqa: E402
-from pipeline.tracking.traces import log_traces, problem_trace, step_traces, Score  # noqa: E402
+from pipeline.tracking.traces import Score, finish_traces, log_traces, problem_trace, step_traces  # noqa: E402
 from pipeline.types import (Collected, Group, Problem, RewardBreakdown, ScoredGroup, ToolCall,  # noqa: E402
                             ToolResult, Trajectory)
 
@@ -86,22 +87,40 @@ def timed(root: Path, work) -> tuple[int, float]:
     return store_bytes(root) - before, time.perf_counter() - started
 
 
+def held(root: Path, calls: list) -> list[tuple[int, float]]:
+    """Each of `calls` (logging traces without waiting, as the stages do) and then the stage's one wait at its end
+    (`finish_traces`), as (bytes the store grew by, seconds the caller was held) per call: the wait and the bytes,
+    which land when MLflow's writer thread gets to them, shared evenly. MLflow's thread writes beside the caller."""
+    before, seconds = store_bytes(root), 0.0
+    for call in calls:
+        started = time.perf_counter()
+        call()
+        seconds += time.perf_counter() - started
+    started = time.perf_counter()
+    finish_traces()
+    seconds += time.perf_counter() - started
+    grown = store_bytes(root) - before
+    return [(round(grown / len(calls)), seconds / len(calls))] if calls else []
+
+
 def measure_steps(cfg: RunConfig, root: Path, run_id: str, steps: int) -> dict[str, float]:
     rng = random.Random(0)
-    plain, traced = [], []
+    plain: list[tuple[int, float]] = []
+    queued: list = []
     for step in range(steps):
         row = {f"metric/{i}": rng.random() for i in range(METRICS_PER_STEP)}
         plain.append(timed(root, lambda row=row, step=step: mlflow.log_metrics(row, step=step)))
         groups = [scored(rng, cfg, p) for p in problems(cfg.train.prompts_per_step)]
         collected = Collected(groups[:1], groups, {}, groups[1:])
         traces = step_traces(cfg.run.traces, step, collected, lambda gs: [np.zeros(len(g.rewards)) for g in gs])
-        traced.append(timed(root, lambda traces=traces: log_traces(traces, run_id)))
-    return summary(plain, traced, "step")
+        queued.append(lambda traces=traces: log_traces(traces, run_id, wait=False))
+    return summary(plain, held(root, queued), "step")
 
 
 def measure_problems(cfg: RunConfig, root: Path, run_id: str, count: int) -> dict[str, float]:
     rng = random.Random(1)
-    plain, traced = [], []
+    plain: list[tuple[int, float]] = []
+    queued: list = []
     for problem in problems(count):
         traj = trajectory(rng, cfg, problem)
         record = {"id": problem.id, "sample": 0, "question": problem.question, "response": traj.text, "score": 1.0,
@@ -118,8 +137,8 @@ def measure_problems(cfg: RunConfig, root: Path, run_id: str, count: int) -> dic
 
         plain.append(timed(root, samples))
         trace = problem_trace("calculator", problem, [traj], [Score(1.0, 1.0, True, "4")])
-        traced.append(timed(root, lambda trace=trace: log_traces([trace], run_id)))
-    return summary(plain, traced, "problem")
+        queued.append(lambda trace=trace: log_traces([trace], run_id, wait=False))
+    return summary(plain, held(root, queued), "problem")
 
 
 def summary(plain: list[tuple[int, float]], traced: list[tuple[int, float]], unit: str) -> dict[str, float]:

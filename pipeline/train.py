@@ -75,7 +75,7 @@ from pipeline.tracking.history import TRAIN_HISTORY, MetricHistory, StepProgress
 from pipeline.tracking.model_record import training_record
 from pipeline.tracking.registry import find_version, log_and_register
 from pipeline.tracking.runs import STAGE_RUN_ENV, tracked_run
-from pipeline.tracking.traces import log_step_traces
+from pipeline.tracking.traces import finish_traces, log_step_traces
 from pipeline.tracking.train_samples import log_samples
 from pipeline.trainer.batching import make_train_batch, mini_batch_groups
 from pipeline.training_run.checkpoint import TrainerState
@@ -273,6 +273,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
         # inside the MLflow run (main's: the other ranks have none): an attempt killed before its records are
         # written is not FINISHED
         if active is not None:
+            finish_traces()  # the steps' traces, written while it trained
             last = record_run(t, history, state.step, metrics_dir, active.info.run_id, earlier)
     return last
 

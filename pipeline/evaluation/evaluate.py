@@ -48,7 +48,7 @@ from pipeline.jsonl import write_json
 from pipeline.model import load_policy
 from pipeline.tools.outages import OutageCounts, ToolOutage
 from pipeline.tracking.progress import progress
-from pipeline.tracking.traces import log_evaluation_traces
+from pipeline.tracking.traces import finish_traces, log_evaluation_traces
 from pipeline.protocols import protocol_of
 from pipeline.reward import route, score_trajectory
 from pipeline.rollout.engine import RolloutEngine
@@ -198,6 +198,7 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     out_dir.mkdir(parents=True, exist_ok=True)
     store = SampleStore(out_dir / SAMPLES_FILE, _key(cfg, model_id), resume=ec.resume)
     asyncio.run(_evaluate(_Plan(cfg, benchmarks, engine, store)))
+    finish_traces()  # the problems' traces, written while it evaluated
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)

@@ -211,17 +211,19 @@ def step_traces(settings: TracesSection, step: int, collected: Collected,
 def log_step_traces(settings: TracesSection, run_id: str | None, step: int, collected: Collected,
                     advantages: Callable[[list[ScoredGroup]], Sequence[np.ndarray]]) -> int:
     """Training's hook: the step's sampled groups as traces in run `run_id` (nothing without a run: a data-parallel
-    rank other than 0, or a run the caller does not track)."""
+    rank other than 0, or a run the caller does not track). Written while training goes on: `finish_traces` at
+    the run's end."""
     if run_id is None or settings.train_groups_per_step == 0:
         return 0
-    return log_traces(step_traces(settings, step, collected, advantages), run_id)
+    return log_traces(step_traces(settings, step, collected, advantages), run_id, wait=False)
 
 
 def log_evaluation_traces(settings: TracesSection, benchmark: str, problems: Sequence[Problem],
                           groups: Iterable[Group], records: Iterable[Mapping[str, Any]]) -> int:
     """The evaluation's hook: each problem of `groups` (of `benchmark`, whose problems in order are `problems`) as
     a trace in the active MLflow run, with its scored `records` (one per sample, `id` and `sample` keyed), when
-    `settings.evaluate` covers it (all, or the benchmark's first N); nothing without an active run."""
+    `settings.evaluate` covers it (all, or the benchmark's first N); nothing without an active run. Written while
+    the evaluation goes on: `finish_traces` at its end."""
     active = mlflow.active_run()
     if active is None or settings.evaluate == "none":
         return 0
@@ -231,20 +233,28 @@ def log_evaluation_traces(settings: TracesSection, benchmark: str, problems: Seq
     traces = [problem_trace(benchmark, g.problem, g.trajectories,
                             [scores[(g.problem.id, i)] for i in range(len(g.trajectories))])
               for g in groups if g.problem.id in covered]
-    return log_traces(traces, active.info.run_id)
+    return log_traces(traces, active.info.run_id, wait=False)
 
 
-def log_traces(traces: Iterable[TraceRecord], run_id: str) -> int:
-    """Write `traces` into run `run_id`'s experiment, linked to the run, and wait until they are written; the number
-    written."""
+def log_traces(traces: Iterable[TraceRecord], run_id: str, *, wait: bool = True) -> int:
+    """Write `traces` into run `run_id`'s experiment, linked to the run; the number written. With `wait`, returns
+    once they are written. Without, MLflow writes them on its own thread while the stage goes on, and the stage
+    calls `finish_traces` once at its end: a wait (MLflow's flush) takes up to a second whatever it waits for (its
+    writer polls its queue once a second), which cost every training step and evaluated chunk about a second. A
+    process killed before its end loses the traces still queued (its metrics and checkpoints are written apart)."""
     experiment_id = mlflow.MlflowClient().get_run(run_id).info.experiment_id
     written = 0
     for trace in traces:
         _log(trace, experiment_id, run_id, time.time_ns())
         written += 1
-    if written:
-        mlflow.flush_trace_async_logging()
+    if written and wait:
+        finish_traces()
     return written
+
+
+def finish_traces() -> None:
+    """Wait until every trace logged so far is written (a stage's end)."""
+    mlflow.flush_trace_async_logging()
 
 
 def _log(trace: TraceRecord, experiment_id: str, run_id: str, start_ns: int) -> None:

@@ -189,7 +189,8 @@ def _in_a_terminal(workspace: Path, args: tuple[str, ...], columns: int) -> str:
     """What `dvc <args>` shows on a terminal `columns` wide (a pseudo-terminal of that size; DVC lays its tables out
     for the terminal it finds, and for 80 columns when it finds none), colours removed."""
     dvc = Path(sys.executable).with_name("dvc")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "TERM": "xterm"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "TERM": "xterm",
+           "COLUMNS": str(columns), "LINES": "60"}  # as a terminal's shell sets them (a test runner may set others)
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
     process = subprocess.Popen([str(dvc), *args], cwd=workspace, stdin=follower, stdout=follower, stderr=follower,

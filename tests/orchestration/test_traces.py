@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mlflow import MlflowClient
 
 from pipeline.config.run import TracesSection
-from pipeline.tracking.traces import (Score, group_trace, log_evaluation_traces, log_step_traces, problem_trace,
+from pipeline.tracking.traces import (Score, finish_traces, group_trace, log_evaluation_traces, log_step_traces, problem_trace,
                                       sampled_groups, step_traces, turns_of)
 from pipeline.types import Collected, Group, Problem, RewardBreakdown, ScoredGroup, ToolCall, ToolResult, Trajectory
 
@@ -130,6 +130,7 @@ def test_a_step_and_an_evaluation_read_back_from_mlflow_linked_to_their_run(run_
     records += [r | {"id": "p2"} for r in records]
     assert log_evaluation_traces(TracesSection(evaluate=1), "calc", [PROBLEM, other], evaluation, records) == 1
     assert log_evaluation_traces(TracesSection(evaluate="none"), "calc", [PROBLEM, other], evaluation, records) == 0
+    finish_traces()  # the stages' end: the hooks queue their traces, the stage waits for them once
     traces = mlflow.search_traces(run_id=run_id, return_type="list")
     by_stage = {t.info.tags["tapo.stage"]: t for t in traces}
     assert len(traces) == 2 and by_stage.keys() == {"train", "evaluate"}

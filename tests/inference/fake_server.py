@@ -21,7 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from multiprocessing import shared_memory
 from urllib.parse import parse_qs, urlsplit
 
-STATE = {"paused": False, "version": "default", "loads": 0, "requests": 0, "calls": [], "world_size": 1}
+STATE = {"paused": False, "version": "default", "loads": 0, "requests": 0, "calls": [], "world_size": 1,
+         "generated": 0}  # tokens generated so far: tests act mid-request once there are some
 LOCK = threading.Condition()
 # NCCL stand-in: the trainer's side tells the "workers" that it joined the group / that its broadcast arrived
 JOINED, RECEIVED = threading.Event(), threading.Event()
@@ -39,6 +40,8 @@ def generate(body: dict, token_delay: float) -> dict:
             version = STATE["version"]
         time.sleep(token_delay)
         ids.append((base + i) % 97)
+        with LOCK:
+            STATE["generated"] += 1
         if spans and spans[-1]["version"] == version:
             spans[-1]["end"] += 1
         else:
@@ -69,6 +72,8 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(200, {})
         elif route == "/weight_info":
             self._answer(200, {"weight_version": STATE["version"]})
+        elif route == "/_generated":
+            self._answer(200, {"generated": STATE["generated"]})
         elif route == "/get_world_size":
             self._answer(200, {"world_size": STATE["world_size"]})
         elif route == "/_calls":

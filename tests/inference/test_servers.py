@@ -104,13 +104,25 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+async def generating(client: InferenceClient, pool: ServerPool, key: str) -> str:
+    """The server `key`'s request went to, once it has generated a token of it: waited for, not slept for, so a busy
+    machine cannot leave the test acting before the request started (a fresh stand-in has generated nothing else)."""
+    while key not in client.router.home:
+        await asyncio.sleep(0.005)
+    home = client.router.home[key]
+    url = next(s.url for s in pool.servers if s.name == home)
+    async with httpx.AsyncClient(timeout=30) as http:
+        while (await http.get(url + "/_generated")).json()["generated"] == 0:
+            await asyncio.sleep(0.005)
+    return home
+
+
 async def test_a_server_killed_mid_request_is_retried_elsewhere_counted_and_restarted(pool_of) -> None:
     pool = pool_of(2, token_delay=0.02)
     guard = ServerOutageGuard(max_step_share=1.0, max_run_share=1.0)
     async with InferenceClient(pool, deadline_s=30.0, attempts=3, counts=guard.step) as client:
         request = asyncio.create_task(client.generate("traj", [1, 2, 3], Sampling(max_tokens=100)))
-        await asyncio.sleep(0.5)  # mid-request: 100 tokens take 2 s
-        home = client.router.home["traj"]
+        home = await generating(client, pool, "traj")  # mid-request: 100 tokens take at least 2 s
         victim = next(k for k in pool.keepers if k.server.name == home)
         segments = victim.process.shared_memory
         os.killpg(victim.process.process.pid, signal.SIGKILL)  # its resource tracker too: nothing of it cleans up
@@ -184,7 +196,7 @@ async def test_a_push_mid_request_pauses_loads_versions_and_resumes(pool_of, tmp
     pusher = WeightPusher(pool, FileTransport(tmp_path, 10.0), control_deadline_s=10.0)
     async with InferenceClient(pool, deadline_s=30.0, attempts=1) as client:
         request = asyncio.create_task(client.generate("t", [1], Sampling(max_tokens=200)))
-        await asyncio.sleep(0.5)
+        await generating(client, pool, "t")  # mid-request: 200 tokens take at least 2 s
         report = await asyncio.to_thread(pusher.push, WeightSource.of_tensors({"w": torch.ones(2, 2)}), 1)
         generation = await request
     assert report.loaded == ["fake-0"] and not report.failed and report.total_s >= report.load_s

@@ -164,17 +164,17 @@ def test_a_push_mid_request_keeps_the_sequence_and_versions_its_tokens(pool: Ser
     async def push_mid_request() -> tuple[Generation, object]:
         async with InferenceClient(pool, deadline_s=600.0, attempts=1) as client:
             request = asyncio.create_task(client.generate("long", PROMPTS[0],
-                                                          Sampling(max_tokens=600, seed=5, ignore_eos=True)))
-            await asyncio.sleep(2.0)
+                                                          Sampling(max_tokens=LONG, seed=5, ignore_eos=True)))
+            await _running_on_its_home(client, pool, "long")  # pushed mid-request, however fast the machine
             report = await asyncio.to_thread(pusher.push, WeightSource.of_module(new_model), 1)
             return await request, report
 
     generation, report = run(push_mid_request())
     print(f"\npush of the tiny model ({report.bytes / 2**20:.1f} MiB): {report.as_metrics()}")
     assert sorted(report.loaded) == ["vllm-0", "vllm-1"] and not report.failed
-    assert len(generation.token_ids) == 600 and generation.finish_reason == "length"
+    assert len(generation.token_ids) == LONG and generation.finish_reason == "length"
     switch = generation.versions.index(1)
-    assert 0 < switch < 600 and set(generation.versions[switch:]) == {1} and set(generation.versions[:switch]) == {0}
+    assert 0 < switch < LONG and set(generation.versions[switch:]) == {1} and set(generation.versions[:switch]) == {0}
     # the tokens before the push are the old model's own
     old = hf_logprobs(load_tiny(tiny_dir), PROMPTS[0], generation.token_ids[:switch], 1.0)
     assert float((torch.tensor(generation.logprobs[:switch]) - old).abs().max()) < LOGPROB_ATOL

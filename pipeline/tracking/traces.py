@@ -19,6 +19,7 @@ traces to be written (`flush`), so a long evaluation loses none and a killed sta
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,14 +248,21 @@ def log_traces(traces: Iterable[TraceRecord], run_id: str, *, wait: bool = True)
     for trace in traces:
         _log(trace, experiment_id, run_id, time.time_ns())
         written += 1
-    if written and wait:
-        finish_traces()
+    if written:
+        _queued.set()
+        if wait:
+            finish_traces()
     return written
 
 
+_queued = threading.Event()  # traces were logged and not yet waited for
+
+
 def finish_traces() -> None:
-    """Wait until every trace logged so far is written (a stage's end)."""
-    mlflow.flush_trace_async_logging()
+    """Wait until every trace logged so far is written (a stage's end); at once when none is waiting."""
+    if _queued.is_set():
+        _queued.clear()
+        mlflow.flush_trace_async_logging()
 
 
 def _log(trace: TraceRecord, experiment_id: str, run_id: str, start_ns: int) -> None:

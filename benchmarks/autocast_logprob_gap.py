@@ -1,4 +1,4 @@
-"""The importance ratio's precision gap under `train.autocast: bfloat16`, with each `train.logprobs_source`.
+"""The importance ratio's precision gap under `train.update.autocast: bfloat16`, with each `train.update.logprobs_source`.
 
 The rollout samples in float32; under autocast the update's forward runs in bf16. With
 `logprobs_source: rollout` the ratio's old log-probs are the sampler's, so at the first update (same
@@ -41,7 +41,7 @@ from pipeline.trainer.update import masked_logprobs_no_grad, micro_batches, padd
 from tests.train.toy_task import direct_traces, toy_problems, toy_tokenizer  # noqa: E402
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28
-MICRO = 4  # params.yaml's train.micro_batch_size
+MICRO = 4  # params.yaml's train.update.micro_batch_size
 QUICK = {"groups": 2, "group_size": 2, "sft_steps": 2, "threads": 1}
 
 

@@ -1,4 +1,4 @@
-"""Seconds per training update in bf16 mixed precision (`train.autocast`) vs float32, on real groups.
+"""Seconds per training update in bf16 mixed precision (`train.update.autocast`) vs float32, on real groups.
 
 Ours runs the update's forward (policy, and the KL reference's no-grad pass) under `torch.autocast`
 to bf16, with float32 weights, gradients, optimiser state and output head; the baseline is the same

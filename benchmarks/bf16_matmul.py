@@ -1,4 +1,4 @@
-"""Matrix products in bfloat16 vs float32 on this machine's CPU, at SmolLM2-135M's shapes: what `train.autocast: auto`
+"""Matrix products in bfloat16 vs float32 on this machine's CPU, at SmolLM2-135M's shapes: what `train.update.autocast: auto`
 decides from (`pipeline.model.bf16_is_native`).
 
 The update's forward under bf16 autocast is 1.5x faster on a CPU with AVX512-BF16 (`autocast_update.py`); on an

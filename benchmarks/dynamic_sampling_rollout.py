@@ -6,7 +6,7 @@ longest row. DAPO's generation rounds then pay that tail once per round, and row
 `rollout.max_batch_sequences` decode in a thin wave behind the first. Settings (`mode@rows`):
 - baseline `rounds@16`: what learning_cpu ran through run 11 (params.yaml's 16 rows then, rounds);
 - `rounds@24`: the same rounds with room for a whole 3 x 8 first round;
-- ours `refill@24`: `train.refill_dropped_groups` (pipeline.sampling.dynamic_sampling), 24 rows.
+- ours `refill@24`: `train.sampling.refill_dropped_groups` (pipeline.sampling.dynamic_sampling), 24 rows.
 Each setting is a trainer built by `pipeline.train.set_up` from the SFT model of a workspace where the
 learning-cpu preset ran (`benchmarks.preset_run`), with the preset's RL settings but for the setting's two knobs,
 `--prompts` and `--seed`, the real sandbox and search services, and its own problem stream and engine with the
@@ -117,8 +117,8 @@ def measure(args: argparse.Namespace, run: PresetRun, work: Path) -> dict:
     def config(name: str) -> RunConfig:  # the preset's RL settings, this setting's two knobs
         refill, rows = SETTINGS[name]
         return preset_config(run.root, work / name, {
-            "run.seed": args.seed, "train.prompts_per_step": args.prompts, "train.max_gen_rounds": 2,
-            "train.refill_dropped_groups": refill, "rollout.max_batch_sequences": rows})
+            "run.seed": args.seed, "train.sampling.prompts_per_step": args.prompts, "train.sampling.max_gen_rounds": 2,
+            "train.sampling.refill_dropped_groups": refill, "rollout.max_batch_sequences": rows})
 
     latency = decode_ms_by_rows(str(run.sft))
     print(f"decode ms/step by rows: {latency}", flush=True)

@@ -43,7 +43,7 @@ RUN_IT = f"python -m flows.experiment {PRESET} --seeds 0, then dvc exp apply lea
 # The learning-cpu preset at quick sizes: groups of 4 (the coin-flip model keeps about 7 in 8 of them under DAPO's
 # accuracy filter), short responses, few rows.
 QUICK_PRESET = {"rollout": {"group_size": 4, "max_policy_tokens": 24, "max_batch_sequences": 8},
-                "reward": {"overlong_buffer": 8}, "train": {"prompts_per_step": 2, "micro_batch_size": 4},
+                "reward": {"overlong_buffer": 8}, "train": {"sampling": {"prompts_per_step": 2}, "update": {"micro_batch_size": 4}},
                 "evaluate": {"limit": 4}}
 
 
@@ -88,7 +88,7 @@ def preset_config(root: str | Path, work_dir: Path, overrides: dict[str, Any] | 
     return load_config(run.preset, overrides={
         "run.tracking_uri": f"sqlite:///{work / 'mlruns.db'}",
         "train.init_model": str(run.sft), "train.train_file": str(run.train),
-        "train.checkpoint_dir": str(work / "rl"), "train.output_dir": str(work / "policy"),
+        "train.checkpoints.dir": str(work / "rl"), "train.output_dir": str(work / "policy"),
         "evaluate.split_file": str(run.test), "evaluate.output_dir": str(work / "eval"),
         **(overrides or {})})
 

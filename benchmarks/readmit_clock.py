@@ -85,7 +85,7 @@ def rollout_config(args, schedule: str, k: int) -> RolloutConfig:
     training setting, is off: it needs the continuous schedule)."""
     turns = args.turns
     return harness.derive({
-        "train.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.readmit_after_steps": k,
+        "train.sampling.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.readmit_after_steps": k,
         "rollout.max_batch_sequences": args.max_batch, "rollout.max_tool_calls": turns, "rollout.max_turns": turns + 1,
         "rollout.max_policy_tokens": (60 + args.filler[1]) * (turns + 1), "rollout.max_total_tokens": 4096,
         "rollout.temperature": 1.0}, harness.base_params(args.quick)).rollout

@@ -173,7 +173,7 @@ def rollout_config(base: Path, schedule: str, turns: int, filler: tuple[int, int
     dynamic sampling is a training setting this benchmark does not use; it is set off because it needs the
     continuous schedule."""
     return harness.derive({
-        "train.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.max_batch_sequences": max_batch,
+        "train.sampling.refill_dropped_groups": False, "rollout.schedule": schedule, "rollout.max_batch_sequences": max_batch,
         "rollout.max_tool_calls": turns, "rollout.max_turns": turns + 1, "rollout.tool_concurrency": tool_concurrency,
         "rollout.max_policy_tokens": (60 + filler[1]) * (turns + 1), "rollout.max_total_tokens": 4096,
         "rollout.temperature": 1.0}, base).rollout

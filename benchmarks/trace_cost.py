@@ -110,7 +110,7 @@ def measure_steps(cfg: RunConfig, root: Path, run_id: str, steps: int) -> dict[s
     for step in range(steps):
         row = {f"metric/{i}": rng.random() for i in range(METRICS_PER_STEP)}
         plain.append(timed(root, lambda row=row, step=step: mlflow.log_metrics(row, step=step)))
-        groups = [scored(rng, cfg, p) for p in problems(cfg.train.prompts_per_step)]
+        groups = [scored(rng, cfg, p) for p in problems(cfg.train.sampling.prompts_per_step)]
         collected = Collected(groups[:1], groups, {}, groups[1:])
         traces = step_traces(cfg.run.traces, step, collected, lambda gs: [np.zeros(len(g.rewards)) for g in gs])
         queued.append(lambda traces=traces: log_traces(traces, run_id, wait=False))

@@ -50,10 +50,10 @@ ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 # adds to it later takes its class default here, not the main job's tuning.
 TRL_RECIPE = {
     "train.algorithm": {"kind": "dapo", "eps_low": 0.2, "eps_high": 0.28, "dynamic_sampling": False, "kl_coef": 0.0},
-    "train.anchor_dropped_tokens": 0, "train.refill_dropped_groups": False, "train.max_gen_rounds": 1,
-    "train.ppo_epochs": 1, "train.ppo_mini_batches": 1, "train.lr": 1e-6, "train.warmup_steps": 0,
-    "train.lr_decay": "constant", "train.weight_decay": 0.0, "train.grad_clip": 1.0, "train.autocast": "none",
-    "train.logprobs_source": "rollout", "train.gradient_checkpointing": False, "train.balance_sources": False,
+    "train.sampling.anchor_dropped_tokens": 0, "train.sampling.refill_dropped_groups": False, "train.sampling.max_gen_rounds": 1,
+    "train.update.ppo_epochs": 1, "train.update.ppo_mini_batches": 1, "train.optimizer.lr": 1e-6, "train.optimizer.warmup_steps": 0,
+    "train.optimizer.lr_decay": "constant", "train.optimizer.weight_decay": 0.0, "train.optimizer.grad_clip": 1.0, "train.update.autocast": "none",
+    "train.update.logprobs_source": "rollout", "train.update.gradient_checkpointing": False, "train.sampling.balance_sources": False,
     "model.dtype": "float32", "rollout.temperature": 1.0, "rollout.top_p": 1.0,
 }
 QUICK = {"steps": 2, "prompts": 1, "group": 2, "max_tokens": 8}
@@ -63,8 +63,8 @@ def ours_config(args: argparse.Namespace, train_file: Path, work: Path) -> RunCo
     """Our side's config: params.yaml with TRL's recipe and the benchmark's sizes, working under `work`."""
     return harness.derive(TRL_RECIPE | {
         "run.seed": 0, "run.tracking_uri": f"sqlite:///{work / 'mlruns.db'}", "train.init_model": args.model,
-        "train.train_file": str(train_file), "train.steps": args.steps, "train.prompts_per_step": args.prompts,
-        "train.micro_batch_size": args.prompts * args.group, "train.checkpoint_dir": str(work / "ckpt"),
+        "train.train_file": str(train_file), "train.steps": args.steps, "train.sampling.prompts_per_step": args.prompts,
+        "train.update.micro_batch_size": args.prompts * args.group, "train.checkpoints.dir": str(work / "ckpt"),
         "train.output_dir": str(work / "policy"), "rollout.group_size": args.group,
         "rollout.max_policy_tokens": args.max_tokens, "rollout.max_total_tokens": 4096,
         "rollout.max_batch_sequences": args.prompts * args.group,

@@ -29,7 +29,7 @@ Option = Callable[[argparse.ArgumentParser], None]
 
 def _resume(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue this run from its latest checkpoint, "
-                        "whatever train.resume would decide (refused when its checkpoints were written under another "
+                        "whatever train.checkpoints.resume would decide (refused when its checkpoints were written under another "
                         "config; inputs that changed since are named)")
 
 

@@ -6,7 +6,7 @@ URL is set in params is used as it is, not started; on the way out every service
 once, in parallel, each within a bounded grace (`stop_all`). The services started here are health-checked
 every `HEALTH_INTERVAL_S` while they run, and one that died is restarted on its port (at most
 `MAX_RESTARTS` times each, every restart logged); one given up on stays down, and the run that
-needs it stops on its outage (train.max_step_outage_share), naming it.
+needs it stops on its outage (train.outages.max_step_share), naming it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ It trains in this process, or under `distributed.enabled` on the ranks the flow 
 placement comes from params; the services start once, here, and every rank is given their URLs, the run's
 plan and where its model and metrics go).
 
-Each run keeps its checkpoints in its own folder, `<train.checkpoint_dir>/<run>/checkpoints`: the run is
+Each run keeps its checkpoints in its own folder, `<train.checkpoints.dir>/<run>/checkpoints`: the run is
 named after the DVC experiment (`DVC_EXP_NAME`, set by `dvc exp run`), an ad-hoc run after its label,
 otherwise after a digest of its training config (`pipeline.training_run.folder`); `--resume` refuses that
 folder's checkpoints when they were written under another config. The stage plans the run once
@@ -21,7 +21,7 @@ continues (pipeline.tracking.runs). Which checkpoint it continues from, or why i
 starts (`preflight` makes the plan the flow then runs), so a damaged checkpoint or a lost history ends the stage
 with one line naming the file. Afterwards the metadata of the checkpoints this run saved (`state.json`, and the config they were written
 under) is logged into it too; the last checkpoint whole (weights, optimiser, RNG) only with
-`train.log_full_checkpoints`, since it weighs ~3x the model. The final model is logged and registered by
+`train.checkpoints.log_full`, since it weighs ~3x the model. The final model is logged and registered by
 the trainer (`pipeline.tracking.registry`).
 """
 
@@ -108,7 +108,7 @@ def _saved_by(checkpoint: Path) -> str | None:
 def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: float, earlier: str | None) -> list[str]:
     """Every checkpoint's metadata and the config they were written under; the last one whole on request."""
     quiet_progress_unless_tty()
-    full = 1 if cfg.train.log_full_checkpoints else 0
+    full = 1 if cfg.train.checkpoints.log_full else 0
     logged = log_checkpoints(cfg.run, run_id, checkpoints_of_run(run_dir, {run_id, earlier}, started), full=full)
     if (run_dir / RUN_CONFIG).is_file():
         MlflowClient(cfg.run.tracking_uri).log_artifact(run_id, str(run_dir / RUN_CONFIG), CHECKPOINTS)
@@ -116,10 +116,10 @@ def log_run_checkpoints(cfg: RunConfig, run_id: str, run_dir: Path, started: flo
 
 
 def stage_plan(cfg: RunConfig, place: Placement, resume: bool) -> RunPlan:
-    """The run's plan (`pipeline.training_run.plan`): `--resume` insists, otherwise `train.resume` decides (auto:
+    """The run's plan (`pipeline.training_run.plan`): `--resume` insists, otherwise `train.checkpoints.resume` decides (auto:
     an interrupted attempt of this very run, same config, code and data, is continued)."""
     return plan_run(cfg, name=run_name(place), metrics_dir=place.place("metrics"),
-                    mode="insisted" if resume else cfg.train.resume)
+                    mode="insisted" if resume else cfg.train.checkpoints.resume)
 
 
 # The plan `preflight` made, by the flow's arguments, for the flow it precedes in the same process: a stage plans its
@@ -133,7 +133,7 @@ def preflight(params: str, resume: bool = False, label: str | None = None, out: 
     planned here (the checkpoints passed over are set aside, once), and the flow runs that plan."""
     place = placement("train", params, label=label, out=out, ad_hoc=False)
     cfg = placed_config(load_or_exit(params), place)
-    read_training_problems(cfg.train.train_file, cfg.train.max_train_problems)
+    read_training_problems(cfg.train.train_file, cfg.train.sampling.max_train_problems)
     _PLANNED[(params, resume, label, out)] = stage_plan(cfg, place, resume)
 
 
@@ -158,7 +158,7 @@ def train_flow(params: str = "params.yaml", resume: bool = False, label: str | N
     started = time.time() - 1.0  # file times may be rounded down
     with stage_run(cfg, "train", place.label) as run_id:
         probe = search_probes([p for _, p in read_training_problems(cfg.train.train_file,
-                                                                    cfg.train.max_train_problems)])
+                                                                    cfg.train.sampling.max_train_problems)])
         with running_services(cfg, tools, params, ranks=where.local_ranks if where else 1,
                               search_probe=probe, stage="train") as urls:
             metrics = ranks_task(where, cfg, params, urls, plan, metrics_dir) if where else \

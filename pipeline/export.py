@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     built = argparse.ArgumentParser(prog="python -m pipeline.export", description=__doc__.splitlines()[0])
     built.add_argument("--params", default=None, help="the params the run trained with (train.init_model, "
                                                        "train.finetune, model.dtype); single-process checkpoints")
-    built.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoint_dir>/<run>/"
+    built.add_argument("checkpoint", type=Path, help="a step-NNNNNN directory under <train.checkpoints.dir>/<run>/"
                        "checkpoints (DeepSpeed: or that checkpoints directory itself, for the latest step)")
     built.add_argument("out", type=Path, help="the Hugging Face directory to write")
     return built
@@ -53,9 +53,9 @@ class CheckpointNotFound(FileNotFoundError):
 
 def existing_checkpoints(cfg: RunConfig | None, missing: Path) -> list[Path]:
     """Checkpoints near a missing one: in the closest folder of its path that exists, and in every run folder
-    under train.checkpoint_dir (with --params)."""
+    under train.checkpoints.dir (with --params)."""
     near = next((p for p in missing.parents if p.is_dir()), Path("."))
-    roots = [near] + ([Path(cfg.train.checkpoint_dir)] if cfg is not None else [])
+    roots = [near] + ([Path(cfg.train.checkpoints.dir)] if cfg is not None else [])
     return sorted({p for root in roots for pattern in STEP_GLOBS for p in root.glob(pattern) if p.is_dir()})
 
 
@@ -63,7 +63,7 @@ def require_checkpoint(cfg: RunConfig | None, checkpoint: Path) -> None:
     if checkpoint.exists():
         return
     found = existing_checkpoints(cfg, checkpoint)
-    listed = ", ".join(map(str, found)) if found else "none (has the run saved one? train.checkpoint_every)"
+    listed = ", ".join(map(str, found)) if found else "none (has the run saved one? train.checkpoints.every)"
     raise CheckpointNotFound(f"{checkpoint}: no such checkpoint; checkpoints there are: {listed}")
 
 

@@ -145,8 +145,8 @@ def training_forward(model_dtype: str, held_dtype: str, setting: str, device: to
     """The training forward's autocast dtype (None: the weights' own), resolved once at set-up.
 
     The forward computes in `model.dtype`. Where the trained weights are held in float32 for a lower model.dtype
-    (one process: `PolicyWeights.held_dtype`), it runs under autocast to model.dtype, as `train.autocast` would;
-    otherwise in the weights' own dtype, or as `train.autocast` says for float32 weights."""
+    (one process: `PolicyWeights.held_dtype`), it runs under autocast to model.dtype, as `train.update.autocast` would;
+    otherwise in the weights' own dtype, or as `train.update.autocast` says for float32 weights."""
     if held_dtype != model_dtype:
         if model_dtype != "bfloat16":
             raise ValueError(f"model.dtype {model_dtype} over {held_dtype} weights: only bfloat16 runs without loss "
@@ -175,7 +175,7 @@ def _is_dropout_rate(name: str, value: object) -> bool:
 
 
 def training_autocast(setting: str, device: torch.device) -> torch.dtype | None:
-    """`train.autocast` resolved for the device that trains, once at set-up: the dtype of the training forward's
+    """`train.update.autocast` resolved for the device that trains, once at set-up: the dtype of the training forward's
     matrix products, or None for the weights' own. `auto` is bfloat16 where the device multiplies it natively and
     None elsewhere: on a CPU without AVX512 (an AVX2 AMD EPYC, say) a bf16 matrix product is emulated, ~80x slower
     than float32 (826 ms against 10 ms for 512x576 @ 576x1536), and the main job's first update took over 25
@@ -186,8 +186,8 @@ def training_autocast(setting: str, device: torch.device) -> torch.dtype | None:
     if setting == "auto":
         return torch.bfloat16 if native else None
     if not native:
-        warnings.warn(f"train.autocast bfloat16 on {device}, which has no native bfloat16 matrix products: the update "
-                      "may run many times slower than float32 (train.autocast: auto chooses per device)", stacklevel=2)
+        warnings.warn(f"train.update.autocast bfloat16 on {device}, which has no native bfloat16 matrix products: the update "
+                      "may run many times slower than float32 (train.update.autocast: auto chooses per device)", stacklevel=2)
     return torch.bfloat16
 
 

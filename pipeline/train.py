@@ -125,18 +125,18 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
     tc, plan = cfg.train, plan or plan_run(cfg)
     if cfg.distributed.enabled and isinstance(tc.finetune, LoraFinetune):
         raise ValueError("train.finetune: kind lora is not supported with distributed.enabled (use kind full)")
-    rows = read_training_problems(tc.train_file, tc.max_train_problems)  # refused before the model loads
+    rows = read_training_problems(tc.train_file, tc.sampling.max_train_problems)  # refused before the model loads
     weights, tepo = policy_weights(tc.finetune), tepo_variant(cfg.reward)
     # DeepSpeed moves each rank's copy to its own device; a single process uses model.device. One process trains
     # float32 master weights whatever model.dtype is (its forward runs in model.dtype: pipeline.model)
     held = weights.held_dtype(cfg.model.dtype, deepspeed=cfg.distributed.enabled)
     model, tokenizer = load_policy(tc.init_model, held, "cpu" if cfg.distributed.enabled else cfg.model.device)
-    if tc.gradient_checkpointing:
+    if tc.update.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model = weights.prepare(model)
-    optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.lr, weight_decay=tc.weight_decay, betas=(0.9, 0.999))
+    optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.optimizer.lr, weight_decay=tc.optimizer.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_multiplier(tc.lr_decay, tc.warmup_steps, tc.steps, tc.min_lr_ratio))
+        optimizer, lr_multiplier(tc.optimizer.lr_decay, tc.optimizer.warmup_steps, tc.steps, tc.optimizer.min_lr_ratio))
     tools = make_tools(cfg, tool_urls)  # the registry: an MCP server is started and its schemas read here
     try:  # before the first step, with the schemas a chat template declares
         check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
@@ -156,23 +156,23 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
     engine.rollouts_started = start.rollout_calls
     keep = group_filter(tc.algorithm, tepo)
     device = model_device(replicas.model)
-    autocast = training_forward(cfg.model.dtype, held, tc.autocast, device)  # `auto`: bf16 where the device has it
-    print(f"train.autocast {tc.autocast}, model.dtype {cfg.model.dtype}: the update's forward in {autocast or held} "
+    autocast = training_forward(cfg.model.dtype, held, tc.update.autocast, device)  # `auto`: bf16 where the device has it
+    print(f"train.update.autocast {tc.update.autocast}, model.dtype {cfg.model.dtype}: the update's forward in {autocast or held} "
           f"over {held} weights on {device}", file=sys.stderr, flush=True)
-    settings = update_settings(tc.micro_batch_size, tc.grad_clip, cfg.rollout.temperature, replicas, autocast)
+    settings = update_settings(tc.update.micro_batch_size, tc.optimizer.grad_clip, cfg.rollout.temperature, replicas, autocast)
     return Training(
         cfg, tokenizer, replicas, scheduler, engine, sharded(engine) if cfg.distributed.enabled else engine,
-        problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.balance_sources),
+        problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.sampling.balance_sources),
         sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
-        old_logprobs_source(tc.logprobs_source), make_reference(cfg, device, held), settings,
-        OutageGuard(tc.max_step_outage_share, tc.max_run_outage_share), start, plan)
+        old_logprobs_source(tc.update.logprobs_source), make_reference(cfg, device, held), settings,
+        OutageGuard(tc.outages.max_step_share, tc.outages.max_run_share), start, plan)
 
 
 def placed(cfg: RunConfig, model: PreTrainedModel, optimizer: torch.optim.Optimizer,
            weights: PolicyWeights) -> tuple[Replicas, PreTrainedModel]:
     """Where the update runs, and the model rollouts sample from."""
     if not cfg.distributed.enabled:
-        return OneProcess(model, optimizer, cfg.train.grad_clip, weights), model
+        return OneProcess(model, optimizer, cfg.train.optimizer.grad_clip, weights), model
     from pipeline.distributed.checkpointing import copy_weights_into
     from pipeline.distributed.replicas import deepspeed_replicas  # DeepSpeed is imported only when used
 
@@ -199,7 +199,7 @@ def prepared_batch(t: Training, groups: list[ScoredGroup]) -> tuple[TrainBatch, 
     and its weight (0: a rank without data this mini-batch, which still runs as many passes)."""
     mine, weight = t.replicas.share(groups)
     advantages = token_advantages(mine, t.cfg.train.algorithm, t.tepo, t.keep)
-    batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id, t.cfg.train.mask_tool_output
+    batch = make_train_batch(mine, advantages, t.tokenizer.pad_token_id, t.cfg.train.update.mask_tool_output
                              ).to(model_device(t.replicas.module))
     batch = t.old_logprobs.attach(t.replicas, batch, t.settings)
     return t.reference.attach(batch, t.settings), weight
@@ -212,9 +212,9 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
         return {"train/skipped": 1.0}
     tc = t.cfg.train
     lr = t.scheduler.optimizer.param_groups[0]["lr"]  # the rate these updates step with (not the next step's)
-    batches = [prepared_batch(t, groups) for groups in mini_batch_groups(kept, tc.ppo_mini_batches, anchored)]
+    batches = [prepared_batch(t, groups) for groups in mini_batch_groups(kept, tc.update.ppo_mini_batches, anchored)]
     updates = [apply_policy_gradient(t.replicas, batch, t.loss, t.settings, weight)
-               for _ in range(tc.ppo_epochs) for batch, weight in batches]
+               for _ in range(tc.update.ppo_epochs) for batch, weight in batches]
     t.scheduler.step()
     t.replicas.sync(t.engine)  # weight sync (a no-op for hf in one process: it samples from the trained model)
     return mean_over_updates(updates) | {"train/lr": lr, "train/skipped": 0.0}
@@ -250,7 +250,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
             collected = t.sampler.collect(t.rollouts, t.stream, t.reward, t.keep)  # sample with tools, reward, filter
             collected.metrics.update(outage_metrics(t.outages, collected, step))  # raises past the outage limits
             sampled = time.perf_counter()
-            anchored = step_openings(collected.kept, collected.dropped, tc.anchor_dropped_tokens)
+            anchored = step_openings(collected.kept, collected.dropped, tc.sampling.anchor_dropped_tokens)
             update_metrics = update(t, collected.kept, anchored)  # advantages, loss, optimiser steps, weight sync
             last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored)),
                                                          "time/rollout_seconds": sampled - started,
@@ -259,13 +259,13 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
             steps.show(step, last)
             if cfg.distributed.enabled:  # every rank says what it trained on: the load balance, in the stage's log
                 print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
-            if active is not None and tc.log_samples_every and step % tc.log_samples_every == 0:
-                log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.log_samples)
+            if active is not None and tc.sample_tables.every and step % tc.sample_tables.every == 0:
+                log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.sample_tables.trajectories)
             log_step_traces(cfg.run.traces, active.info.run_id if active else None, step, collected,
                             lambda groups: advantages_of(groups, tc.algorithm))  # a few groups, turn by turn
             state = TrainerState(step + 1, t.stream.cursor, t.engine.rollouts_started,
                                  active.info.run_id if active else None)
-            if (step + 1) % tc.checkpoint_every == 0 or step + 1 == tc.steps:  # with the history it was saved after
+            if (step + 1) % tc.checkpoints.every == 0 or step + 1 == tc.steps:  # with the history it was saved after
                 state = replace(state, history_sha256=history.digest(step + 1))
                 t.replicas.save_checkpoint(plan.folder, state, t.scheduler, t.tokenizer)  # collective
         finish_run(t, output_dir)
@@ -288,13 +288,13 @@ def record_run(t: Training, history: MetricHistory, steps_done: int, metrics_dir
     write_json_durably(metrics_dir / "train.json", {k: v for k, v in last.items() if not k.startswith("rollout/turns")})
     write_train_headline(metrics_dir, history.rows, CURVE_COLUMNS[:3], cfg.run, run_id)
     register_once(cfg, run_id, Path(cfg.train.output_dir), t.plan.folder, earlier)  # new version of tapo-policy
-    mark_finished(t.plan.folder, steps_done)  # `train.resume: auto` trains a finished run again, never resumes it
+    mark_finished(t.plan.folder, steps_done)  # `train.checkpoints.resume: auto` trains a finished run again, never resumes it
     return last
 
 
 def rank_share(t: Training, step: int, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]) -> str:
     """This rank's part of a step: the groups and policy tokens of each mini-batch it trained on."""
-    shares = [t.replicas.share(groups) for groups in mini_batch_groups(kept, t.cfg.train.ppo_mini_batches, anchored)]
+    shares = [t.replicas.share(groups) for groups in mini_batch_groups(kept, t.cfg.train.update.ppo_mini_batches, anchored)]
     mine = [g for groups, weight in shares if weight > 0 for g in groups]
     tokens = sum(tr.policy_token_count for g in mine for tr in g.group.trajectories)
     return (f"rank {t.replicas.rank} of {t.replicas.world}: step {step + 1}: trained on {len(mine)} of "

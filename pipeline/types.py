@@ -261,7 +261,7 @@ class TrainBatch:
     `loss_mask_BT` is 1 on sampled response tokens only (prompt, tool output and padding
     are 0). `n_policy_tokens` is the global count of mask-1 tokens over the whole batch,
     the single normaliser of the token-level loss (DAPO), so micro-batching cannot change
-    the gradient. Under the masking ablation (`train.mask_tool_output: false`) the loss mask also
+    the gradient. Under the masking ablation (`train.update.mask_tool_output: false`) the loss mask also
     covers tool output, and `sampled_mask_BT` keeps the tokens the policy sampled: the step's
     diagnostics (entropy, KL, clip fractions) are read over those, so they compare across the two arms.
     """

@@ -29,15 +29,15 @@ def test_default_params_load(repo_root: Path) -> None:
 def test_config_is_frozen(repo_root: Path) -> None:
     cfg = load_config(repo_root / "params.yaml")
     with pytest.raises(pydantic.ValidationError):
-        cfg.train.lr = 1.0  # type: ignore[misc]
+        cfg.train.optimizer.lr = 1.0  # type: ignore[misc]
 
 
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
         ("train:\n  stepz: 3\n", "train.stepz: unknown key"),
-        ("train:\n  lr: fast\n", "train.lr"),
-        ("train:\n  lr: -1.0\n", "train.lr"),
+        ("train:\n  optimizer:\n    lr: fast\n", "train.optimizer.lr"),
+        ("train:\n  optimizer:\n    lr: -1.0\n", "train.optimizer.lr"),
         ("rollout:\n  group_size: 0\n", "rollout.group_size"),
         ("bogus_section: {}\n", "bogus_section: unknown key"),
         ("train:\n  algorithm:\n    kind: ppo\n", "train.algorithm"),

@@ -1,7 +1,7 @@
 """Load `params.yaml` into frozen, validated stage configs.
 
 `load_config(path)` returns a `RunConfig` with one attribute per section. Errors name the
-file and the dotted key (`params.yaml: train.lr: Input should be greater than 0`), all of them at once.
+file and the dotted key (`params.yaml: train.optimizer.lr: Input should be greater than 0`), all of them at once.
 
 Strict: numbers are read as YAML 1.2 reads them (`lr: 1e-6` is a float), then no string becomes a
 number or a boolean (`steps: '4'` and `gradient_checkpointing: "yes"` are refused) and no float an

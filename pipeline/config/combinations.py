@@ -60,11 +60,11 @@ def _value_at(cfg: Sections, dotted: str) -> object:
 
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
-    Unsupported(("train.autocast", "model.dtype"),
-                lambda c: c.train.autocast != "none" and c.model.dtype != "float32",
+    Unsupported(("train.update.autocast", "model.dtype"),
+                lambda c: c.train.update.autocast != "none" and c.model.dtype != "float32",
                 "a lower model.dtype already sets the forward's precision (over float32 master weights in one "
-                "process, DeepSpeed's own under distributed.enabled); train.autocast casts the forward of float32 "
-                "weights only (train.autocast needs model.dtype float32)"),
+                "process, DeepSpeed's own under distributed.enabled); train.update.autocast casts the forward of float32 "
+                "weights only (train.update.autocast needs model.dtype float32)"),
     Unsupported(("model.dtype", "distributed.enabled"),
                 lambda c: c.model.dtype == "float16" and not c.distributed.enabled,
                 "float16 gradients underflow without loss scaling, which only DeepSpeed's fp16 mode brings; one "
@@ -75,26 +75,26 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "the SFT stage trains in one process, with float32 master weights and the forward in model.dtype, "
                 "and float16 gradients need loss scaling it does not have (use bfloat16 or float32, or sft.enabled "
                 "false)"),
-    Unsupported(("train.refill_dropped_groups", "rollout.schedule"),
-                lambda c: c.train.refill_dropped_groups and c.rollout.schedule != "continuous",
+    Unsupported(("train.sampling.refill_dropped_groups", "rollout.schedule"),
+                lambda c: c.train.sampling.refill_dropped_groups and c.rollout.schedule != "continuous",
                 "a refill joins the running rollout, which turn-synchronous rounds do not have "
-                "(train.refill_dropped_groups needs rollout.schedule continuous)"),
+                "(train.sampling.refill_dropped_groups needs rollout.schedule continuous)"),
     Unsupported(("train.finetune.kind", "distributed.enabled"),
                 lambda c: c.train.finetune.kind == "lora" and c.distributed.enabled,
                 "the DeepSpeed backend trains full weights only (use train.finetune.kind full)"),
-    Unsupported(("train.mask_tool_output", "train.logprobs_source"),
-                lambda c: not c.train.mask_tool_output and c.train.logprobs_source != "recompute",
+    Unsupported(("train.update.mask_tool_output", "train.update.logprobs_source"),
+                lambda c: not c.train.update.mask_tool_output and c.train.update.logprobs_source != "recompute",
                 "tool-output tokens were never sampled, so they have no sampling log-probs to form the importance "
-                "ratio with (train.mask_tool_output false needs train.logprobs_source recompute)"),
+                "ratio with (train.update.mask_tool_output false needs train.update.logprobs_source recompute)"),
     Unsupported(("reward.tepo.kind", "rollout.backend"),
                 lambda c: c.reward.tepo.kind != "off" and c.rollout.backend == "vllm",
                 "TEPO needs the sampling entropies, which the vllm backend does not record "
                 "(use rollout.backend hf or reward.tepo.kind off)"),
-    Unsupported(("rollout.backend", "rollout.top_p", "rollout.temperature", "train.logprobs_source"),
-                lambda c: (c.rollout.backend == "vllm" and c.train.logprobs_source == "rollout"
+    Unsupported(("rollout.backend", "rollout.top_p", "rollout.temperature", "train.update.logprobs_source"),
+                lambda c: (c.rollout.backend == "vllm" and c.train.update.logprobs_source == "rollout"
                            and vllm_logprobs_mode(c.rollout.temperature, c.rollout.top_p) is None),
                 "vLLM records log-probs renormalised over the nucleus at this temperature, which the update "
-                "would compare with untruncated ones (set train.logprobs_source recompute, rollout.top_p 1, "
+                "would compare with untruncated ones (set train.update.logprobs_source recompute, rollout.top_p 1, "
                 "or rollout.temperature 1)"),
     Unsupported(("rollout.tools", "rollout.protocol"),
                 lambda c: c.rollout.protocol != "chat-tools" and any(t.kind in USER_KINDS for t in c.rollout.tools),

@@ -1,8 +1,8 @@
 """Scale-out: DeepSpeed ZeRO data parallelism (single process when disabled).
 
 The DeepSpeed JSON is generated from these fields (`pipeline.distributed.ds_config`), never
-hand-written. The micro-batch size is `train.micro_batch_size` and the gradient clip is
-`train.grad_clip`: one source of truth for the single-process and the data-parallel run.
+hand-written. The micro-batch size is `train.update.micro_batch_size` and the gradient clip is
+`train.optimizer.grad_clip`: one source of truth for the single-process and the data-parallel run.
 The placement (ranks per node, nodes, launcher) is here too: the train stage starts the ranks
 itself (`pipeline.distributed.launch`), so one params file runs on a laptop and on 8 GPUs.
 """

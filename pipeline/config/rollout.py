@@ -81,7 +81,7 @@ class RolloutConfig(StageConfig):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description=(
         "Nucleus sampling mass. Log-probs are recorded untruncated (the whole vocabulary, as the update recomputes "
         "them); the vllm backend has those only at temperature 1 or 0, so another temperature with top_p < 1 "
-        "needs train.logprobs_source recompute."))
+        "needs train.update.logprobs_source recompute."))
     max_policy_tokens: int = Field(256, ge=1, description="Budget of sampled tokens per trajectory (tool output excluded).")
     max_total_tokens: int = Field(1024, ge=16, description="Budget of prompt + response tokens per trajectory.")
     max_tool_calls: int = Field(2, ge=0, description="C: tool calls answered per trajectory; later calls get 'tool budget exhausted' (ToRL).")

@@ -106,28 +106,9 @@ class LoraFinetune(StageConfig):
 FinetuneConfig = Annotated[FullFinetune | LoraFinetune, Field(discriminator="kind")]
 
 
-class TrainConfig(StageConfig):
-    algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
-    finetune: FinetuneConfig = Field(default_factory=FullFinetune, description="Which weights train: all, or a LoRA adapter (a typed choice, resolved once).")
-    init_model: str = Field("models/sft", min_length=1, description="Model directory RL starts from (the base or SFT model).")
-    train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
-    steps: int = Field(4, ge=1, description="Training steps (one rollout batch each; ppo_epochs x ppo_mini_batches optimiser steps per batch).")
-    prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
-    max_gen_rounds: int = Field(3, ge=1, description=(
-        "Dynamic sampling: most rollout rounds spent filling one batch (with refill_dropped_groups: at most "
-        "prompts_per_step x max_gen_rounds problems drawn)."))
-    refill_dropped_groups: bool = Field(False, description=(
-        "Dynamic sampling: replace a dropped group with the next problem inside the running rollout, instead of "
-        "a further round after it (continuous schedule; under data parallelism each rank refills from its share of "
-        "the step's window of prompts_per_step x max_gen_rounds problems and the unused ones are skipped; "
-        "pipeline.sampling.dynamic_sampling)."))
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    ppo_mini_batches: int = Field(
-        1, ge=1, description=(
-            "Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups (at most "
-            "one per kept group; the anchored openings of dropped groups are spread over them).")
-    )
-    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
+class OptimizerSection(StageConfig):
+    """AdamW and its learning-rate schedule (`pipeline.trainer.lr_schedule`)."""
+
     lr: float = Field(1e-6, gt=0.0, lt=1.0, description="AdamW peak learning rate.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
     lr_decay: LrDecay = Field("constant", description=(
@@ -136,6 +117,19 @@ class TrainConfig(StageConfig):
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="The decay's floor, a share of lr (unused when constant).")
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
+
+
+class UpdateSection(StageConfig):
+    """How one rollout batch trains the policy: passes, mini-batches, the forward's precision, the old
+    log-probs and the loss mask (`pipeline.trainer.update`)."""
+
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    ppo_mini_batches: int = Field(
+        1, ge=1, description=(
+            "Optimiser steps per pass: the kept groups split into this many mini-batches of whole groups (at most "
+            "one per kept group; the anchored openings of dropped groups are spread over them).")
+    )
+    micro_batch_size: int = Field(4, ge=1, description="Trajectories per forward/backward.")
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory in the training forward.")
     autocast: Literal["none", "bfloat16", "auto"] = Field("none", description=(
         "Mixed precision of the training forward (policy, reference, recomputed old log-probs): bfloat16 runs its "
@@ -147,9 +141,47 @@ class TrainConfig(StageConfig):
         "noise the importance ratio carries with logprobs_source rollout; logprobs_source recompute removes it "
         "(the old log-probs then come from the update's own forward: ratio exactly 1 before the first step, "
         "benchmarks/autocast_logprob_gap.py; pipeline.trainer.update.forward_precision)."))
-    checkpoint_every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
-    checkpoint_dir: str = Field("runs/train", min_length=1, description=(
-        "Where training runs keep their folders: a run's resumable checkpoints go in <checkpoint_dir>/<run>/checkpoints, "
+    logprobs_source: Literal["rollout", "recompute"] = Field(
+        "rollout", description=(
+            "Old log-probs for the importance ratio: as sampled, or recomputed before the update by the update's own "
+            "forward (one no-grad pass per mini-batch; under autocast this removes the sampler/trainer "
+            "precision gap exactly).")
+    )
+    mask_tool_output: bool = Field(True, description=(
+        "Exclude the tokens a tool returned from the loss (TAPO, ToRL: needed for stable training). False trains on "
+        "them too, as if the policy had written them: the ablation of the masking claim (their old log-probs must "
+        "then be recomputed: logprobs_source recompute)."))
+
+
+class SamplingSection(StageConfig):
+    """Which problems a step samples and what dynamic sampling does with the groups it drops
+    (`pipeline.sampling`)."""
+
+    prompts_per_step: int = Field(2, ge=1, description="Problems per rollout batch (each sampled group_size times).")
+    max_gen_rounds: int = Field(3, ge=1, description=(
+        "Dynamic sampling: most rollout rounds spent filling one batch (with refill_dropped_groups: at most "
+        "prompts_per_step x max_gen_rounds problems drawn)."))
+    refill_dropped_groups: bool = Field(False, description=(
+        "Dynamic sampling: replace a dropped group with the next problem inside the running rollout, instead of "
+        "a further round after it (continuous schedule; under data parallelism each rank refills from its share of "
+        "the step's window of prompts_per_step x max_gen_rounds problems and the unused ones are skipped; "
+        "pipeline.sampling.dynamic_sampling)."))
+    balance_sources: bool = Field(
+        False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."
+    )
+    max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
+    anchor_dropped_tokens: int = Field(0, ge=0, le=4096, description=(
+        "KL anchor on dropped groups: the first N response tokens of each group dynamic sampling drops stay in the "
+        "batch at zero advantage, so only the KL term (train.algorithm.kl_coef > 0) acts on them; it holds the "
+        "opening (where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.rl.anchor)."))
+
+
+class CheckpointSection(StageConfig):
+    """Where a run's resumable checkpoints go, how often, and when a run resumes (`pipeline.training_run`)."""
+
+    every: int = Field(2, ge=1, description="Save a resumable checkpoint every N steps (and at the end).")
+    dir: str = Field("runs/train", min_length=1, description=(
+        "Where training runs keep their folders: a run's resumable checkpoints go in <dir>/<run>/checkpoints, "
         "<run> being the DVC experiment's name or a digest of the training config (pipeline.training_run.folder; not a "
         "DVC output: large and transient)."))
     resume: Literal["auto", "never"] = Field("auto", description=(
@@ -157,49 +189,57 @@ class TrainConfig(StageConfig):
         "latest complete checkpoint when that was written under the same config, code, problems and initial model "
         "and the run had not finished; otherwise it trains from step 0 and says why (pipeline.training_run.plan). "
         "never: always from step 0. The command line's --resume resumes whatever the inputs, naming those that changed."))
-    log_full_checkpoints: bool = Field(False, description=(
+    log_full: bool = Field(False, description=(
         "Log the run's last checkpoint whole (weights, optimiser state, RNG: ~3x the model in float32) to MLflow, so "
         "training can resume from the tracking server; by default only every checkpoint's metadata and the final "
         "model in model.dtype are logged."))
-    output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
-    logprobs_source: Literal["rollout", "recompute"] = Field(
-        "rollout", description=(
-            "Old log-probs for the importance ratio: as sampled, or recomputed before the update by the update's own "
-            "forward (one no-grad pass per mini-batch; under train.autocast this removes the sampler/trainer "
-            "precision gap exactly).")
-    )
-    mask_tool_output: bool = Field(True, description=(
-        "Exclude the tokens a tool returned from the loss (TAPO, ToRL: needed for stable training). False trains on "
-        "them too, as if the policy had written them: the ablation of the masking claim (their old log-probs must "
-        "then be recomputed: logprobs_source recompute)."))
-    balance_sources: bool = Field(
-        False, description="Draw problems round-robin over their sources, so every step mixes them (a uniform draw otherwise)."
-    )
-    anchor_dropped_tokens: int = Field(0, ge=0, le=4096, description=(
-        "KL anchor on dropped groups: the first N response tokens of each group dynamic sampling drops stay in the "
-        "batch at zero advantage, so only the KL term (algorithm.kl_coef > 0) acts on them; it holds the opening "
-        "(where the tool is chosen) on problems whose groups are all-wrong. 0 = off (pipeline.rl.anchor)."))
-    max_step_outage_share: float = Field(0.5, ge=0.0, le=1.0, description=(
+
+
+class OutageLimits(StageConfig):
+    """When tool outages stop the run (`pipeline.tools.outages`)."""
+
+    max_step_share: float = Field(0.5, ge=0.0, le=1.0, description=(
         "Stop the run, naming the service, when more than this share of one tool service's calls in a step failed "
         "for infrastructure reasons (refused, 5xx, no answer in time; not the policy's own errors), before the step "
         "trains; 0 = stop at the first such failure. Groups that read an outage are never trained on "
         "(pipeline.tools.outages)."))
-    max_run_outage_share: float = Field(0.2, ge=0.0, le=1.0, description=(
+    max_run_share: float = Field(0.2, ge=0.0, le=1.0, description=(
         "The same limit over all of a service's calls in the run so far (since the last start or resume)."))
-    max_train_problems: int = Field(0, ge=0, description="Use at most this many training problems (0 = all).")
-    log_samples_every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
-    log_samples: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")
+
+
+class SampleTables(StageConfig):
+    """Tables of sample trajectories logged to MLflow while training (`pipeline.tracking.train_samples`)."""
+
+    every: int = Field(1, ge=0, description="Log a table of sample trajectories to MLflow every N steps (0 = never).")
+    trajectories: int = Field(4, ge=1, le=256, description="Trajectories per sample table.")
+
+
+class TrainConfig(StageConfig):
+    """The train stage: what trains (variant, weights, start and end), and a section per concern."""
+
+    algorithm: LossConfig = Field(default_factory=DAPOLoss, description="Policy-gradient variant (a typed choice, resolved once).")
+    finetune: FinetuneConfig = Field(default_factory=FullFinetune, description="Which weights train: all, or a LoRA adapter (a typed choice, resolved once).")
+    init_model: str = Field("models/sft", min_length=1, description="Model directory RL starts from (the base or SFT model).")
+    train_file: str = Field("data/curated/train.jsonl", min_length=1, description="Curated training problems.")
+    steps: int = Field(4, ge=1, description="Training steps (one rollout batch each; update.ppo_epochs x update.ppo_mini_batches optimiser steps per batch).")
+    output_dir: str = Field("models/policy", min_length=1, description="The final model, a Hugging Face directory.")
+    sampling: SamplingSection = Field(default_factory=SamplingSection, description="The problems a step samples; dynamic sampling.")
+    update: UpdateSection = Field(default_factory=UpdateSection, description="How a rollout batch trains the policy.")
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection, description="AdamW and its schedule.")
+    checkpoints: CheckpointSection = Field(default_factory=CheckpointSection, description="Resumable checkpoints and resume.")
+    outages: OutageLimits = Field(default_factory=OutageLimits, description="When tool outages stop the run.")
+    sample_tables: SampleTables = Field(default_factory=SampleTables, description="Sample trajectories logged to MLflow.")
 
     @model_validator(mode="after")
     def _anchor_needs_kl_and_dropping(self) -> TrainConfig:
-        if self.anchor_dropped_tokens and not (self.algorithm.kl_coef > 0 and self.algorithm.dynamic_sampling):
-            raise ValueError("train.anchor_dropped_tokens > 0 needs train.algorithm.kl_coef > 0 and "
+        if self.sampling.anchor_dropped_tokens and not (self.algorithm.kl_coef > 0 and self.algorithm.dynamic_sampling):
+            raise ValueError("train.sampling.anchor_dropped_tokens > 0 needs train.algorithm.kl_coef > 0 and "
                              "train.algorithm.dynamic_sampling true (it anchors dropped groups with the KL term)")
         return self
 
     @model_validator(mode="after")
     def _refill_needs_dropping(self) -> TrainConfig:
-        if self.refill_dropped_groups and not self.algorithm.dynamic_sampling:
-            raise ValueError("train.refill_dropped_groups needs train.algorithm.dynamic_sampling true "
+        if self.sampling.refill_dropped_groups and not self.algorithm.dynamic_sampling:
+            raise ValueError("train.sampling.refill_dropped_groups needs train.algorithm.dynamic_sampling true "
                              "(it replaces the groups dynamic sampling drops)")
         return self

@@ -197,7 +197,7 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, c
 
 def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> DeepSpeedReplicas:
     """This rank of the data-parallel job `cfg.distributed` describes, for the training step."""
-    engine = deepspeed_engine(model, optimizer, cfg.distributed, cfg.train.micro_batch_size, cfg.train.grad_clip,
+    engine = deepspeed_engine(model, optimizer, cfg.distributed, cfg.train.update.micro_batch_size, cfg.train.optimizer.grad_clip,
                               cfg.model.dtype)
     return DeepSpeedReplicas(engine, push_to_rollout_engine=cfg.rollout.backend == "vllm",
                              push_chunk_bytes=cfg.rollout.vllm.push_chunk_mib * 2**20)

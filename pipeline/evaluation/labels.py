@@ -18,7 +18,7 @@ def policy_label(cfg: RunConfig) -> str:
     starts = {Path(cfg.sft.output_dir): "SFT", Path(cfg.sft.init_model): "base"}
     start = starts.get(Path(tc.init_model), Path(tc.init_model).name or tc.init_model)
     parts = [start, tc.algorithm.display_name, cfg.reward.tepo.display_name]
-    return " + ".join(p for p in parts if p) + ("" if tc.mask_tool_output else ", tool output in the loss")
+    return " + ".join(p for p in parts if p) + ("" if tc.update.mask_tool_output else ", tool output in the loss")
 
 
 def run_label(cfg: RunConfig, model: str) -> str:

@@ -6,7 +6,7 @@ that is not the protocol's, no answer within the deadline) is counted against th
 retried on another server (or on the same one once it has been restarted). A request that no attempt completed is
 a failed generation: its trajectory cannot go on, and the caller drops its group as it drops a group that read a
 tool outage. Per server, the share of failed attempts in a step and over the run is checked against two limits, as
-`train.max_step_outage_share` and `train.max_run_outage_share` are for tools; past either, `InferenceOutage` names
+`train.outages.max_step_share` and `train.outages.max_run_share` are for tools; past either, `InferenceOutage` names
 the server and the last error.
 """
 

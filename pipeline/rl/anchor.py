@@ -8,7 +8,7 @@ a tool; in one learning_cpu run in ten the policy drifted to answering fact ques
 (benchmarks/RESULTS.md, runs 2 and 6), and ToRL's code penalty, which held it, did so by making
 whole extra rows informative (~15% more update time).
 
-The tool is chosen in the first few dozen sampled tokens. So, with `train.anchor_dropped_tokens`
+The tool is chosen in the first few dozen sampled tokens. So, with `train.sampling.anchor_dropped_tokens`
 N > 0, each dropped trajectory's opening (its first N response tokens) stays in the batch at zero
 advantage: the surrogate gives it no gradient and only the KL term acts, pulling the opening back
 where it has drifted from the initial model. It costs the group's prompt (one pass, shared by the

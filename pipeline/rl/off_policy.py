@@ -18,7 +18,7 @@ Why decoupled PPO rather than truncated importance sampling with PPO clipping (r
 - The importance weight that corrects for staleness is truncated, so its variance is bounded: tinker-cookbook #822
   (J. Schulman) measured an unclipped importance-sampling loss destabilise at three steps of staleness (sampler-trainer
   KL x30, entropy collapse) where the clipped `ppo` loss stayed stable.
-- Its cost is the proximal log-probs, which the synchronous loop already recomputes (`train.logprobs_source:
+- Its cost is the proximal log-probs, which the synchronous loop already recomputes (`train.update.logprobs_source:
   recompute`); with no staleness and exact inference log-probs w = 1 and this is DAPO's loss.
 
 Departure from AReaL: AReaL drops the tokens whose weight exceeds the cap (`behav_imp_weight_cap` masks them); we

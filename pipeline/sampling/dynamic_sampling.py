@@ -160,13 +160,13 @@ class ShardedRefilling:
 
 
 def sampler_for(cfg: RunConfig) -> Sampler:
-    """The step's sampling, chosen once at set-up (`train.refill_dropped_groups`, `distributed.enabled`)."""
+    """The step's sampling, chosen once at set-up (`train.sampling.refill_dropped_groups`, `distributed.enabled`)."""
     tc = cfg.train
-    sizes = (tc.prompts_per_step, tc.max_gen_rounds, cfg.rollout.group_size)
-    if not tc.refill_dropped_groups:
+    sizes = (tc.sampling.prompts_per_step, tc.sampling.max_gen_rounds, cfg.rollout.group_size)
+    if not tc.sampling.refill_dropped_groups:
         return InRounds(*sizes)
     if cfg.rollout.schedule != "continuous":
-        raise ValueError("train.refill_dropped_groups needs rollout.schedule: continuous")
+        raise ValueError("train.sampling.refill_dropped_groups needs rollout.schedule: continuous")
     return ShardedRefilling(*sizes) if cfg.distributed.enabled else Refilling(*sizes)
 
 

@@ -9,8 +9,8 @@ would teach the policy that the tool is broken, so:
    did not call the broken tool), and counted (`train/outage_dropped_groups`). Dynamic sampling
    replaces it as it replaces an uninformative group.
 2. Per service, the share of the step's calls that failed so is checked against
-   `train.max_step_outage_share`, and the share over the run so far against
-   `train.max_run_outage_share`; past either, the step raises `ToolOutage` naming the service,
+   `train.outages.max_step_share`, and the share over the run so far against
+   `train.outages.max_run_share`; past either, the step raises `ToolOutage` naming the service,
    before its batch is trained on. A dead service fails the run; a blip the services flow
    recovers from costs a few dropped groups.
 

@@ -57,7 +57,7 @@ KEY_METRICS: tuple[tuple[str, str | None, str, str], ...] = (
     ("evaluate", "format_error_rate", "eval/all/format_error_rate", "eval fmt err"),
     ("evaluate", "tool_failure_rate", "eval/all/tool_failure_rate", "tool fail"),
 )
-KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.lr", "lr"), ("train.algorithm.kind", "algo"))
+KEY_PARAMS: tuple[tuple[str, str], ...] = (("train.optimizer.lr", "lr"), ("train.algorithm.kind", "algo"))
 # What the policy's evaluation ran on (tags of the `evaluate` stage run; the model is its param).
 SETTING_TAGS: tuple[tuple[str, str], ...] = (
     ("eval.setting.split", "split"), ("eval.setting.problems", "problems"), ("eval.setting.samples", "samples"),

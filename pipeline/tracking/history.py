@@ -128,7 +128,7 @@ class MetricHistory:
             gap = recorded.problem(resume_at)
             if gap:
                 raise HistoryGap(f"resuming at step {resume_at}: {gap}. The run cannot reproduce its metrics: "
-                                 "restore the history, or train afresh (train.resume: never)")
+                                 "restore the history, or train afresh (train.checkpoints.resume: never)")
             self.rows = recorded.steps_before(resume_at)
         text = "".join(map(_row_line, self.rows))
         for target in self._targets():

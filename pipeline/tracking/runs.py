@@ -110,7 +110,7 @@ def mark_abandoned_runs(client: mlflow.MlflowClient, experiment_id: str) -> list
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """{"train": {"lr": 1e-6}} -> {"train.lr": "1e-06"} (MLflow params are flat strings)."""
+    """{"train": {"optimizer": {"lr": 1e-6}}} -> {"train.optimizer.lr": "1e-06"} (MLflow params are flat strings)."""
     flat: dict[str, str] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"

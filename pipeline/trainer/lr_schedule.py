@@ -3,7 +3,7 @@
 DAPO and TAPO train at a constant rate after warm-up. On a 135M model with a few problems a step,
 the rollout accuracy of our CPU runs peaked mid-run and fell back by the end at a constant rate
 (benchmarks/RESULTS.md, learning_cpu runs 8, 9 and 11), so the rate can decay towards a floor
-(`train.lr_decay`, `train.min_lr_ratio`). The schedule counts optimiser updates of whole rollout
+(`train.optimizer.lr_decay`, `train.optimizer.min_lr_ratio`). The schedule counts optimiser updates of whole rollout
 batches: a step that dynamic sampling skips (no informative group) does not advance it.
 """
 
@@ -28,7 +28,7 @@ def lr_multiplier(decay: LrDecay, warmup_steps: int, total_steps: int, min_ratio
     progress = (s - warmup_steps) / (total_steps - warmup_steps), so the last of total_steps updates
     still trains (as in transformers' schedules) and updates past the end stay at the floor."""
     if decay not in _DECAYS:
-        raise ValueError(f"train.lr_decay: {decay!r} is not one of {sorted(_DECAYS)}")
+        raise ValueError(f"train.optimizer.lr_decay: {decay!r} is not one of {sorted(_DECAYS)}")
     shape = _DECAYS[decay]
     span = max(1, total_steps - warmup_steps)
 

@@ -18,7 +18,7 @@ GPU, where dense masks behave differently, not measured). The mask carries the m
 variants, a sliding window per layer type (`pipeline.trainer.tree_attention`); a model whose attention it
 cannot express always runs padded, decided at set-up (`update_settings`). The output head runs only at the trained
 tokens (not on prompt, tool output or padding; TRL and verl run it on every response position).
-Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.autocast`, or a
+Log-probs and gradients are those of one full pass per row (tested). Optionally (`train.update.autocast`, or a
 lower `model.dtype` over float32 master weights: `pipeline.model.training_forward`) the forward runs in bf16
 mixed precision with the head and all state in float32 (`forward_precision`). The old log-probs recomputed
 before the update and a KL reference's run the update's own forward (`logprobs_as_updated`): the same
@@ -132,7 +132,7 @@ def forward_precision(autocast: torch.dtype | None, device: torch.device) -> con
     Under bf16 autocast a 2-core CPU with AVX512-BF16 runs SmolLM2's update 1.5x faster
     (benchmarks/autocast_update.py); the price is that the update's log-probs differ from the sampler's
     float32 ones by ~0.014 nats a token on average (the head kept in float32, see `_head_only_at`), noise
-    the importance ratio carries unless `train.logprobs_source: recompute` takes the old log-probs from this
+    the importance ratio carries unless `train.update.logprobs_source: recompute` takes the old log-probs from this
     same forward (then the ratio is exactly 1 before the first step: benchmarks/autocast_logprob_gap.py). Only the training forward is cast: decoding one token at a time is bound
     by memory traffic and small-matrix overhead, and measured no faster in bf16."""
     if autocast is None:
@@ -219,21 +219,21 @@ def recomputed_old_logprobs(replicas: Replicas, batch: TrainBatch, settings: Upd
 
 
 class SampledLogprobs:
-    """`train.logprobs_source: rollout`: the importance ratio's old log-probs are the ones recorded at sampling."""
+    """`train.update.logprobs_source: rollout`: the importance ratio's old log-probs are the ones recorded at sampling."""
 
     def attach(self, replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
         return batch
 
 
 class RecomputedLogprobs:
-    """`train.logprobs_source: recompute`: the old log-probs from the update's forward (`recomputed_old_logprobs`)."""
+    """`train.update.logprobs_source: recompute`: the old log-probs from the update's forward (`recomputed_old_logprobs`)."""
 
     def attach(self, replicas: Replicas, batch: TrainBatch, settings: UpdateSettings) -> TrainBatch:
         return recomputed_old_logprobs(replicas, batch, settings)
 
 
 def old_logprobs_source(name: str) -> SampledLogprobs | RecomputedLogprobs:
-    """The old log-probs' source, chosen once at set-up (`train.logprobs_source`)."""
+    """The old log-probs' source, chosen once at set-up (`train.update.logprobs_source`)."""
     return RecomputedLogprobs() if name == "recompute" else SampledLogprobs()
 
 

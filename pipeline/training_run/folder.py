@@ -1,4 +1,4 @@
-"""A training run's own folder, `<train.checkpoint_dir>/<run>/`: its checkpoints and the config they were
+"""A training run's own folder, `<train.checkpoints.dir>/<run>/`: its checkpoints and the config they were
 written under.
 
 Checkpoints belong to one run. Runs of different configs never share a folder (the default name is a digest
@@ -7,7 +7,7 @@ the retention of the last checkpoints counts only this run's, and `--resume` can
 a folder whose recorded config differs from the one resuming is refused with the differing keys named
 (`ConfigMismatch`). A fresh run takes its folder over: checkpoints an earlier attempt left there are removed
 (and named) before the first step, so steps of two attempts never mix. Whether a run resumes or starts afresh
-is decided once, before anything loads, by `pipeline.training_run.plan` (`train.resume`, `--resume`).
+is decided once, before anything loads, by `pipeline.training_run.plan` (`train.checkpoints.resume`, `--resume`).
 
 What identifies a run is what it computes: every key of the sections training reads, except those that only
 say where things go or how fast they run (`NOT_IDENTITY`), which may change between a run and its resume.
@@ -53,8 +53,7 @@ NOT_IDENTITY = (
     "rollout.tool_concurrency", "rollout.vllm.placement", "rollout.vllm.devices", "rollout.vllm.gpu_memory_utilization",
     "rollout.vllm.enable_sleep_mode", "rollout.vllm.push_chunk_mib",
     "reward.symbolic_workers", "reward.cache_size",
-    "train.checkpoint_every", "train.checkpoint_dir", "train.output_dir", "train.log_samples_every",
-    "train.log_samples", "train.log_full_checkpoints", "train.resume",
+    "train.checkpoints.", "train.output_dir", "train.sample_tables.",
     "distributed.launcher", "distributed.master_addr", "distributed.python",
     "distributed.offload_optimizer", "distributed.offload_params", "distributed.collectives",
     "distributed.overlap_comm", "distributed.reduce_bucket_size", "distributed.torch_extensions_dir",
@@ -111,8 +110,8 @@ def safe_name(name: str) -> str:
 
 
 def run_folder(cfg: RunConfig, name: str | None = None) -> Path:
-    """`<train.checkpoint_dir>/<name>`; without a name, the config's (`config_name`)."""
-    return Path(cfg.train.checkpoint_dir) / safe_name(name or config_name(training_identity(cfg)))
+    """`<train.checkpoints.dir>/<name>`; without a name, the config's (`config_name`)."""
+    return Path(cfg.train.checkpoints.dir) / safe_name(name or config_name(training_identity(cfg)))
 
 
 def recorded_identity(folder: Path) -> dict[str, Any] | None:
@@ -177,5 +176,5 @@ def take(folder: Path, identity: Mapping[str, Any], *, resume: bool) -> None:
 
 
 def mark_finished(folder: Path, step: int) -> None:
-    """Once the run's final model is saved and registered: `train.resume: auto` trains it again, never resumes it."""
+    """Once the run's final model is saved and registered: `train.checkpoints.resume: auto` trains it again, never resumes it."""
     write_json_durably(folder / FINISHED, {"step": step})

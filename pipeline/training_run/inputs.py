@@ -5,7 +5,7 @@ initial model changed, and checkpoints from before such a change would carry the
 run. So a run records, beside its config (`folder.RUN_CONFIG`), a digest of the training code (the `.py` files of
 `pipeline`, `sandbox`, `flows`), of the problems file, the initial model's and the search index's files (name,
 size and modification time: a rewrite changes them; a copy that happens to hold the same bytes counts as changed,
-which costs a fresh start, never a wrong resume) and the versions of torch and transformers. `train.resume: auto`
+which costs a fresh start, never a wrong resume) and the versions of torch and transformers. `train.checkpoints.resume: auto`
 resumes a folder only when they equal today's; `--resume` resumes whatever they are, naming those that changed
 (`pipeline.training_run.plan`).
 """
@@ -94,7 +94,7 @@ def changed_inputs(folder: Path, inputs: Mapping[str, str]) -> list[str]:
 
 def note_inputs(folder: Path, inputs: Mapping[str, str], *, resume: bool) -> None:
     """Record what this run trains on; a resume of checkpoints trained on other inputs (`--resume` insists;
-    `train.resume: auto` never does this) says which changed."""
+    `train.checkpoints.resume: auto` never does this) says which changed."""
     changed = changed_inputs(folder, inputs) if resume else []
     if changed:
         print(f"train: --resume continues checkpoints trained on other inputs: {'; '.join(changed)}",

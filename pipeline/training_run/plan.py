@@ -13,14 +13,14 @@ How a run goes (`mode`):
   differs); the run continues from the newest checkpoint whose state verifies (`resume_point.settle`), or from
   step 0 when the folder holds no checkpoint, and stops when it holds only torn or unusable ones. Inputs that
   changed since are named when the folder is taken (`inputs.note_inputs`).
-- `auto` (`train.resume: auto`): the folder's interrupted attempt is continued only when it is certainly this
+- `auto` (`train.checkpoints.resume: auto`): the folder's interrupted attempt is continued only when it is certainly this
   run's own unfinished work (`decide_resume`): a complete checkpoint, written under the same config
   (`folder.training_identity`), on the same inputs (`inputs.run_inputs`), of a run that did not finish (`FINISHED`:
   a forced re-run of a finished run, `dvc repro -f`, trains again, as asked), whose state verifies (its files and
   the run's history of the steps before it): the newest that does, naming those passed over; when none does it
   stops (`UnusableCheckpoints`) instead of silently continuing without that state or silently deleting hours of
   training. Otherwise it trains from step 0 and says why.
-- `never` (`train.resume: never`, and the library's default): from step 0.
+- `never` (`train.checkpoints.resume: never`, and the library's default): from step 0.
 
 verl's `trainer.resume_mode: auto` resumes whatever is latest in its checkpoint folder, with no check that the
 config or the code still match; TRL resumes only when told (`resume_from_checkpoint`). Ours is re-run by DVC with
@@ -52,10 +52,10 @@ Mode = Literal["insisted", "auto", "never"]
 class RunPlan:
     """One run's lifecycle as decided before anything loads; the same record in every process of the run."""
 
-    folder: Path  # <train.checkpoint_dir>/<run>: checkpoints/, run_config.json, run_inputs.json, history.jsonl
+    folder: Path  # <train.checkpoints.dir>/<run>: checkpoints/, run_config.json, run_inputs.json, history.jsonl
     identity: Mapping[str, Any]  # {dotted key: value} of what the run computes, recorded as run_config.json
     inputs: Mapping[str, str]  # {input: digest} of what it reads besides the config, recorded as run_inputs.json
-    mode: Mode  # who decided: --resume, train.resume auto, or never
+    mode: Mode  # who decided: --resume, train.checkpoints.resume auto, or never
     resume: bool  # the run continues its folder (keeps its checkpoints and records) rather than starting afresh
     reason: str  # one line for the log: what was found, and so what happens
     start_from: Path | None  # the checkpoint every process loads; None: step 0
@@ -134,7 +134,7 @@ def _set_aside_note(folder: Path) -> str:
 
 def decide_resume(folder: Path, identity: Mapping[str, object], inputs: Mapping[str, str],
                   history: RecordedHistory) -> ResumeDecision:
-    """`train.resume: auto`: resume the folder's interrupted attempt only when it is certainly this run's, from
+    """`train.checkpoints.resume: auto`: resume the folder's interrupted attempt only when it is certainly this run's, from
     the newest checkpoint whose state verifies (checkpoints passed over are set aside; raises
     `UnusableCheckpoints` when none verifies)."""
     latest = latest_checkpoint(folder)
@@ -157,5 +157,5 @@ def decide_resume(folder: Path, identity: Mapping[str, object], inputs: Mapping[
     point = settle(folder, history)
     assert point.checkpoint is not None  # a complete checkpoint is there, and settle raises when none verifies
     return ResumeDecision(True, f"resuming the interrupted run in {folder} from {point.checkpoint.name} "
-                                "(same config, code, problems and initial model; train.resume: never trains afresh)",
+                                "(same config, code, problems and initial model; train.checkpoints.resume: never trains afresh)",
                           point.checkpoint)

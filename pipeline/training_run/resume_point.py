@@ -13,7 +13,7 @@ passes are named with the reason. `settle` acts on it: the checkpoints passed ov
 `step-NNNNNN.rejected`, kept until the run saves that step again), so every later reader, a data-parallel rank or
 a retry, sees the one chosen as the latest; when none is usable, it stops with one line naming each and why
 (`UnusableCheckpoints`). Having moved them aside, a second attempt does not fail the same way again: it finds no
-checkpoint and trains from step 0 (`train.resume: auto`), unless the person restored what was missing and moved
+checkpoint and trains from step 0 (`train.checkpoints.resume: auto`), unless the person restored what was missing and moved
 them back.
 
 A missing or short history stops the resume rather than restarting it: the checkpoints hold hours of training that

@@ -63,6 +63,6 @@ def test_trainer_vs_trl_states_trls_whole_recipe_against_todays_params(tmp_path:
     cfg = trainer_vs_trl.ours_config(args, tmp_path / "train.jsonl", tmp_path)
     assert (cfg.train.algorithm.kind, cfg.train.algorithm.kl_coef, cfg.train.algorithm.dynamic_sampling) == \
         ("dapo", 0.0, False)
-    assert (cfg.train.anchor_dropped_tokens, cfg.train.refill_dropped_groups, cfg.train.ppo_mini_batches) == (0, False, 1)
-    assert (cfg.train.lr_decay, cfg.train.autocast, cfg.model.dtype) == ("constant", "none", "float32")
-    assert (cfg.train.micro_batch_size, cfg.rollout.group_size, cfg.rollout.max_batch_sequences) == (8, 4, 8)
+    assert (cfg.train.sampling.anchor_dropped_tokens, cfg.train.sampling.refill_dropped_groups, cfg.train.update.ppo_mini_batches) == (0, False, 1)
+    assert (cfg.train.optimizer.lr_decay, cfg.train.update.autocast, cfg.model.dtype) == ("constant", "none", "float32")
+    assert (cfg.train.update.micro_batch_size, cfg.rollout.group_size, cfg.rollout.max_batch_sequences) == (8, 4, 8)

@@ -24,9 +24,13 @@ def write_run(tmp: Path, repo_root: Path) -> Path:
     (tmp / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     params = plain_params(yaml.safe_load((repo_root / "params.yaml").read_text()))
     params["train"] |= {"init_model": str(tmp / "init"), "train_file": str(tmp / "train.jsonl"), "steps": 2,
-                        "prompts_per_step": 3, "micro_batch_size": 2, "gradient_checkpointing": False,
-                        "ppo_mini_batches": 2,  # 2 groups then 1: the second leaves one rank idle
-                        "checkpoint_dir": str(tmp / "run"), "output_dir": str(tmp / "policy"), "lr": 1e-3,
+                        "output_dir": str(tmp / "policy")}
+    params["train"]["sampling"]["prompts_per_step"] = 3
+    params["train"]["update"] |= {"micro_batch_size": 2, "gradient_checkpointing": False,
+                                  "ppo_mini_batches": 2}  # 2 groups then 1: the second leaves one rank idle
+    params["train"]["checkpoints"]["dir"] = str(tmp / "run")
+    params["train"]["optimizer"]["lr"] = 1e-3
+    params["train"] |= {
                         "algorithm": {"kind": "grpo", "eps": 0.2, "std_normalize": True, "dynamic_sampling": False,
                                       "filter_metric": "accuracy",
                                       "kl_coef": 0.0}}

@@ -6,7 +6,7 @@
 2. Before the first update the reference, the old log-probs and the update agree exactly (ratio 1, KL 0, and
    with zero advantages no gradient), the reference running the update's padded layout and bf16 forward: on
    rows that would pack (a shared prompt, uneven lengths), where packed and padded differ in rounding; and
-   wired by the trainer's own set-up (a KL term, recomputed old log-probs, train.autocast bfloat16).
+   wired by the trainer's own set-up (a KL term, recomputed old log-probs, train.update.autocast bfloat16).
 Rank 0 writes what it saw to OUT/precision.pt.
 """
 
@@ -102,9 +102,9 @@ def _watching(loss: PolicyLoss, exact: list[bool]) -> PolicyLoss:
 def first_update(params: Path, out: Path) -> dict:
     """One trainer step on 2 ranks: the log-probs each micro-batch of the first update trains against."""
     cfg = load_config(params, overrides={
-        "train.algorithm.kl_coef": 0.1, "train.logprobs_source": "recompute", "train.autocast": "bfloat16",
-        "train.ppo_mini_batches": 1, "train.ppo_epochs": 1,
-        "train.checkpoint_dir": str(out / "precision_run"), "train.output_dir": str(out / "precision_policy")})
+        "train.algorithm.kl_coef": 0.1, "train.update.logprobs_source": "recompute", "train.update.autocast": "bfloat16",
+        "train.update.ppo_mini_batches": 1, "train.update.ppo_epochs": 1,
+        "train.checkpoints.dir": str(out / "precision_run"), "train.output_dir": str(out / "precision_policy")})
     tr = set_up(cfg, {})
     exact: list[bool] = []
     metrics = update(dataclasses.replace(tr, loss=_watching(tr.loss, exact)), collect(tr).kept)

@@ -20,9 +20,9 @@ def test_config_is_generated_from_params(repo_root) -> None:
     cfg = load_config(repo_root / "params.yaml", overrides={"distributed.zero_stage": 3,
                                                              "distributed.offload_params": True,
                                                              "distributed.offload_optimizer": True})
-    ds = deepspeed_config(cfg.distributed, cfg.train.micro_batch_size, cfg.train.grad_clip, cfg.model.dtype)
-    assert ds["train_micro_batch_size_per_gpu"] == cfg.train.micro_batch_size
-    assert ds["gradient_clipping"] == cfg.train.grad_clip
+    ds = deepspeed_config(cfg.distributed, cfg.train.update.micro_batch_size, cfg.train.optimizer.grad_clip, cfg.model.dtype)
+    assert ds["train_micro_batch_size_per_gpu"] == cfg.train.update.micro_batch_size
+    assert ds["gradient_clipping"] == cfg.train.optimizer.grad_clip
     assert ds["managed_gradient_accumulation"] is False and ds["gradient_accumulation_steps"] == 1
     zero = ds["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"

@@ -69,11 +69,11 @@ def main(params: Path, out: Path) -> None:
 
 
 def refilled(params: Path, out: Path) -> None:
-    """Three steps with `train.refill_dropped_groups` (window of 3 x 2 problems): per step, the window,
+    """Three steps with `train.sampling.refill_dropped_groups` (window of 3 x 2 problems): per step, the window,
     the problems every rank saw in order, the kept ones and the cursor."""
     cfg = load_config(params, overrides={
-        "train.algorithm.dynamic_sampling": True, "train.refill_dropped_groups": True, "train.max_gen_rounds": 2,
-        "train.checkpoint_dir": str(out / "refill_run"), "train.output_dir": str(out / "refill_policy")})
+        "train.algorithm.dynamic_sampling": True, "train.sampling.refill_dropped_groups": True, "train.sampling.max_gen_rounds": 2,
+        "train.checkpoints.dir": str(out / "refill_run"), "train.output_dir": str(out / "refill_policy")})
     tr = set_up(cfg, {})
     steps = []
     for _ in range(3):

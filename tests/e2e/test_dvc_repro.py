@@ -36,9 +36,10 @@ TINY = merge(nested(PLAIN_RECIPE), {
     "curate": {"calculator": {"n_train": 12, "n_test": 4}},
     "rollout": {"group_size": 2, "max_policy_tokens": 12, "max_total_tokens": 2048, "max_batch_sequences": 4},
     # dynamic sampling off: a random tiny model earns equal rewards, and the step must still run
-    "train": {"steps": 2, "prompts_per_step": 2, "max_gen_rounds": 1, "checkpoint_every": 1, "lr": 1e-4,
-              "algorithm": {"kind": "dapo", "dynamic_sampling": False}, "refill_dropped_groups": False,
-              "anchor_dropped_tokens": 0},
+    "train": {"steps": 2, "algorithm": {"kind": "dapo", "dynamic_sampling": False},
+              "sampling": {"prompts_per_step": 2, "max_gen_rounds": 1, "refill_dropped_groups": False,
+                           "anchor_dropped_tokens": 0},
+              "checkpoints": {"every": 1}, "optimizer": {"lr": 1e-4}},
     "evaluate": {"limit": 4},
 })
 
@@ -119,8 +120,8 @@ def test_repro_runs_every_stage(workspace: Path) -> None:
     assert stages["evaluate"].data.metrics["eval/n_problems"] == 8
     train = stages["train"].info.run_id
     saved = [Path(f.path).name for f in client.list_artifacts(train, "checkpoints")]
-    assert saved == ["run_config.json", "step-000001", "step-000002"]  # checkpoint_every 1, the last 2 kept
-    for step in saved[1:]:  # metadata only by default (train.log_full_checkpoints: the last one whole)
+    assert saved == ["run_config.json", "step-000001", "step-000002"]  # checkpoints.every 1, the last 2 kept
+    for step in saved[1:]:  # metadata only by default (train.checkpoints.log_full: the last one whole)
         files = [Path(f.path).name for f in client.list_artifacts(train, f"checkpoints/{step}")]
         assert files == ["manifest.json", "state.json"]
     (version,) = client.search_model_versions("name = 'tapo-policy'")

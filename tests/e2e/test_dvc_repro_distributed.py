@@ -33,7 +33,7 @@ TOLERANCE = 1e-5  # benchmarks/ds_cpu_parity.py's goal in fp32
 ONE_PROCESS = merge(yaml.safe_load(yaml.safe_dump(TINY)), {
     "run": {"torch_threads": 1},
     # 2 problems a rank, 2 micro-batches each; the last checkpoint logged whole (every rank's RNG state in it)
-    "train": {"prompts_per_step": 4, "micro_batch_size": 2, "log_full_checkpoints": True},
+    "train": {"sampling": {"prompts_per_step": 4}, "update": {"micro_batch_size": 2}, "checkpoints": {"log_full": True}},
     "distributed": {"collectives": "gloo"},
 })
 RANKS = {"enabled": True, "nproc_per_node": 2}

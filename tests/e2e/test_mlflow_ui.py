@@ -61,7 +61,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     os.chdir(root)  # the SQLite store keeps its artifacts beside the working directory
     try:
         model_dir = build_direct_model(root / "model")
-        cfg = toy_config(root, model_dir, group_size=4, steps=3, checkpoint_every=1, lr=1e-3)
+        cfg = toy_config(root, model_dir, group_size=4, steps=3, checkpoints__every=1, lr=1e-3)
         split = root / "test.jsonl"
         write_problems(split, toy_problems(2))
         cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={

@@ -22,8 +22,8 @@ TRAINING = list(itertools.product(ALGORITHMS, TEPO, (True, False), STARTS))
 
 
 def trained(algorithm: str, tepo: str, masked: bool, start: str, label: str = "") -> RunConfig:
-    return config_from_dict({"train": {"algorithm": {"kind": algorithm}, "mask_tool_output": masked,
-                                       "init_model": start, "logprobs_source": "recompute"},
+    return config_from_dict({"train": {"algorithm": {"kind": algorithm}, "init_model": start,
+                                       "update": {"mask_tool_output": masked, "logprobs_source": "recompute"}},
                              "reward": {"tepo": {"kind": tepo}}, "evaluate": {"label": label}})
 
 
@@ -64,9 +64,9 @@ PRESETS = sorted((REPO_ROOT / "configs" / "experiments").glob("*.yaml"))
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_a_preset_that_trains_otherwise_than_the_main_job_has_another_policy_row(preset: Path) -> None:
     main, arm = load_config(REPO_ROOT / "params.yaml"), load_config(preset)
-    trains_otherwise = (main.train.algorithm.kind, main.reward.tepo.kind, main.train.mask_tool_output,
+    trains_otherwise = (main.train.algorithm.kind, main.reward.tepo.kind, main.train.update.mask_tool_output,
                         main.train.init_model) != (arm.train.algorithm.kind, arm.reward.tepo.kind,
-                                                   arm.train.mask_tool_output, arm.train.init_model)
+                                                   arm.train.update.mask_tool_output, arm.train.init_model)
     main_rows, arm_rows = compared_labels(main), compared_labels(arm)
     assert main_rows[0] == arm_rows[0] == "SFT (tools)"
     assert (main_rows[1] != arm_rows[1]) == trains_otherwise

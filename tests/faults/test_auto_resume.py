@@ -4,7 +4,7 @@ one whose state is damaged resumes from what is whole, or stops with one line an
 Found with a killed experiment: `dvc repro` re-ran the train stage with the same command, and the fresh start
 removed the checkpoints the killed attempt had saved (an hour of training, on the learning-cpu preset), while DVC
 had removed the per-step history the resume would finish from. Now the stage resumes its own unfinished run
-(`train.resume: auto`, `pipeline.training_run.inputs`) and the history is kept in the run's folder too. Then a fault
+(`train.checkpoints.resume: auto`, `pipeline.training_run.inputs`) and the history is kept in the run's folder too. Then a fault
 campaign found a resume that trusted whatever it found: with the history lost it finished with steps missing and
 exit 0; with the newest checkpoint's weights cut short it failed with tracebacks at every retry, ignoring the good
 checkpoint beside it; and the resumed run's MLflow run logged re-run steps twice, under the killed invocation's
@@ -68,10 +68,11 @@ def workspace(tmp_path: Path, repo_root: Path) -> Path:
     for name in ("prefect.toml", ".dvcignore"):
         shutil.copy(repo_root / name, ws / name)
     build_direct_model(ws / "model")
-    params = toy_config(ws, ws / "model", group_size=4, steps=STEPS, checkpoint_every=1).model_dump(mode="json")
+    params = toy_config(ws, ws / "model", group_size=4, steps=STEPS, checkpoints__every=1).model_dump(mode="json")
     params["run"]["tracking_uri"] = "sqlite:///mlruns.db"
-    params["train"] |= {"train_file": "train.jsonl", "init_model": "model", "checkpoint_dir": "runs/train",
+    params["train"] |= {"train_file": "train.jsonl", "init_model": "model",
                         "output_dir": "models/policy"}
+    params["train"]["checkpoints"]["dir"] = "runs/train"
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     stage = yaml.safe_load((repo_root / "dvc.yaml").read_text())["stages"]["train"]
     stage["deps"] = ["model", "train.jsonl", "pipeline", "flows", "sandbox"]

@@ -164,7 +164,7 @@ def _killing_tools(monkeypatch: pytest.MonkeyPatch, service: ServiceProcess, n: 
 
 def test_training_stops_naming_the_sandbox_killed_mid_run(tmp_path: Path, toy_model: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = _no_waiting(toy_config(tmp_path, toy_model, group_size=4, steps=4, max_gen_rounds=1, checkpoint_every=1))
+    cfg = _no_waiting(toy_config(tmp_path, toy_model, group_size=4, steps=4, max_gen_rounds=1, checkpoints__every=1))
     with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
         _killing_tools(monkeypatch, service, n=10)  # dies during the second step's rollout
         with pytest.raises(ToolOutage, match="tool service 'code'.*failed for infrastructure reasons"):
@@ -178,7 +178,7 @@ def test_training_stops_naming_the_sandbox_killed_mid_run(tmp_path: Path, toy_mo
 def test_groups_that_read_an_outage_are_never_trained_on(tmp_path: Path, toy_model: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = _no_waiting(toy_config(tmp_path, toy_model, group_size=4, prompts_per_step=4, max_gen_rounds=1,
-                                 max_step_outage_share=1.0, max_run_outage_share=1.0))
+                                 outages__max_step_share=1.0, outages__max_run_share=1.0))
     with sandbox_service(tmp_path / "logs").start(timeout_s=120) as service:
         _killing_tools(monkeypatch, service, n=6)  # some of the step's calls answer, the rest meet a dead sandbox
         tr = set_up(cfg, {"code": service.url})
@@ -216,7 +216,7 @@ def test_evaluation_with_a_dead_sandbox_stops_and_stores_no_sample(tmp_path: Pat
 
 def test_the_params_carry_the_outage_limits() -> None:
     cfg = load_config(REPO_ROOT / "params.yaml")
-    assert 0 < cfg.train.max_run_outage_share <= cfg.train.max_step_outage_share < 1
+    assert 0 < cfg.train.outages.max_run_share <= cfg.train.outages.max_step_share < 1
 
 
 # --- search and Redis killed --------------------------------------------------------------------------------

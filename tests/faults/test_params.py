@@ -101,7 +101,7 @@ def test_a_number_or_boolean_written_as_a_string_is_refused_naming_the_key(tmp_p
 
 @pytest.mark.parametrize("text", ["yes", "on", "1", "True "])
 def test_booleans_are_only_true_and_false(tmp_path: Path, text: str) -> None:
-    assert "train.gradient_checkpointing" in refused(write(tmp_path, with_value("train.gradient_checkpointing", text)))
+    assert "train.update.gradient_checkpointing" in refused(write(tmp_path, with_value("train.update.gradient_checkpointing", text)))
 
 
 INTEGERS = [k for k, v in SCALARS if type(v) is int]
@@ -150,23 +150,25 @@ def test_scalars_follow_the_yaml_1_2_core_schema(text: str, value: Any) -> None:
 def test_dvc_exp_run_set_param_with_an_exponent_loads_as_a_float(tmp_path: Path) -> None:
     rewritten = tmp_path / "params.yaml"
     rewritten.write_text(PARAMS.read_text())
-    apply_overrides(rewritten, ["train.lr=1e-6", "train.steps=5"])  # what `dvc exp run -S` writes
+    apply_overrides(rewritten, ["train.optimizer.lr=1e-6", "train.steps=5"])  # what `dvc exp run -S` writes
     assert "lr: 1e-06" in rewritten.read_text()  # no dot: a string to YAML 1.1
     cfg = load_config(rewritten)
-    assert (cfg.train.lr, cfg.train.steps) == (1e-6, 5)
+    assert (cfg.train.optimizer.lr, cfg.train.steps) == (1e-6, 5)
 
 
 def test_check_reports_every_problem_with_its_key(tmp_path: Path) -> None:
-    data = without("train.warmup_steps")
+    data = without("train.optimizer.warmup_steps")
     del data["sandbox"]
-    data["train"] |= {"steps": "4", "lr": "LR_HERE", "gradient_checkpointing": "yes", "stepz": 3}
+    data["train"] |= {"steps": "4", "stepz": 3}
+    data["train"]["optimizer"]["lr"] = "LR_HERE"
+    data["train"]["update"]["gradient_checkpointing"] = "yes"
     data["rollout"]["group_size"] = 0
     text = yaml.safe_dump(data, sort_keys=False).replace("LR_HERE", '"1e-6"')  # quoted: a string in any YAML
     res = subprocess.run([sys.executable, "-m", "pipeline.config", "check", str(write(tmp_path, text))],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert res.returncode == 1 and res.stdout == ""
-    for key in ("train.warmup_steps: missing", "sandbox: missing", "train.steps", "train.lr",
-                "train.gradient_checkpointing", "train.stepz: unknown key", "rollout.group_size"):
+    for key in ("train.optimizer.warmup_steps: missing", "sandbox: missing", "train.steps", "train.optimizer.lr",
+                "train.update.gradient_checkpointing", "train.stepz: unknown key", "rollout.group_size"):
         assert f"params.yaml: {key}" in res.stderr, key
 
 
@@ -174,10 +176,10 @@ def test_override_files_say_what_fills_their_gaps(tmp_path: Path) -> None:
     base = write(tmp_path, with_value("train.steps", 9))
     (tmp_path / "sub").mkdir()
     over = tmp_path / "sub" / "exp.yaml"
-    over.write_text("extends: ../params.yaml\ntrain:\n  lr: 3e-6\n")
+    over.write_text("extends: ../params.yaml\ntrain:\n  optimizer:\n    lr: 3e-6\n")
     cfg = load_config(over)
-    assert (cfg.train.steps, cfg.train.lr, cfg.model.path) == (9, 3e-6, FULL["model"]["path"])
-    over.write_text("extends: defaults\ntrain:\n  lr: 3e-6\n")
+    assert (cfg.train.steps, cfg.train.optimizer.lr, cfg.model.path) == (9, 3e-6, FULL["model"]["path"])
+    over.write_text("extends: defaults\ntrain:\n  optimizer:\n    lr: 3e-6\n")
     assert load_config(over).train.steps == TrainConfig().steps
     over.write_text("extends: ../params.yaml\ntrain:\n  steps: '4'\n")
     assert f"{over}: train.steps: Input should be a valid integer" in refused(over)
@@ -186,12 +188,12 @@ def test_override_files_say_what_fills_their_gaps(tmp_path: Path) -> None:
     base.write_text("extends: sub/exp.yaml\n")
     over.write_text("extends: ../params.yaml\n")
     assert "extends itself" in refused(over)
-    over.write_text("train:\n  lr: 3e-6\n")  # neither complete nor an override file
+    over.write_text("train:\n  optimizer:\n    lr: 3e-6\n")  # neither complete nor an override file
     assert f"{over}: run: missing" in refused(over)
 
 
 def test_configs_built_in_python_are_as_strict() -> None:
-    for bad in ({"steps": "4"}, {"lr": "1e-6"}, {"gradient_checkpointing": "yes"}, {"steps": 4.0}):
+    for bad in ({"steps": "4"}, {"optimizer": {"lr": "1e-6"}}, {"update": {"gradient_checkpointing": "yes"}}, {"steps": 4.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             TrainConfig(**bad)
 

@@ -88,7 +88,7 @@ def train_child(root: Path, mode: str, kill_at: str = "") -> subprocess.Complete
 def new_run(root: Path, model_dir: Path) -> Path:
     """A run folder with its params; every run shares one MLflow database (made once: its set-up is slow)."""
     root.mkdir()
-    cfg = toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3)
+    cfg = toy_config(root, model_dir, group_size=4, steps=STEPS, checkpoints__every=CHECKPOINT_EVERY, lr=1e-3)
     shared = cfg.run.model_copy(update={"tracking_uri": f"sqlite:///{model_dir.parent / 'mlruns.db'}"})
     write_params(cfg.model_copy(update={"run": shared}), root / "params.yaml")
     return root
@@ -198,7 +198,7 @@ def test_a_resume_finishing_the_run_logs_the_checkpoints_its_run_saved(tmp_path:
     assert [p.name for p in logged] == ["step-000004", "step-000006"]
 
 
-@pytest.mark.parametrize("which", ["checkpoint_dir", "output_dir", "metrics"])
+@pytest.mark.parametrize("which", ["checkpoints.dir", "output_dir", "metrics"])
 def test_an_unwritable_output_folder_stops_the_run_before_any_compute(tmp_path: Path, which: str) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")  # nothing can be created below it, not even by root

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 PLAIN_RECIPE: dict[str, Any] = {
-    "train.algorithm.kl_coef": 0.0, "train.anchor_dropped_tokens": 0, "train.refill_dropped_groups": False,
-    "train.ppo_mini_batches": 1, "train.lr_decay": "constant", "train.warmup_steps": 0, "train.min_lr_ratio": 0.0,
-    "train.autocast": "none", "train.balance_sources": False,
+    "train.algorithm.kl_coef": 0.0, "train.sampling.anchor_dropped_tokens": 0, "train.sampling.refill_dropped_groups": False,
+    "train.update.ppo_mini_batches": 1, "train.optimizer.lr_decay": "constant", "train.optimizer.warmup_steps": 0, "train.optimizer.min_lr_ratio": 0.0,
+    "train.update.autocast": "none", "train.sampling.balance_sources": False,
 }
 
 

@@ -104,16 +104,16 @@ def overrides(row: Row, root: Path, model_dir: Path, train_file: Path, tool_url:
     out = {
         "run.tracking_uri": f"sqlite:///{root / 'mlruns.db'}", "run.torch_threads": 1,
         "train.init_model": str(model_dir), "train.train_file": str(train_file),
-        "train.checkpoint_dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
-        "train.gradient_checkpointing": False, "train.lr": 1e-3, "train.prompts_per_step": 2,
-        "train.max_gen_rounds": 2, "train.micro_batch_size": 4, "train.algorithm": algorithm,
-        "train.ppo_mini_batches": 1, "train.warmup_steps": 0, "train.lr_decay": "constant",
-        "train.balance_sources": False,
+        "train.checkpoints.dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
+        "train.update.gradient_checkpointing": False, "train.optimizer.lr": 1e-3, "train.sampling.prompts_per_step": 2,
+        "train.sampling.max_gen_rounds": 2, "train.update.micro_batch_size": 4, "train.algorithm": algorithm,
+        "train.update.ppo_mini_batches": 1, "train.optimizer.warmup_steps": 0, "train.optimizer.lr_decay": "constant",
+        "train.sampling.balance_sources": False,
         "train.finetune": {"kind": row["finetune"], "r": 4, "alpha": 8.0} if row["finetune"] == "lora"
         else {"kind": "full"},
-        "train.autocast": row["autocast"], "train.logprobs_source": row["logprobs_source"],
-        "train.refill_dropped_groups": refill,
-        "train.anchor_dropped_tokens": 4 if dropping and algorithm.get("kl_coef", 0.0) > 0 else 0,
+        "train.update.autocast": row["autocast"], "train.update.logprobs_source": row["logprobs_source"],
+        "train.sampling.refill_dropped_groups": refill,
+        "train.sampling.anchor_dropped_tokens": 4 if dropping and algorithm.get("kl_coef", 0.0) > 0 else 0,
         "rollout.protocol": row["protocol"], "rollout.group_size": 4, "rollout.max_policy_tokens": 64,
         "rollout.max_total_tokens": 1024, "rollout.max_tool_calls": 1, "rollout.max_turns": 2,
         "rollout.max_tool_output_chars": 200, "search.top_k": 1,
@@ -197,7 +197,7 @@ def check_metrics(cfg: RunConfig, metrics: dict[str, float]) -> None:
     for key in ("train/loss", "train/grad_norm", "train/entropy", "train/approx_kl", "train/ref_kl"):
         assert math.isfinite(metrics[key]), (key, metrics[key])
     assert metrics["train/entropy"] > 0.0 and metrics["train/approx_kl"] >= 0.0 and metrics["train/ref_kl"] >= 0.0
-    if cfg.train.logprobs_source == "recompute":  # old log-probs from the update's own forward: ratio exactly 1
+    if cfg.train.update.logprobs_source == "recompute":  # old log-probs from the update's own forward: ratio exactly 1
         assert metrics["train/approx_kl"] == 0.0 and metrics["train/clip_low"] == metrics["train/clip_high"] == 0.0
 
 
@@ -207,7 +207,7 @@ def collect_until_kept(tr, tries: int = 3) -> tuple[list[ScoredGroup], list[Scor
     Identical on every rank of a data-parallel job (the groups are all-gathered)."""
     for _ in range(tries):
         collected = collect(tr)
-        anchored = step_openings(collected.kept, collected.dropped, tr.cfg.train.anchor_dropped_tokens)
+        anchored = step_openings(collected.kept, collected.dropped, tr.cfg.train.sampling.anchor_dropped_tokens)
         check_rewards(tr.cfg, collected.seen)
         check_entropies(collected.seen)
         check_dropped_have_zero_advantage(tr, collected.dropped, anchored)

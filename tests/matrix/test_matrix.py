@@ -69,22 +69,22 @@ def refused(tmp_path: Path, overrides: dict, capsys) -> str:
 
 
 UNSUPPORTED_CASES = {  # one params change per refused combination (each rule of combinations.py, and the train section's)
-    "train.autocast+model.dtype": {"train.autocast": "bfloat16", "model.dtype": "bfloat16"},
-    "model.dtype+distributed.enabled": {"model.dtype": "float16", "train.autocast": "none", "sft.enabled": False},
-    "model.dtype+sft.enabled": {"model.dtype": "float16", "train.autocast": "none", "distributed.enabled": True},
-    "train.refill_dropped_groups+rollout.schedule": {"train.refill_dropped_groups": True,
+    "train.update.autocast+model.dtype": {"train.update.autocast": "bfloat16", "model.dtype": "bfloat16"},
+    "model.dtype+distributed.enabled": {"model.dtype": "float16", "train.update.autocast": "none", "sft.enabled": False},
+    "model.dtype+sft.enabled": {"model.dtype": "float16", "train.update.autocast": "none", "distributed.enabled": True},
+    "train.sampling.refill_dropped_groups+rollout.schedule": {"train.sampling.refill_dropped_groups": True,
                                                       "rollout.schedule": "turn-synchronous"},
     "train.finetune.kind+distributed.enabled": {"train.finetune": {"kind": "lora"}, "distributed.enabled": True},
-    "train.refill_dropped_groups+train.algorithm.dynamic_sampling": {
-        "train.refill_dropped_groups": True, "train.algorithm": {"kind": "grpo", "dynamic_sampling": False},
-        "train.anchor_dropped_tokens": 0},
-    "train.anchor_dropped_tokens+train.algorithm.kl_coef+train.algorithm.dynamic_sampling": {
-        "train.anchor_dropped_tokens": 8, "train.algorithm.kl_coef": 0.0},
-    "train.mask_tool_output+train.logprobs_source": {"train.mask_tool_output": False,
-                                                     "train.logprobs_source": "rollout"},
+    "train.sampling.refill_dropped_groups+train.algorithm.dynamic_sampling": {
+        "train.sampling.refill_dropped_groups": True, "train.algorithm": {"kind": "grpo", "dynamic_sampling": False},
+        "train.sampling.anchor_dropped_tokens": 0},
+    "train.sampling.anchor_dropped_tokens+train.algorithm.kl_coef+train.algorithm.dynamic_sampling": {
+        "train.sampling.anchor_dropped_tokens": 8, "train.algorithm.kl_coef": 0.0},
+    "train.update.mask_tool_output+train.update.logprobs_source": {"train.update.mask_tool_output": False,
+                                                     "train.update.logprobs_source": "rollout"},
     "reward.tepo.kind+rollout.backend": {"reward.tepo": {"kind": "sparse"}, "rollout.backend": "vllm"},
-    "rollout.backend+rollout.top_p+rollout.temperature+train.logprobs_source": {
-        "rollout.backend": "vllm", "rollout.top_p": 0.9, "rollout.temperature": 0.7, "train.logprobs_source": "rollout"},
+    "rollout.backend+rollout.top_p+rollout.temperature+train.update.logprobs_source": {
+        "rollout.backend": "vllm", "rollout.top_p": 0.9, "rollout.temperature": 0.7, "train.update.logprobs_source": "rollout"},
     "rollout.tools+rollout.protocol": {"rollout.tools": [
         {"kind": "python", "name": "root", "function": "math:sqrt", "description": "A square root.",
          "parameters": {"type": "object", "properties": {"x": {"type": "number"}}}, "timeout_s": 1.0,

@@ -53,7 +53,7 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
             scored = [group_reward(cfg_vllm, tr.tepo)(g) for g in groups]
             kept = [g for g in scored if tr.keep(g)]
             dropped = [g for g in scored if not tr.keep(g)]
-            anchored = step_openings(kept, dropped, tr.cfg.train.anchor_dropped_tokens)
+            anchored = step_openings(kept, dropped, tr.cfg.train.sampling.anchor_dropped_tokens)
             check_rewards(cfg_vllm, scored)
             check_dropped_have_zero_advantage(tr, dropped, anchored)
             if kept:

@@ -32,7 +32,7 @@ def main(params: Path, tool: str, url: str, out: Path, collections: int = 3) -> 
     problems = read_problems(cfg.train.train_file)
     engine = RolloutEngine(model, tokenizer, make_tools(cfg, {tool: url}), cfg.rollout, seed=cfg.run.seed)
     try:
-        batches = [engine.rollout(problems[i::collections][:cfg.train.prompts_per_step], cfg.rollout.group_size).groups
+        batches = [engine.rollout(problems[i::collections][:cfg.train.sampling.prompts_per_step], cfg.rollout.group_size).groups
                    for i in range(collections)]
     finally:
         engine.backend.close()

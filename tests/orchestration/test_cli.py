@@ -86,7 +86,7 @@ def test_a_resume_under_another_config_is_one_line_naming_the_key(tmp_path: Path
     problems = problems_file(tmp_path)
     params = tmp_path / "mine.yaml"
     params.write_text(yaml.safe_dump({"extends": str(REPO / "params.yaml"), "train": {
-        "train_file": str(problems), "checkpoint_dir": str(tmp_path / "runs"), "steps": 3}}))
+        "train_file": str(problems), "checkpoints": {"dir": str(tmp_path / "runs")}, "steps": 3}}))
     folder = tmp_path / "runs" / "mine"  # an ad-hoc run is named by its label (the params file's name)
     (folder / "checkpoints" / "step-000002").mkdir(parents=True)
     written = training_identity(load_config(params, overrides={"train.steps": 4}))

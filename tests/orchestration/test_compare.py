@@ -27,7 +27,7 @@ def _pipeline_run(run_cfg: RunSection, lr: float, train_acc: float, eval_acc: fl
                   monkeypatch: pytest.MonkeyPatch, seed: int = 0) -> str:
     mlflow.set_tracking_uri(run_cfg.tracking_uri)
     mlflow.set_experiment(run_cfg.experiment)
-    config = {"train": {"lr": lr}, "run": {"seed": seed}, "evaluate": {"limit": 0, "model": "models/policy"}}
+    config = {"train": {"optimizer": {"lr": lr}}, "run": {"seed": seed}, "evaluate": {"limit": 0, "model": "models/policy"}}
     with mlflow.start_run(run_name="pipeline", tags={"stage": "pipeline", "git_commit": "abcdef1234"}) as parent:
         mlflow.log_params(flatten(config))  # the parent logs the whole config, as flows.pipeline does
     monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
@@ -76,10 +76,10 @@ def test_the_params_that_differ_are_listed(run_cfg: RunSection, monkeypatch: pyt
     out = capsys.readouterr().out
     listed = out.split("params that differ between these 3 runs (2):\n")[1].splitlines()
     assert listed[0].split() == ["param", *(r[:8] for r in reversed(runs))]
-    assert [line.split() for line in listed[2:]] == [["run.seed", "1", "1", "0"], ["train.lr", "3e-06", "1e-06", "1e-06"]]
+    assert [line.split() for line in listed[2:]] == [["run.seed", "1", "1", "0"], ["train.optimizer.lr", "3e-06", "1e-06", "1e-06"]]
     assert main(["--last", "1", *args]) == 0 and "differ" not in capsys.readouterr().out  # one row: nothing to compare
     assert main(["--last", "2", *args]) == 0
-    assert "params that differ between these 2 runs (1):" in capsys.readouterr().out  # train.lr only
+    assert "params that differ between these 2 runs (1):" in capsys.readouterr().out  # train.optimizer.lr only
 
 
 def test_a_long_or_multi_line_value_stays_in_its_cell(run_cfg: RunSection, capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,6 +111,6 @@ def test_a_baselines_evaluation_depends_on_every_scoring_key_and_not_on_how_the_
 
 def test_the_policys_evaluation_depends_on_what_names_its_row() -> None:
     params = set(stages()["evaluate"]["params"])
-    named_after = {"reward", "train.algorithm", "train.init_model", "train.mask_tool_output", "train.output_dir",
+    named_after = {"reward", "train.algorithm", "train.init_model", "train.update.mask_tool_output", "train.output_dir",
                    "sft.init_model", "sft.output_dir"}  # pipeline.evaluation.labels.policy_label
     assert named_after <= params

@@ -14,10 +14,11 @@ def test_params_rewritten_by_exp_run_set_param_load_the_same(tmp_path: Path, rep
     original = load_config(repo_root / "params.yaml")
     rewritten = tmp_path / "params.yaml"
     shutil.copy(repo_root / "params.yaml", rewritten)
-    apply_overrides(rewritten, ["train.lr=3e-6"])  # what `dvc exp run -S train.lr=3e-6` does to the file
+    apply_overrides(rewritten, ["train.optimizer.lr=3e-6"])  # what `dvc exp run -S train.optimizer.lr=3e-6` does to the file
     assert "kind: off" in rewritten.read_text()  # DVC writes the string unquoted (a YAML 1.1 false)
     loaded = load_config(rewritten)
-    assert loaded.train.lr == 3e-6
+    assert loaded.train.optimizer.lr == 3e-6
     assert loaded.reward.tepo.kind == original.reward.tepo.kind == "off"
     assert loaded.model_dump() | {"train": None} == original.model_dump() | {"train": None}
-    assert loaded.train.model_dump() | {"lr": None} == original.train.model_dump() | {"lr": None}
+    assert loaded.train.optimizer.model_dump() | {"lr": None} == original.train.optimizer.model_dump() | {"lr": None}
+    assert loaded.train.model_dump() | {"optimizer": None} == original.train.model_dump() | {"optimizer": None}

@@ -83,12 +83,12 @@ def test_each_experiment_is_its_preset_on_the_committed_params(repo: Path, first
 def test_a_params_file_changed_since_the_commit_is_refused_by_key(repo: Path) -> None:
     params = repo / "params.yaml"
     data = yaml.safe_load(params.read_text())
-    data["train"]["lr"] = 0.5
+    data["train"]["optimizer"]["lr"] = 0.5
     data["sft"]["epochs"] = 9
     params.write_text(yaml.safe_dump(data))
     refused = run_preset(repo, "steps", 0)
     assert refused.returncode == 1
-    assert "train.lr" in refused.stderr and "sft.epochs" in refused.stderr and "git checkout" in refused.stderr
+    assert "train.optimizer.lr" in refused.stderr and "sft.epochs" in refused.stderr and "git checkout" in refused.stderr
     assert not sh(repo, "git", "for-each-ref", "refs/exps").stdout.strip()
     allowed = run_preset(repo, "steps", 0, "--allow-changed-params")
     assert allowed.returncode == 0, allowed.stderr

@@ -48,23 +48,23 @@ def _two_stages(cfg: RunConfig) -> None:
     """curate (the flow logs its report) and train (the library's tracked_run logs into the stage run)."""
     with stage_run(cfg, "curate") as run_id:
         log_report(cfg.run, run_id, {"curate": {"seed": 3}}, {"n_train": 6, "output_dir": "data/curated"})
-    with stage_run(cfg, "train") as run_id, tracked_run(cfg.run, "train", {"train": {"lr": 1e-6}}) as active:
+    with stage_run(cfg, "train") as run_id, tracked_run(cfg.run, "train", {"train": {"optimizer": {"lr": 1e-6}}}) as active:
         assert active.info.run_id == run_id  # adopted, not a second run
         mlflow.log_metric("reward/mean", 0.5)
 
 
 def test_each_stage_has_one_run_nested_under_the_parent(cfg: RunConfig) -> None:
-    with parent_run(cfg.run, "pipeline", {"train": {"lr": 1e-6}}, {"git_commit": "c0ffee"}) as parent_id:
+    with parent_run(cfg.run, "pipeline", {"train": {"optimizer": {"lr": 1e-6}}}, {"git_commit": "c0ffee"}) as parent_id:
         assert os.environ[PARENT_ENV] == parent_id
         _two_stages(cfg)
     assert PARENT_ENV not in os.environ and STAGE_RUN_ENV not in os.environ
     parent = MlflowClient(cfg.run.tracking_uri).get_run(parent_id)
     assert parent.info.status == "FINISHED" and parent.data.tags["git_commit"] == "c0ffee"
-    assert parent.data.params["train.lr"] == "1e-06"
+    assert parent.data.params["train.optimizer.lr"] == "1e-06"
     stages = _children(cfg, parent_id)
     assert stages.keys() == {"curate", "train"}
     assert stages["curate"].data.metrics["n_train"] == 6 and stages["curate"].data.params["curate.seed"] == "3"
-    assert stages["train"].data.metrics["reward/mean"] == 0.5 and stages["train"].data.params["train.lr"] == "1e-06"
+    assert stages["train"].data.metrics["reward/mean"] == 0.5 and stages["train"].data.params["train.optimizer.lr"] == "1e-06"
     assert all(r.info.status == "FINISHED" and len(r.data.tags["git_commit"]) == 40 for r in stages.values())
     assert len(_runs(cfg)) == 3
 

@@ -21,7 +21,7 @@ from pipeline.tracking.runs import STAGE_RUN_ENV
 from pipeline.training_run.plan import RunPlan
 
 # A resumed run's plan, with what a shell or a launcher would mangle: spaces, quotes, a newline, non-ASCII.
-PLAN = RunPlan(Path("runs/train/exp 'one'"), {"train.lr": 1e-6, "rollout.stop": ["</answer>\n", "$HOME"]},
+PLAN = RunPlan(Path("runs/train/exp 'one'"), {"train.optimizer.lr": 1e-6, "rollout.stop": ["</answer>\n", "$HOME"]},
                {"code": "c0ffee"}, "insisted", True, "--resume: continuing the run in runs/train/exp 'one' (é)",
                Path("runs/train/exp 'one'/checkpoints/step-000004"))
 

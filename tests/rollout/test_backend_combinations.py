@@ -39,13 +39,13 @@ def test_tepo_with_the_hf_backend_is_accepted(tepo: str) -> None:
 def test_a_nucleus_without_untruncated_logprobs_is_refused_with_rollout_logprobs(
         temperature: float, top_p: float, source: str, refused: bool) -> None:
     data = {"rollout": {"backend": "vllm", "temperature": temperature, "top_p": top_p},
-            "train": {"logprobs_source": source}}
+            "train": {"update": {"logprobs_source": source}}}
     if not refused:
         config_from_dict(data)
         return
     with pytest.raises(ConfigError) as err:
         config_from_dict(data)
-    for key in ("rollout.backend", "rollout.top_p", "rollout.temperature", "train.logprobs_source"):
+    for key in ("rollout.backend", "rollout.top_p", "rollout.temperature", "train.update.logprobs_source"):
         assert key in str(err.value)
 
 

@@ -155,7 +155,7 @@ def test_a_training_set_up_that_fails_after_the_server_started_stops_it(tmp_path
         "rollout": {"protocol": "chat-tools", "chat_tools": {"template": str(STRIPS_REASONING)},
                     "tools": [{"kind": "code"}, source]},
         "train": {"init_model": str(tmp_path / "init"), "train_file": str(tmp_path / "train.jsonl"),
-                  "checkpoint_dir": str(tmp_path / "ckpt"), "gradient_checkpointing": False},
+                  "checkpoints": {"dir": str(tmp_path / "ckpt")}, "update": {"gradient_checkpointing": False}},
         "model": {"device": "cpu"}})
     with pytest.raises(TemplateError, match="incrementally"):
         set_up(cfg, {})

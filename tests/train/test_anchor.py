@@ -18,7 +18,7 @@ from pipeline.rl.anchor import dropped_openings, opening, step_openings
 from pipeline.trainer.batching import make_train_batch
 from pipeline.config.reward import TepoDense, TepoOff, TepoSparse
 from tests.helpers.tepo import variant
-from pipeline.config.train import DAPOLoss, GRPOLoss, TrainConfig
+from pipeline.config.train import DAPOLoss, GRPOLoss, SamplingSection, TrainConfig
 from pipeline.rl.loss import make_policy_loss
 from pipeline.trainer.reference import FrozenReference
 from pipeline.train import run
@@ -186,16 +186,16 @@ def test_openings_train_the_kl_term_alone() -> None:
 
 
 def test_the_anchor_needs_a_kl_term_and_dynamic_sampling() -> None:
-    assert TrainConfig(anchor_dropped_tokens=32, algorithm=DAPOLoss(kl_coef=0.2)).anchor_dropped_tokens == 32
+    assert TrainConfig(sampling=SamplingSection(anchor_dropped_tokens=32), algorithm=DAPOLoss(kl_coef=0.2)).sampling.anchor_dropped_tokens == 32
     for algo in (DAPOLoss(), DAPOLoss(kl_coef=0.2, dynamic_sampling=False), GRPOLoss(kl_coef=0.1)):
-        with pytest.raises(ValueError, match="train.anchor_dropped_tokens"):
-            TrainConfig(anchor_dropped_tokens=32, algorithm=algo)
+        with pytest.raises(ValueError, match="train.sampling.anchor_dropped_tokens"):
+            TrainConfig(sampling=SamplingSection(anchor_dropped_tokens=32), algorithm=algo)
 
 
 def test_a_run_trains_on_the_openings_of_dropped_groups(tmp_path: Path) -> None:
     """Tool-free toy run, groups of 2 on a coin flip: about half the groups agree and are dropped."""
     model_dir = build_direct_model(tmp_path / "model")
-    cfg = toy_config(tmp_path, model_dir, group_size=2, steps=4, checkpoint_every=4, prompts_per_step=4,
+    cfg = toy_config(tmp_path, model_dir, group_size=2, steps=4, checkpoints__every=4, prompts_per_step=4,
                      anchor_dropped_tokens=3, **{"algorithm.kl_coef": 0.1})
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_tool_calls": 0})})
     run(cfg, {}, metrics_dir=tmp_path / "metrics")

@@ -1,4 +1,4 @@
-"""train.autocast: the training forward in bf16 mixed precision, with float32 weights, optimiser state and head."""
+"""train.update.autocast: the training forward in bf16 mixed precision, with float32 weights, optimiser state and head."""
 
 from __future__ import annotations
 
@@ -97,11 +97,11 @@ def test_the_reference_runs_in_the_update_precision_so_kl_starts_at_zero() -> No
 
 
 def test_autocast_needs_float32_weights() -> None:
-    assert load_config(REPO_ROOT / "params.yaml", {"train.autocast": "bfloat16"}).train.autocast == "bfloat16"
-    with pytest.raises(ConfigError, match="train.autocast = bfloat16, model.dtype = bfloat16: .*needs model.dtype float32"):
-        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "bfloat16", "model.dtype": "bfloat16"})
-    with pytest.raises(ConfigError, match="train.autocast"):
-        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "float16"})
+    assert load_config(REPO_ROOT / "params.yaml", {"train.update.autocast": "bfloat16"}).train.update.autocast == "bfloat16"
+    with pytest.raises(ConfigError, match="train.update.autocast = bfloat16, model.dtype = bfloat16: .*needs model.dtype float32"):
+        load_config(REPO_ROOT / "params.yaml", {"train.update.autocast": "bfloat16", "model.dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="train.update.autocast"):
+        load_config(REPO_ROOT / "params.yaml", {"train.update.autocast": "float16"})
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -126,6 +126,6 @@ def test_bf16_is_native_answers_for_this_cpu() -> None:
 
 
 def test_auto_is_a_setting_and_needs_float32_weights() -> None:
-    assert load_config(REPO_ROOT / "params.yaml").train.autocast == "auto"  # the main job's default
-    with pytest.raises(ConfigError, match="train.autocast = auto, model.dtype = bfloat16"):
-        load_config(REPO_ROOT / "params.yaml", {"train.autocast": "auto", "model.dtype": "bfloat16"})
+    assert load_config(REPO_ROOT / "params.yaml").train.update.autocast == "auto"  # the main job's default
+    with pytest.raises(ConfigError, match="train.update.autocast = auto, model.dtype = bfloat16"):
+        load_config(REPO_ROOT / "params.yaml", {"train.update.autocast": "auto", "model.dtype": "bfloat16"})

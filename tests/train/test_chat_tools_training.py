@@ -41,9 +41,10 @@ def test_sft_then_dapo_with_chat_tools(code_sandbox_url: str, tmp_path: Path) ->
     sft_run(sft, {"code": code_sandbox_url}, metrics_dir=tmp_path / "sft-metrics")
     cfg = config_from_dict(common | {"train": {
         "init_model": str(tmp_path / "sft"), "train_file": str(tmp_path / "train.jsonl"), "steps": 2,
-        "prompts_per_step": 2, "max_gen_rounds": 1, "micro_batch_size": 8, "lr": 1e-4, "warmup_steps": 0,
-        "gradient_checkpointing": False, "algorithm": {"kind": "grpo", "dynamic_sampling": False},
-        "checkpoint_dir": str(tmp_path / "ckpt"), "output_dir": str(tmp_path / "policy")}})
+        "sampling": {"prompts_per_step": 2, "max_gen_rounds": 1},
+        "update": {"micro_batch_size": 8, "gradient_checkpointing": False},
+        "optimizer": {"lr": 1e-4, "warmup_steps": 0}, "algorithm": {"kind": "grpo", "dynamic_sampling": False},
+        "checkpoints": {"dir": str(tmp_path / "ckpt")}, "output_dir": str(tmp_path / "policy")}})
     metrics = train_run(cfg, {"code": code_sandbox_url}, metrics_dir=tmp_path / "metrics")
     assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
     # the last step's rollouts went past a tool turn (the template's rendering appended) and were trained on

@@ -1,5 +1,5 @@
 """The update sees the policy the sampler saw: every dropout is off in the update (the sampler and the recomputed
-old log-probs run in eval mode), so under `train.logprobs_source: recompute` the first mini-batch's ratio is
+old log-probs run in eval mode), so under `train.update.logprobs_source: recompute` the first mini-batch's ratio is
 exactly 1 for a model with dropout; LoRA's own dropout is refused, naming the key."""
 
 from __future__ import annotations

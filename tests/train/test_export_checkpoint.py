@@ -28,7 +28,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_dir: Path, finetune: dict | None,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
-    cfg = toy_config(tmp_path, model_dir, steps=2, checkpoint_every=1, **({"finetune": finetune} if finetune else {}))
+    cfg = toy_config(tmp_path, model_dir, steps=2, checkpoints__every=1, **({"finetune": finetune} if finetune else {}))
     run(cfg, {}, metrics_dir=tmp_path / "metrics")
     checkpoints = run_folder(cfg) / "checkpoints"
     final = load_file(tmp_path / "policy" / "model.safetensors")

@@ -52,13 +52,13 @@ def params(**overrides):
 
 def test_the_sampling_is_chosen_once_and_refused_where_it_cannot_work() -> None:
     assert type(sampler_for(params())) is InRounds
-    assert type(sampler_for(params(**{"train.refill_dropped_groups": True}))) is Refilling
-    assert type(sampler_for(params(**{"train.refill_dropped_groups": True, "distributed.enabled": True}))) \
+    assert type(sampler_for(params(**{"train.sampling.refill_dropped_groups": True}))) is Refilling
+    assert type(sampler_for(params(**{"train.sampling.refill_dropped_groups": True, "distributed.enabled": True}))) \
         is ShardedRefilling
-    with pytest.raises(ConfigError, match="train.refill_dropped_groups = True, rollout.schedule = turn-synchronous"):
-        params(**{"train.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"})
-    with pytest.raises(ConfigError, match="train.refill_dropped_groups needs train.algorithm.dynamic_sampling"):
-        params(**{"train.refill_dropped_groups": True, "train.algorithm.dynamic_sampling": False})
+    with pytest.raises(ConfigError, match="train.sampling.refill_dropped_groups = True, rollout.schedule = turn-synchronous"):
+        params(**{"train.sampling.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"})
+    with pytest.raises(ConfigError, match="train.sampling.refill_dropped_groups needs train.algorithm.dynamic_sampling"):
+        params(**{"train.sampling.refill_dropped_groups": True, "train.algorithm.dynamic_sampling": False})
 
 
 @pytest.mark.parametrize(("target", "size", "world"), [(3, 6, 2), (3, 9, 2), (2, 6, 3), (4, 4, 2), (1, 3, 2)])

@@ -28,7 +28,7 @@ def test_reward_rises_on_the_toy_tool_task(tmp_path: Path, code_sandbox_url: str
     # Adam's first steps move every weight by about lr whatever its gradient; at 2e-3 without warm-up that knocked
     # the tiny model into empty code calls in about 1 run in 10 (rollout timing varies, so runs differ); with
     # 1e-3 and 3 warm-up steps, 12 of 12 seeded runs passed every check below with a margin of >= 0.1.
-    cfg = toy_config(tmp_path, model_dir, group_size=16, steps=STEPS, checkpoint_every=STEPS, lr=1e-3,
+    cfg = toy_config(tmp_path, model_dir, group_size=16, steps=STEPS, checkpoints__every=STEPS, lr=1e-3,
                      warmup_steps=3, grad_clip=0.5)
     run(cfg, {"code": code_sandbox_url}, metrics_dir=tmp_path / "metrics")
 

@@ -83,7 +83,7 @@ def test_lora_trains_only_the_adapter(tmp_path: Path, model_dir: Path) -> None:
 def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, model_dir: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
-    cfg = toy_config(tmp_path, model_dir, steps=3, checkpoint_every=1, finetune=LORA, log_samples_every=1)
+    cfg = toy_config(tmp_path, model_dir, steps=3, checkpoints__every=1, finetune=LORA, sample_tables__every=1)
     metrics = tmp_path / "metrics"
     run(cfg, {}, metrics_dir=metrics)
     straight = [json.loads(line) for line in (metrics / "train_history.jsonl").read_text().splitlines()]
@@ -99,7 +99,7 @@ def test_lora_run_resumes_exactly_and_exports_a_merged_model(tmp_path: Path, mod
     assert_same_metrics(rows[-1], straight[2], exact=True)
     run_id = json.loads((run_folder(cfg) / "checkpoints" / "step-000003" / "state.json").read_text())["mlflow_run_id"]
     redone = mlflow.load_table("samples/step-000002.json", run_ids=[run_id])
-    assert len(redone) == cfg.train.log_samples  # the redone step's samples are not logged twice
+    assert len(redone) == cfg.train.sample_tables.trajectories  # the redone step's samples are not logged twice
     resumed_policy = load_file(tmp_path / "policy" / "model.safetensors")
     assert sorted(resumed_policy) == sorted(straight_policy)
     for name, weight in straight_policy.items():

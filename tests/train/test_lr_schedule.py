@@ -31,7 +31,7 @@ def test_linear_and_cosine_decay_by_hand() -> None:
 
 
 def test_an_unknown_decay_names_the_key() -> None:
-    with pytest.raises(ValueError, match="train.lr_decay"):
+    with pytest.raises(ValueError, match="train.optimizer.lr_decay"):
         lr_multiplier("exponential", 0, 10, 0.0)  # type: ignore[arg-type]
 
 
@@ -57,9 +57,9 @@ def test_the_trainer_builds_the_configured_schedule_and_a_restored_one_continues
 
 
 def test_the_config_rejects_an_unknown_decay(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="params.yaml: train.lr_decay: Input should be 'constant', 'linear' or 'cosine'"):
+    with pytest.raises(ConfigError, match="params.yaml: train.optimizer.lr_decay: Input should be 'constant', 'linear' or 'cosine'"):
         toy_config(tmp_path, tmp_path, lr_decay="step")
-    with pytest.raises(ConfigError, match="train.min_lr_ratio"):
+    with pytest.raises(ConfigError, match="train.optimizer.min_lr_ratio"):
         toy_config(tmp_path, tmp_path, min_lr_ratio=1.5)
 
 

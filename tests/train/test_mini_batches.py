@@ -60,7 +60,7 @@ def test_each_mini_batch_is_its_own_optimiser_step(tmp_path: Path) -> None:
     halves = [prepared_batch(manual, groups)[0] for groups in (kept[:2], kept[2:])]
     assert halves[0].n_policy_tokens + halves[1].n_policy_tokens == sum(
         t.policy_token_count for g in kept for t in g.group.trajectories)
-    settings = UpdateSettings(cfg.train.micro_batch_size, cfg.train.grad_clip, cfg.rollout.temperature,
+    settings = UpdateSettings(cfg.train.update.micro_batch_size, cfg.train.optimizer.grad_clip, cfg.rollout.temperature,
                               share_prefixes=True)
     for _ in range(2):
         for batch in halves:

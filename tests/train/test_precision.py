@@ -37,7 +37,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def with_precision(cfg: RunConfig, dtype: str, finetune: str, autocast: str) -> RunConfig:
-    train = {"autocast": autocast} | ({"finetune": LoraFinetune(**LORA)} if finetune == "lora" else {})
+    train = {"update": cfg.train.update.model_copy(update={"autocast": autocast})} | (
+        {"finetune": LoraFinetune(**LORA)} if finetune == "lora" else {})
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"dtype": dtype}),
                                   "train": cfg.train.model_copy(update=train)})
 
@@ -52,7 +53,7 @@ def test_one_step_moves_every_weight_in_every_accepted_precision(dtype: str, fin
                                                                   tmp_path: Path, model_dir: Path) -> None:
     cfg = with_precision(toy_config(tmp_path, model_dir, lr=1e-5), dtype, finetune, autocast)
     refused = refusals(cfg)
-    if refused:  # fp16 in one process; train.autocast over a lower model.dtype
+    if refused:  # fp16 in one process; train.update.autocast over a lower model.dtype
         assert dtype != "float32" and all("model.dtype" in r for r in refused), refused
         assert dtype == "float16" or autocast != "none", refused
         return

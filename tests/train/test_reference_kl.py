@@ -110,7 +110,7 @@ def test_reference_is_chosen_once_from_the_config(tmp_path: Path) -> None:
 def test_a_run_with_kl_logs_the_divergence_from_the_initial_model(tmp_path: Path) -> None:
     """Tool-free toy run: step 0 trains the initial model (KL 0); the updated policy then drifts (KL > 0)."""
     model_dir = build_direct_model(tmp_path / "model")
-    cfg = toy_config(tmp_path, model_dir, steps=4, checkpoint_every=4, lr=1e-2,
+    cfg = toy_config(tmp_path, model_dir, steps=4, checkpoints__every=4, lr=1e-2,
                      **{"algorithm.kl_coef": 0.1, "algorithm.dynamic_sampling": False})
     cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_tool_calls": 0})})
     run(cfg, {}, metrics_dir=tmp_path / "metrics")

@@ -111,7 +111,7 @@ def test_killed_and_resumed_run_logs_the_same_metrics(tmp_path: Path, code_sandb
     for name in ("straight", "killed"):
         root = tmp_path / name
         root.mkdir()
-        params = write_params(toy_config(root, model_dir, steps=STEPS, checkpoint_every=CHECKPOINT_EVERY, lr=1e-3,
+        params = write_params(toy_config(root, model_dir, steps=STEPS, checkpoints__every=CHECKPOINT_EVERY, lr=1e-3,
                                          **sampling), root / "params.yaml")
         runs[name] = (root, params)
 

@@ -1,4 +1,4 @@
-"""The masking ablation (`train.mask_tool_output: false`): the tokens a tool wrote join the loss, with their
+"""The masking ablation (`train.update.mask_tool_output: false`): the tokens a tool wrote join the loss, with their
 advantage and in the normaliser; with masking (the default) they carry neither. The step's diagnostics read the
 tokens the policy sampled in both arms."""
 

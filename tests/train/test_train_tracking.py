@@ -36,7 +36,7 @@ def test_train_run_is_tagged_with_its_data_and_logs_sample_tables(tmp_path: Path
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)  # MLflow's artifact store (./mlruns) goes under tmp_path
     model_dir = build_direct_model(tmp_path / "model")
-    cfg = toy_config(tmp_path, model_dir, steps=3, checkpoint_every=3, log_samples_every=2, log_samples=3)
+    cfg = toy_config(tmp_path, model_dir, steps=3, checkpoints__every=3, sample_tables__every=2, sample_tables__trajectories=3)
     run(cfg, {}, metrics_dir=tmp_path / "metrics")
     history = [json.loads(line) for line in (tmp_path / "metrics" / "train_history.jsonl").read_text().splitlines()]
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train step ")]

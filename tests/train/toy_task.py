@@ -19,7 +19,10 @@ import torch
 import yaml
 from transformers import PreTrainedTokenizerFast
 
+from pydantic import BaseModel
+
 from pipeline.config import RunConfig, load_config
+from pipeline.config.train import TrainConfig
 from pipeline.jsonl import write_problems
 from pipeline.paths import REPO_ROOT
 from pipeline.rollout.engine import encode_prompt
@@ -116,14 +119,29 @@ def toy_config(root: Path, model_dir: Path, group_size: int = 8, **train: Any) -
     overrides = PLAIN_RECIPE | {
         "run.tracking_uri": f"sqlite:///{root / 'mlruns.db'}", "run.torch_threads": 1,
         "train.init_model": str(model_dir), "train.train_file": str(train_file),
-        "train.checkpoint_dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
-        "train.gradient_checkpointing": False, "train.lr": 1e-3, "train.warmup_steps": 0,
-        "train.prompts_per_step": 2, "train.max_gen_rounds": 1, "train.micro_batch_size": 8,
+        "train.checkpoints.dir": str(root / "ckpt"), "train.output_dir": str(root / "policy"),
+        "train.update.gradient_checkpointing": False, "train.optimizer.lr": 1e-3, "train.optimizer.warmup_steps": 0,
+        "train.sampling.prompts_per_step": 2, "train.sampling.max_gen_rounds": 1, "train.update.micro_batch_size": 8,
         "rollout.group_size": group_size, "rollout.max_policy_tokens": 64, "reward.overlong_buffer": 16,
         "rollout.max_total_tokens": 1024,
         "rollout.max_tool_calls": 1, "rollout.max_turns": 2,
-    } | {f"train.{k}": v for k, v in train.items()}
+    } | {train_key(k): v for k, v in train.items()}
     return load_config(REPO_ROOT / "params.yaml", overrides=overrides)
+
+
+def train_key(name: str) -> str:
+    """The dotted key of a `train` setting named by its field (`lr`: `train.optimizer.lr`), or by its section and
+    field joined by a double underscore where the name alone is ambiguous (`checkpoints__every`)."""
+    if "__" in name:
+        return "train." + name.replace("__", ".")
+    if name in TrainConfig.model_fields:
+        return f"train.{name}"
+    found = [f"train.{section}.{name}" for section, field in TrainConfig.model_fields.items()
+             if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+             and name in field.annotation.model_fields]
+    if len(found) != 1:
+        raise KeyError(f"train setting {name!r}: {found or 'no such field'}")
+    return found[0]
 
 
 def write_params(cfg: RunConfig, path: Path) -> Path:

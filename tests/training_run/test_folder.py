@@ -26,14 +26,14 @@ from tests.train.toy_task import build_direct_model, toy_config
 pytestmark = pytest.mark.integration  # training runs of two configs
 
 # Keys that change what a run computes, each with another valid value.
-IDENTITY_CHANGES = {"train.steps": 7, "train.lr": 3e-6, "run.seed": 5, "rollout.group_size": 2,
-                    "reward.format_penalty": -0.5, "train.algorithm.eps_high": 0.3, "train.autocast": "none",
+IDENTITY_CHANGES = {"train.steps": 7, "train.optimizer.lr": 3e-6, "run.seed": 5, "rollout.group_size": 2,
+                    "reward.format_penalty": -0.5, "train.algorithm.eps_high": 0.3, "train.update.autocast": "none",
                     "distributed.zero_stage": 3, "distributed.nproc_per_node": 2,
                     "sandbox.timeout_s": 9.0}
 # Keys that only say where things go or how fast: a resume may change them.
-BOOKKEEPING_CHANGES = {"train.checkpoint_every": 5, "train.output_dir": "elsewhere", "run.tracking_uri": "sqlite:///x.db",
-                       "run.torch_threads": 3, "sandbox.port": 8123, "train.log_samples": 2,
-                       "train.log_full_checkpoints": True, "model.device": "cpu", "train.checkpoint_dir": "other",
+BOOKKEEPING_CHANGES = {"train.checkpoints.every": 5, "train.output_dir": "elsewhere", "run.tracking_uri": "sqlite:///x.db",
+                       "run.torch_threads": 3, "sandbox.port": 8123, "train.sample_tables.trajectories": 2,
+                       "train.checkpoints.log_full": True, "model.device": "cpu", "train.checkpoints.dir": "other",
                        "distributed.launcher": "deepspeed", "distributed.master_addr": "node-1"}
 
 
@@ -99,7 +99,7 @@ def saved(folder: Path, *names: str) -> None:
         (folder / "checkpoints" / name).mkdir(parents=True)
 
 
-@pytest.mark.parametrize("changes", [{"train.steps": 3}, {"train.lr": 3e-6, "rollout.group_size": 2},
+@pytest.mark.parametrize("changes", [{"train.steps": 3}, {"train.optimizer.lr": 3e-6, "rollout.group_size": 2},
                                      dict(list(IDENTITY_CHANGES.items())[:5])], ids=["one", "two", "five"])
 def test_a_resume_under_another_config_names_every_differing_key(tmp_path: Path, changes: dict) -> None:
     written, resuming = training_identity(params()), training_identity(params(**changes))
@@ -138,13 +138,13 @@ def test_a_fresh_run_removes_an_earlier_attempts_checkpoints_and_a_resume_keeps_
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A 3-step and a 2-step run of the toy model sharing one train.checkpoint_dir, one checkpoint a step."""
+    """A 3-step and a 2-step run of the toy model sharing one train.checkpoints.dir, one checkpoint a step."""
     base = tmp_path_factory.mktemp("runs")
     model_dir = build_direct_model(base / "model")
     configs = {}
     for steps in (3, 2):  # as `dvc repro` and then `dvc exp run -S train.steps=2` would
-        cfg = toy_config(base, model_dir, group_size=4, steps=steps, checkpoint_every=1, lr=1e-3,
-                         checkpoint_dir=str(base / "ckpt"), output_dir=str(base / f"policy{steps}"))
+        cfg = toy_config(base, model_dir, group_size=4, steps=steps, checkpoints__every=1, lr=1e-3,
+                         checkpoints__dir=str(base / "ckpt"), output_dir=str(base / f"policy{steps}"))
         run(cfg, {}, metrics_dir=base / f"metrics{steps}")
         configs[steps] = cfg
     return base, configs

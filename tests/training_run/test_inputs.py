@@ -1,4 +1,4 @@
-"""`train.resume: auto` resumes a run's folder only when its checkpoints are certainly this run's unfinished work:
+"""`train.checkpoints.resume: auto` resumes a run's folder only when its checkpoints are certainly this run's unfinished work:
 a complete checkpoint, the same config, the same inputs (code, problems, initial model, search index, libraries),
 and no finished marker. Every combination of those conditions is checked, and each input's digest is shown to
 follow what it claims to follow. The per-step history a resume finishes from is kept in the run's folder, so a
@@ -22,7 +22,7 @@ from pipeline.training_run.inputs import code_digest, note_inputs, record_inputs
 from pipeline.training_run.plan import decide_resume
 from tests.helpers.checkpoints import history_rows, write_checkpoints, write_history
 
-IDENTITY = {"train.lr": 0.001, "train.steps": 4}
+IDENTITY = {"train.optimizer.lr": 0.001, "train.steps": 4}
 INPUTS_NOW = {"code": "c0", "train_file": "t0", "init_model": "m0", "search_index": "s0", "library.torch": "2.9"}
 CHECKPOINT_STATES = ("none", "torn", "complete")
 IDENTITY_STATES = ("same", "other", "unrecorded")
@@ -37,7 +37,7 @@ def make_folder(folder: Path, checkpoint: str, finished: bool, identity: str, in
         if checkpoint == "torn":  # the manifest, written last, missing
             (step / MANIFEST).unlink()
     if identity != "unrecorded":
-        recorded = IDENTITY if identity == "same" else IDENTITY | {"train.lr": 0.01}
+        recorded = IDENTITY if identity == "same" else IDENTITY | {"train.optimizer.lr": 0.01}
         (folder / RUN_CONFIG).write_text(json.dumps(recorded))
     if inputs != "unrecorded":
         record_inputs(folder, INPUTS_NOW if inputs == "same" else INPUTS_NOW | {inputs: "changed"})
@@ -70,7 +70,7 @@ def test_a_missing_folder_or_a_damaged_config_record_starts_afresh(tmp_path: Pat
     assert not decide_resume(tmp_path / "never-made", IDENTITY, INPUTS_NOW, history(tmp_path / "never-made")).resume
     folder = tmp_path / "run"
     make_folder(folder, "complete", False, "same", "same")
-    (folder / RUN_CONFIG).write_text('{"train.lr": ')  # cut by a kill or an editor
+    (folder / RUN_CONFIG).write_text('{"train.optimizer.lr": ')  # cut by a kill or an editor
     decision = decide_resume(folder, IDENTITY, INPUTS_NOW, history(folder))
     assert not decision.resume and RUN_CONFIG in decision.reason
 
@@ -143,7 +143,7 @@ def test_run_inputs_name_the_configs_files(tmp_path: Path) -> None:
 
 
 def test_the_resume_mode_is_not_part_of_what_the_run_computes() -> None:
-    auto, never = (config_from_dict({"train": {"resume": mode}}) for mode in ("auto", "never"))
+    auto, never = (config_from_dict({"train": {"checkpoints": {"resume": mode}}}) for mode in ("auto", "never"))
     assert training_identity(auto) == training_identity(never)
 
 

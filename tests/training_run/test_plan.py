@@ -1,4 +1,4 @@
-"""A run's plan is made once and read everywhere: `plan_run` applies `--resume`, `train.resume: auto` and `never`
+"""A run's plan is made once and read everywhere: `plan_run` applies `--resume`, `train.checkpoints.resume: auto` and `never`
 to every state a run's folder can be in (the checkpoint it names is the one the resume point chose, and only what a
 resume passes over is touched); the plan crosses a rank's command line unchanged, whatever it holds; a word that
 is no plan is refused; and the train stage runs the plan its preflight made instead of planning again."""
@@ -31,7 +31,7 @@ CHECKPOINTS_FOUND = ("none", "torn", "complete", "complete-and-torn")
 
 
 def config(tmp_path: Path):
-    return config_from_dict({"train": {"checkpoint_dir": str(tmp_path / "runs"), "train_file": str(tmp_path / "t.jsonl"),
+    return config_from_dict({"train": {"checkpoints": {"dir": str(tmp_path / "runs")}, "train_file": str(tmp_path / "t.jsonl"),
                                        "init_model": str(tmp_path / "model")}})
 
 
@@ -43,7 +43,7 @@ def make_folder(folder: Path, cfg, found: str, same_config: bool, finished: bool
         write_history(folder, history_rows(3))
     if found in ("torn", "complete-and-torn"):
         (folder / CHECKPOINTS / "step-000003.tmp").mkdir(parents=True)  # a kill while saving
-    identity = training_identity(cfg) | ({} if same_config else {"train.lr": 0.5})
+    identity = training_identity(cfg) | ({} if same_config else {"train.optimizer.lr": 0.5})
     (folder / RUN_CONFIG).write_text(json.dumps(identity))
     record_inputs(folder, run_inputs(cfg) | ({} if same_inputs else {"code": "changed"}))
     if finished:
@@ -75,7 +75,7 @@ def test_each_mode_plans_every_folder_state_by_its_rules(tmp_path: Path, capsys,
     assert listing(folder) == before and "\n" not in auto.reason
 
     if found != "none" and not same_config:
-        with pytest.raises(ConfigMismatch, match="train.lr: 0.5 in the checkpoints"):
+        with pytest.raises(ConfigMismatch, match="train.optimizer.lr: 0.5 in the checkpoints"):
             plan_run(cfg, name="exp", metrics_dir=tmp_path / "metrics", mode="insisted")
     elif found == "torn":
         with pytest.raises(TornCheckpoints, match=re.escape(str(folder / CHECKPOINTS / "step-000003.tmp"))):

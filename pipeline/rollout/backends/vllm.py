@@ -23,7 +23,7 @@ Departures from the hf backend, and why:
   processing, the same at temperature 1) with a nucleus, since the processed ones are then
   renormalised over the nucleus and the step-0 importance ratio would be the nucleus mass.
   A nucleus at a temperature other than 0 or 1 has no untruncated log-probs in vLLM: the config
-  check refuses it with `train.logprobs_source: rollout`.
+  check refuses it with `train.update.logprobs_source: rollout`.
 - vLLM samples with its own per-request generator, seeded from (rollout seed, the sequence's
   generator seed, position): reproducible regardless of how tool latencies interleave the
   requests, but not the same draws as the hf backend for the same seed.

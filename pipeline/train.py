@@ -176,8 +176,9 @@ def placed(cfg: RunConfig, model: PreTrainedModel, optimizer: torch.optim.Optimi
     from pipeline.distributed.checkpointing import copy_weights_into
     from pipeline.distributed.replicas import deepspeed_replicas  # DeepSpeed is imported only when used
 
-    # Under ZeRO-3 the trained parameters become shards: the hf backend samples from a full copy (vLLM has its own)
-    copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.backend == "hf" else None
+    # Under ZeRO-3 the trained parameters become shards: an in-process backend samples from a full copy (vLLM has
+    # its own)
+    copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.sampler.in_process else None
     replicas = deepspeed_replicas(model, optimizer, cfg)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
         # beside the rank's shards: its GPU, not the CPU it was loaded on (the ignore: transformers' typed wrapper

@@ -3,6 +3,7 @@ and completeness rules in depth: tests/faults/test_params.py)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,19 @@ def test_params_yaml_is_complete_at_every_depth(repo_root: Path) -> None:
     assert "train.algorithm.eps_high" in missing_keys(RunConfig, {"train": {"algorithm": {"kind": "dapo"}}})
     assert "train.algorithm.eps" in missing_keys(RunConfig, {"train": {"algorithm": {"kind": "grpo"}}})
     assert "train.finetune.r" in missing_keys(RunConfig, {"train": {"finetune": {"kind": "lora"}}})
+
+
+def test_the_rollout_backend_is_a_typed_choice_no_module_compares_by_name(repo_root: Path) -> None:
+    """What a run needs of its backend is read from `rollout.sampler` (`SamplerBackend`), said once in
+    pipeline/config/rollout.py; a module that compared `rollout.backend` with a name would escape that."""
+    from typing import get_args
+
+    from pipeline.config.rollout import BACKENDS, RolloutConfig
+
+    assert set(BACKENDS) == set(get_args(RolloutConfig.model_fields["backend"].annotation))
+    assert all(RolloutConfig(backend=name).sampler.name == name for name in BACKENDS)  # type: ignore[arg-type]
+    compared = re.compile(r"\.backend\s*(==|!=|\bin\b|\bnot in\b)")
+    offenders = [f"{path}:{n}" for folder in ("pipeline", "flows", "sandbox")
+                 for path in sorted((repo_root / folder).rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if compared.search(line)]
+    assert not offenders, offenders

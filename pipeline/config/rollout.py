@@ -7,6 +7,7 @@ naming every key involved; `vllm_logprobs_mode` says which vLLM log-probs match 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -14,6 +15,26 @@ from pydantic import Field, field_validator, model_validator
 from pipeline.config.base import StageConfig
 from pipeline.config.tools import ChatToolsConfig, CodeToolEntry, SearchToolEntry, ToolEntry, check_unique_names
 
+
+@dataclass(frozen=True)
+class SamplerBackend:
+    """What the rest of a run needs to know about a generation backend, said once here so that no module
+    compares `rollout.backend` with a name (`pipeline.rollout.backends.make_backend` builds the engine)."""
+
+    name: Literal["hf", "vllm"]
+    in_process: bool  # samples from the trained module itself (no copy of the weights to push)
+    decoding_clock: bool  # steps every sequence together, so a tool's row can rejoin at a fixed decoding step
+    records_entropies: bool  # the per-token entropies TEPO reads
+    untruncated_logprobs: bool  # whole-vocabulary log-probs under any nucleus (vLLM: at temperature 0 or 1 only)
+    packages: tuple[str, ...]  # what a process that builds it must import
+
+
+BACKENDS: dict[str, SamplerBackend] = {
+    "hf": SamplerBackend("hf", in_process=True, decoding_clock=True, records_entropies=True,
+                         untruncated_logprobs=True, packages=()),
+    "vllm": SamplerBackend("vllm", in_process=False, decoding_clock=False, records_entropies=False,
+                           untruncated_logprobs=False, packages=("vllm",)),
+}
 
 
 class VLLMConfig(StageConfig):
@@ -102,6 +123,11 @@ class RolloutConfig(StageConfig):
         "slow tools, longer idling after fast ones. 0: rejoin as soon as the tool answers (never waits, but "
         "log-probs then round differently from run to run, ~1e-6, and a resumed run with tools is not bit-identical).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
+
+    @property
+    def sampler(self) -> SamplerBackend:
+        """The backend `backend` names, as the typed choice the rest of a run reads."""
+        return BACKENDS[self.backend]
 
     @field_validator("tools")
     @classmethod

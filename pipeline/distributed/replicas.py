@@ -199,5 +199,5 @@ def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer,
     """This rank of the data-parallel job `cfg.distributed` describes, for the training step."""
     engine = deepspeed_engine(model, optimizer, cfg.distributed, cfg.train.update.micro_batch_size, cfg.train.optimizer.grad_clip,
                               cfg.model.dtype)
-    return DeepSpeedReplicas(engine, push_to_rollout_engine=cfg.rollout.backend == "vllm",
+    return DeepSpeedReplicas(engine, push_to_rollout_engine=not cfg.rollout.sampler.in_process,
                              push_chunk_bytes=cfg.rollout.vllm.push_chunk_mib * 2**20)

@@ -108,7 +108,7 @@ def sample_groups(root: Path, per_source: int, seed: int, reps: int) -> tuple[li
             for _ in range(max(reps, 1)):
                 for side, key in (("ours", hf_backend.prefill_key), ("old_key", old_prefill_key))[:2 if reps else 1]:
                     with swapped("prefill_key", key, hf_backend), \
-                            RolloutEngine(model, tokenizer, make_tools(cfg, urls), cfg.rollout, seed=seed) as engine:
+                            RolloutEngine(model, tokenizer, make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, urls), cfg.rollout, seed=seed) as engine:
                         result = engine.rollout(drawn, cfg.rollout.group_size)
                     figures.setdefault(f"rollout_{side}_s", []).append(result.stats.wall_s)
                     figures[f"prefill_tokens_{side}"] = [float(result.stats.prefill_tokens)]

@@ -184,7 +184,7 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = P
 def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str]) -> dict[str, float]:
     sc = cfg.sft
     make_repeatable(cfg.run.seed, cfg.run.deterministic)
-    tools = make_tools(cfg, tool_urls)
+    tools = make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, tool_urls)
     problems = read_problems(sc.train_file)
     traces = scripted_traces(problems, tokenizer, protocol_of(cfg.rollout), tools, cfg.reward,
                              cfg.rollout.max_tool_output_chars, eos_ids(model, tokenizer))

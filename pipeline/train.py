@@ -137,7 +137,7 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
     optimizer = torch.optim.AdamW(weights.trainable(model), lr=tc.optimizer.lr, weight_decay=tc.optimizer.weight_decay, betas=(0.9, 0.999))
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_multiplier(tc.optimizer.lr_decay, tc.optimizer.warmup_steps, tc.steps, tc.optimizer.min_lr_ratio))
-    tools = make_tools(cfg, tool_urls)  # the registry: an MCP server is started and its schemas read here
+    tools = make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, tool_urls)  # the registry: an MCP server is started and its schemas read here
     try:  # before the first step, with the schemas a chat template declares
         check_prompt_budget(tc.train_file, rows, tokenizer, cfg.rollout, tuple(tools), tool_specs(tools))
         replicas, rollout_model = placed(cfg, model, optimizer, weights)

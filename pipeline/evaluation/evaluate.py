@@ -96,7 +96,7 @@ def make_eval_tools(cfg: RunConfig, benchmarks: list[Benchmark], urls: Mapping[T
     missing = [t for t in tools_needed(benchmarks) if t not in urls]
     if missing:
         raise EvaluationError(f"mode 'tools' needs running services for {missing}; got URLs for {sorted(urls)}")
-    return make_tools(cfg, urls)
+    return make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, urls)
 
 
 def sample_records(group: Group, benchmark: Benchmark, cfg: RunConfig) -> list[dict[str, Any]]:

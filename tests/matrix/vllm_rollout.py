@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 from pipeline.config import load_config  # noqa: E402
 from pipeline.jsonl import read_problems  # noqa: E402
 from pipeline.rollout.engine import RolloutEngine  # noqa: E402
-from pipeline.tools.factory import make_tools  # noqa: E402
+from tests.helpers.tools import registry  # noqa: E402
 
 
 def main(params: Path, tool: str, url: str, out: Path, collections: int = 3) -> None:
@@ -30,7 +30,7 @@ def main(params: Path, tool: str, url: str, out: Path, collections: int = 3) -> 
     model = LlamaForCausalLM.from_pretrained(cfg.train.init_model)
     tokenizer = AutoTokenizer.from_pretrained(cfg.train.init_model)
     problems = read_problems(cfg.train.train_file)
-    engine = RolloutEngine(model, tokenizer, make_tools(cfg, {tool: url}), cfg.rollout, seed=cfg.run.seed)
+    engine = RolloutEngine(model, tokenizer, registry(cfg, {tool: url}), cfg.rollout, seed=cfg.run.seed)
     try:
         batches = [engine.rollout(problems[i::collections][:cfg.train.sampling.prompts_per_step], cfg.rollout.group_size).groups
                    for i in range(collections)]

@@ -22,7 +22,7 @@ from pipeline.protocols import protocol_for
 from pipeline.rollout.engine import RolloutEngine
 from pipeline.train import set_up
 from pipeline.services.processes import ServiceProcess, free_port
-from pipeline.tools.factory import make_tools
+from tests.helpers.tools import registry
 from pipeline.tools.mcp import McpUnavailable
 from pipeline.types import Problem
 from tests.helpers.tiny import tiny_llama
@@ -55,7 +55,7 @@ def close(tools: dict) -> None:
 
 @pytest.fixture(scope="module")
 def stdio_tools() -> Iterator[dict]:
-    tools = make_tools(mcp_config(concurrency=2), {})
+    tools = registry(mcp_config(concurrency=2), {})
     yield tools
     close(tools)
 
@@ -85,7 +85,7 @@ def test_at_most_concurrency_calls_are_in_flight(stdio_tools: dict) -> None:
 
 
 def test_a_server_that_dies_is_an_outage_then_started_again() -> None:
-    tools = make_tools(mcp_config(tools=["die", "add"], timeout_s=120.0), {})  # a bound on the restart's wait
+    tools = registry(mcp_config(tools=["die", "add"], timeout_s=120.0), {})  # a bound on the restart's wait
     try:
         assert sorted(tools) == ["toy_add", "toy_die"]
         died, = run_all(tools, ("toy_die", {}))
@@ -99,10 +99,10 @@ def test_a_server_that_dies_is_an_outage_then_started_again() -> None:
 
 def test_a_server_that_cannot_start_or_lacks_a_tool_is_refused_naming_it() -> None:
     with pytest.raises(McpUnavailable, match="MCP server 'toy': could not start"):
-        make_tools(mcp_config(command=[sys.executable, "-c", "import sys; sys.exit(3)"], startup_timeout_s=20.0,
+        registry(mcp_config(command=[sys.executable, "-c", "import sys; sys.exit(3)"], startup_timeout_s=20.0,
                               restarts=1), {})
     with pytest.raises(McpUnavailable, match=r"has no tool\(s\) \['translate'\]"):
-        make_tools(mcp_config(tools=["add", "translate"]), {})
+        registry(mcp_config(tools=["add", "translate"]), {})
 
 
 def test_a_streamable_http_server_is_a_tool_source(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_a_streamable_http_server_is_a_tool_source(tmp_path: Path) -> None:
     with service.start(timeout_s=60):
         cfg = mcp_config(command=[], url=f"http://127.0.0.1:{port}/mcp", tools=["add", "big"], prefix="",
                          max_answer_bytes=1 << 20)
-        tools = make_tools(cfg, {})
+        tools = registry(cfg, {})
         try:
             added, = run_all(tools, ("add", {"a": 20, "b": 22}))
             assert added.ok and added.output == "42"

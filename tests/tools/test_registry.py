@@ -14,7 +14,7 @@ import pytest
 from pipeline.config import ConfigError, config_from_dict, load_config
 from pipeline.paths import REPO_ROOT
 from pipeline.tools.code import CodeSandboxClient
-from pipeline.tools.factory import make_tools
+from tests.helpers.tools import registry
 from pipeline.tools.search import SearchClient
 from pipeline.tools.user import HttpTool, PythonTool
 from tests.tools import user_functions
@@ -38,17 +38,17 @@ def call(tool, **arguments):
 def test_code_and_search_are_two_entries_of_the_registry() -> None:
     cfg = load_config(REPO_ROOT / "params.yaml")
     assert [t.kind for t in cfg.rollout.tools] == ["code", "search"]
-    tools = make_tools(cfg, {"code": "http://127.0.0.1:1", "search": "http://127.0.0.1:2"})
+    tools = registry(cfg, {"code": "http://127.0.0.1:1", "search": "http://127.0.0.1:2"})
     assert isinstance(tools["code"], CodeSandboxClient) and isinstance(tools["search"], SearchClient)
-    assert make_tools(cfg, {}) == {}  # a service without a URL is not offered
+    assert registry(cfg, {}) == {}  # a service without a URL is not offered
     without_search = config_from_dict({"rollout": {"tools": [{"kind": "code"}]}})
-    assert list(make_tools(without_search, {"code": "http://127.0.0.1:1", "search": "http://127.0.0.1:2"})) == ["code"]
+    assert list(registry(without_search, {"code": "http://127.0.0.1:1", "search": "http://127.0.0.1:2"})) == ["code"]
 
 
 def test_a_python_function_is_a_tool_by_its_import_path() -> None:
     cfg = chat_config({"kind": "code"}, python_entry("lookup"), python_entry("weigh", "weigh", parameters={
         "type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}}}))
-    tools = make_tools(cfg, {})
+    tools = registry(cfg, {})
     assert list(tools) == ["lookup", "weigh"]
     assert tools["lookup"].spec.parameters == WORD and tools["lookup"].spec.text_argument is None
     result = call(tools["lookup"], word="tapo", n=2)
@@ -88,7 +88,7 @@ def test_a_python_tool_runs_at_most_concurrency_calls_at_once() -> None:
 ])
 def test_a_python_tool_that_cannot_load_is_refused_naming_it(entry: dict, error: str) -> None:
     with pytest.raises(ValueError, match=error):
-        make_tools(chat_config(entry), {})
+        registry(chat_config(entry), {})
 
 
 @pytest.mark.parametrize(("change", "error"), [
@@ -158,7 +158,7 @@ def test_an_http_endpoint_is_a_tool(endpoint: str, path: str, ok: bool, status: 
                                     output: str) -> None:
     entry = {"kind": "http", "name": "define", "url": endpoint + path, "description": "Define a word.",
              "parameters": WORD, "retries": 1}
-    tool = make_tools(chat_config(entry), {})["define"]
+    tool = registry(chat_config(entry), {})["define"]
     assert isinstance(tool, HttpTool)
     result = call(tool, word="tapo")
     assert (result.ok, result.status, result.infrastructure) == (ok, status, infrastructure)
@@ -170,5 +170,5 @@ def test_an_http_endpoint_is_a_tool(endpoint: str, path: str, ok: bool, status: 
 def test_an_unreachable_endpoint_is_an_outage() -> None:
     entry = {"kind": "http", "name": "define", "url": "http://127.0.0.1:9/x", "description": "Define a word.",
              "parameters": WORD, "retries": 0}
-    result = call(make_tools(chat_config(entry), {})["define"], word="tapo")
+    result = call(registry(chat_config(entry), {})["define"], word="tapo")
     assert result.infrastructure and result.status == "unavailable"

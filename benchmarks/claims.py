@@ -93,7 +93,7 @@ def read_experiment(ref: str, repo: Path) -> tuple[dict, list[dict]]:
     compare = json.loads(experiment_file(ref, f"{cfg.evaluate.output_dir}/{COMPARE_FILE}", repo))
     text = experiment_file(ref, "metrics/train_history.jsonl", repo)
     history = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return figures(compare, history, *compared_labels(cfg)), history
+    return figures(compare, history, *compared_labels(cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo)), history
 
 
 def cell(value: float | None, percent: bool = False) -> str:

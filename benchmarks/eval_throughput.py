@@ -69,7 +69,8 @@ def config(params: Path, args: argparse.Namespace, out_dir: Path, chunk: int, re
 def timed_run(cfg, model, tokenizer, model_id: str, urls: dict, redis_url: str) -> tuple[float, dict]:
     redis.Redis.from_url(redis_url).flushdb()  # neither run may reuse the other's search results
     benchmarks = load_benchmarks(cfg.evaluate)
-    engine = RolloutEngine(model, tokenizer, make_eval_tools(cfg, benchmarks, urls), cfg.rollout, seed=cfg.run.seed)
+    tools = make_eval_tools(cfg.evaluate.mode, cfg.rollout.tools, cfg.sandbox, cfg.search, benchmarks, urls)
+    engine = RolloutEngine(model, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
     t0 = time.perf_counter()
     metrics = evaluate_engine(cfg, engine, benchmarks, model_name=cfg.evaluate.model, model_id=model_id)
     return time.perf_counter() - t0, metrics
@@ -96,7 +97,7 @@ def measure(params: Path, args: argparse.Namespace, work: Path) -> dict:
     with redis_service(work / "redis") as cache:  # our own Redis, so its search cache can be flushed
         cfg_ours = config(params, args, work / "ours", args.chunk, cache.url)
         cfg_base = config(params, args, work / "one_at_a_time", 1, cache.url)
-        model, tokenizer, resolved = load_model(cfg_ours, args.model)
+        model, tokenizer, resolved = load_model(args.model, cfg_ours.model, cfg_ours.run.tracking_uri)
         with tool_services(params, ("code", "search"), work, {"search.redis_url": cache.url}) as (_, urls):
             ours_s, ours = timed_run(cfg_ours, model, tokenizer, fingerprint(resolved), urls, cache.url)
             base_s, base = timed_run(cfg_base, model, tokenizer, fingerprint(resolved), urls, cache.url)

@@ -79,7 +79,7 @@ def params_for_output(params: str, output_dir: Path) -> Path:
 
 def evaluated_already(cfg: RunConfig, version: ModelVersion) -> str | None:
     """The accuracy `version` has under the evaluation setting `cfg` defines, if it was evaluated so."""
-    key = setting_key(evaluation_setting(cfg, load_benchmarks(cfg.evaluate)))
+    key = setting_key(evaluation_setting(cfg.evaluate, cfg.rollout.protocol, load_benchmarks(cfg.evaluate)))
     return version.tags.get(SETTING_ACCURACY_TAG.format(key=key))
 
 

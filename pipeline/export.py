@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError, RunConfig, load_config
+from pipeline.config import ConfigError, load_config
+from pipeline.config.train import TrainConfig
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,46 +52,49 @@ class CheckpointNotFound(FileNotFoundError):
     """The checkpoint to export is not there; the message lists the checkpoints that are."""
 
 
-def existing_checkpoints(cfg: RunConfig | None, missing: Path) -> list[Path]:
+def existing_checkpoints(checkpoints_dir: str | None, missing: Path) -> list[Path]:
     """Checkpoints near a missing one: in the closest folder of its path that exists, and in every run folder
-    under train.checkpoints.dir (with --params)."""
+    under `checkpoints_dir` (train.checkpoints.dir, with --params)."""
     near = next((p for p in missing.parents if p.is_dir()), Path("."))
-    roots = [near] + ([Path(cfg.train.checkpoints.dir)] if cfg is not None else [])
+    roots = [near] + ([Path(checkpoints_dir)] if checkpoints_dir is not None else [])
     return sorted({p for root in roots for pattern in STEP_GLOBS for p in root.glob(pattern) if p.is_dir()})
 
 
-def require_checkpoint(cfg: RunConfig | None, checkpoint: Path) -> None:
+def require_checkpoint(checkpoints_dir: str | None, checkpoint: Path) -> None:
+    """Refuse a checkpoint that is not there, naming those that are (`existing_checkpoints`)."""
     if checkpoint.exists():
         return
-    found = existing_checkpoints(cfg, checkpoint)
+    found = existing_checkpoints(checkpoints_dir, checkpoint)
     listed = ", ".join(map(str, found)) if found else "none (has the run saved one? train.checkpoints.every)"
     raise CheckpointNotFound(f"{checkpoint}: no such checkpoint; checkpoints there are: {listed}")
 
 
-def export_checkpoint(cfg: RunConfig | None, checkpoint: Path, out: Path) -> Path:
+def export_checkpoint(checkpoint: Path, out: Path, train: TrainConfig | None = None, dtype: str | None = None
+                      ) -> Path:
     """`checkpoint` written as the final model is, whole or absent (renamed into place). A DeepSpeed step
     directory, or a directory of them holding `latest`, needs no config; a single-process one needs the
-    run's (train.init_model, train.finetune, model.dtype) to rebuild the model it loads into."""
-    require_checkpoint(cfg, checkpoint)
+    run's train section (train.init_model, train.finetune) and model.dtype to rebuild the model it loads into.
+    With the train section, a missing checkpoint's message lists those under train.checkpoints.dir too."""
+    require_checkpoint(train.checkpoints.dir if train is not None else None, checkpoint)
     if (checkpoint / LATEST).is_file() or is_deepspeed_checkpoint(checkpoint):
         root, tag = (checkpoint, None) if (checkpoint / LATEST).is_file() else (checkpoint.parent, checkpoint.name)
         staging = staging_dir(out)
         export_from_checkpoint(root, staging, tag)
         return publish_dir(staging, out)
-    if cfg is None:
+    if train is None or dtype is None:
         raise ValueError(f"{checkpoint}: a single-process checkpoint; pass --params (the run's params file)")
-    return export_single_process(cfg, checkpoint, out)
+    return export_single_process(train, dtype, checkpoint, out)
 
 
-def export_single_process(cfg: RunConfig, checkpoint: Path, out: Path) -> Path:
+def export_single_process(train: TrainConfig, dtype: str, checkpoint: Path, out: Path) -> Path:
     """The model rebuilt as training's set-up builds it (train.init_model, then the finetune variant, so a
     LoRA adapter is merged on export) with the checkpoint's weights loaded into it; a mismatch raises."""
     missing = [name for name in CHECKPOINT_FILES if not (checkpoint / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{checkpoint}: no {', '.join(missing)} (not a complete training checkpoint; a "
                                 "`.tmp` one was torn by a kill while saving)")
-    weights = policy_weights(cfg.train.finetune)
-    model, tokenizer = load_policy(cfg.train.init_model, weights.held_dtype(cfg.model.dtype, deepspeed=False), "cpu")
+    weights = policy_weights(train.finetune)
+    model, tokenizer = load_policy(train.init_model, weights.held_dtype(dtype, deepspeed=False), "cpu")
     model = weights.prepare(model)
     load_model(model, str(checkpoint / "model.safetensors"))
     staging = staging_dir(out)
@@ -102,7 +106,10 @@ def main() -> None:
     args = parser().parse_args()
     try:
         cfg = load_config(Path(args.params)) if args.params else None
-        print(export_checkpoint(cfg, args.checkpoint, args.out))
+        if cfg is None:
+            print(export_checkpoint(args.checkpoint, args.out))
+        else:
+            print(export_checkpoint(args.checkpoint, args.out, cfg.train, cfg.model.dtype))
     except (ConfigError, FileNotFoundError, ValueError) as err:  # a user's mistake: one line, not a traceback
         print(f"export: {err}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -37,6 +37,8 @@ import torch
 
 from pipeline.config import RunConfig
 from pipeline.config.reward import RewardConfig
+from pipeline.config.rollout import RolloutConfig
+from pipeline.config.sft import SFTConfig
 from pipeline.data.answerable import shows_answer
 from pipeline.data.broken import refuse_if_none_kept, service_of
 from pipeline.jsonl import read_problems, write_json
@@ -174,30 +176,40 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = P
     metrics: dict[str, float] = {"sft/traces": 0.0}
     with tracked_run(cfg.run, "sft", {"sft": sc.model_dump(), "model": cfg.model.model_dump()}):
         if sc.enabled:
-            metrics = fine_tune(cfg, model, tokenizer, tool_urls)
+            make_repeatable(cfg.run.seed, cfg.run.deterministic)
+            tools = make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, tool_urls)
+            traces = teacher_traces(sc, cfg.rollout, cfg.reward, model, tokenizer, tools)
+            metrics = fine_tune(sc, model, tokenizer, traces, seed=cfg.run.seed, dtype=cfg.model.dtype)
         model.save_pretrained(sc.output_dir, safe_serialization=True)
         tokenizer.save_pretrained(sc.output_dir)
     write_json(metrics_dir / "sft.json", metrics)
     return metrics
 
 
-def fine_tune(cfg: RunConfig, model, tokenizer, tool_urls: Mapping[ToolName, str]) -> dict[str, float]:
-    sc = cfg.sft
-    make_repeatable(cfg.run.seed, cfg.run.deterministic)
-    tools = make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, tool_urls)
+def teacher_traces(sc: SFTConfig, rollout: RolloutConfig, reward: RewardConfig, model, tokenizer,
+                   tools: Mapping[ToolName, Tool]) -> list[Trace]:
+    """The verified scripted traces of sft.train_file (at most sft.max_traces), in the rollout section's protocol,
+    its tool output cut to rollout.max_tool_output_chars, and checked by the reward section's verifiers; none is
+    refused, naming the file and the tools."""
     problems = read_problems(sc.train_file)
-    traces = scripted_traces(problems, tokenizer, protocol_of(cfg.rollout), tools, cfg.reward,
-                             cfg.rollout.max_tool_output_chars, eos_ids(model, tokenizer))
+    traces = scripted_traces(problems, tokenizer, protocol_of(rollout), tools, reward,
+                             rollout.max_tool_output_chars, eos_ids(model, tokenizer))
     if sc.max_traces:
         traces = traces[: sc.max_traces]
     if not traces:
         raise ValueError(f"{sc.train_file}: no problem yields a verified scripted trace (need meta.code with the "
                          f"code tool, or a fact question the search tool answers; tools: {sorted(tools)})")
+    return traces
+
+
+def fine_tune(sc: SFTConfig, model, tokenizer, traces: list[Trace], *, seed: int, dtype: str) -> dict[str, float]:
+    """Train on `traces` as the sft section says (epochs, batch size, lr, activation checkpointing), the forward
+    under model.dtype (`dtype`), the traces shuffled each epoch by a generator seeded with run.seed."""
     if sc.gradient_checkpointing:
         enable_activation_checkpointing(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sc.lr, weight_decay=0.0)
-    autocast = training_forward(cfg.model.dtype, "float32", "none", model_device(model))
-    order = random.Random(cfg.run.seed)
+    autocast = training_forward(dtype, "float32", "none", model_device(model))
+    order = random.Random(seed)
     steps_per_epoch = math.ceil(len(traces) / sc.batch_size)
     t0, step, loss = time.perf_counter(), 0, float("nan")
     bar = progress(sc.epochs * steps_per_epoch, "sft", "step")  # a bar on a terminal, else a line every 30 s

@@ -64,7 +64,8 @@ from pipeline.rl.anchor import step_openings
 from pipeline.rl.loss import PolicyLoss, make_policy_loss
 from pipeline.rl.tepo import Tepo, tepo_variant
 from pipeline.rollout.engine import RolloutEngine
-from pipeline.sampling.dynamic_sampling import GroupReward, Rollouts, Sampler, group_reward, outage_metrics, sampler_for
+from pipeline.sampling.dynamic_sampling import (Collected, GroupReward, Rollouts, Sampler, group_reward, outage_metrics,
+                                               sampler_for)
 from pipeline.sampling.problem_stream import ProblemStream, problem_stream
 from pipeline.sampling.training_problems import check_prompt_budget, read_training_problems
 from pipeline.tools.base import tool_specs
@@ -163,8 +164,8 @@ def set_up(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | No
     return Training(
         cfg, tokenizer, replicas, scheduler, engine, sharded(engine) if cfg.distributed.enabled else engine,
         problem_stream([problem for _, problem in rows], cfg.run.seed, start.data_cursor, tc.sampling.balance_sources),
-        sampler_for(cfg), group_reward(cfg, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
-        old_logprobs_source(tc.update.logprobs_source), make_reference(cfg, device, held), settings,
+        sampler_for(tc.sampling, cfg.rollout, cfg.distributed.enabled), group_reward(cfg.reward, cfg.rollout, tepo), keep, tepo, make_policy_loss(tc.algorithm, cfg.rollout.max_policy_tokens),
+        old_logprobs_source(tc.update.logprobs_source), make_reference(tc.algorithm, tc.init_model, device, held), settings,
         OutageGuard(tc.outages.max_step_share, tc.outages.max_run_share), start, plan)
 
 
@@ -179,7 +180,8 @@ def placed(cfg: RunConfig, model: PreTrainedModel, optimizer: torch.optim.Optimi
     # Under ZeRO-3 the trained parameters become shards: an in-process backend samples from a full copy (vLLM has
     # its own)
     copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.sampler.in_process else None
-    replicas = deepspeed_replicas(model, optimizer, cfg)
+    replicas = deepspeed_replicas(model, optimizer, cfg.distributed, cfg.train.update.micro_batch_size,
+                                  cfg.train.optimizer.grad_clip, cfg.model.dtype, cfg.rollout)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)
         # beside the rank's shards: its GPU, not the CPU it was loaded on (the ignore: transformers' typed wrapper
         # of Module.to names the model where the device goes)
@@ -221,6 +223,48 @@ def update(t: Training, kept: list[ScoredGroup], anchored: Sequence[ScoredGroup]
     return mean_over_updates(updates) | {"train/lr": lr, "train/skipped": 0.0}
 
 
+def sample(t: Training, step: int) -> Collected:
+    """One step's groups: sampled with tools, rewarded, and kept or dropped by dynamic sampling; raises (before any
+    training) when tool outages pass their limits."""
+    collected = t.sampler.collect(t.rollouts, t.stream, t.reward, t.keep)
+    collected.metrics.update(outage_metrics(t.outages, collected, step))
+    return collected
+
+
+@dataclass(frozen=True)
+class StepRecords:
+    """Where a step is recorded: the metrics history, the progress bar and the MLflow run (rank 0's only)."""
+
+    history: MetricHistory
+    progress: StepProgress
+    run_id: str | None
+
+
+def record_step(t: Training, records: StepRecords, step: int, collected: Collected,
+                anchored: Sequence[ScoredGroup], metrics: dict[str, float]) -> None:
+    """The step's metrics in the history and on the bar; under data parallelism what each rank trained on; sample
+    tables and a few groups as traces in MLflow."""
+    records.history.log(step, metrics)
+    records.progress.show(step, metrics)
+    if t.cfg.distributed.enabled:  # every rank says what it trained on: the load balance, in the stage's log
+        print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
+    tc = t.cfg.train
+    if records.run_id is not None and tc.sample_tables.every and step % tc.sample_tables.every == 0:
+        log_samples(records.run_id, step, collected.seen, collected.kept, tc.sample_tables.trajectories)
+    log_step_traces(t.cfg.run.traces, records.run_id, step, collected,
+                    lambda groups: advantages_of(groups, tc.algorithm))  # a few groups, turn by turn
+
+
+def checkpoint_if_due(t: Training, history: MetricHistory, step: int, run_id: str | None) -> TrainerState:
+    """The run's state after `step`, saved as a checkpoint every `train.checkpoints.every` steps and at the last
+    (collective under data parallelism), with the digest of the history it was saved after."""
+    state = TrainerState(step + 1, t.stream.cursor, t.engine.rollouts_started, run_id)
+    if (step + 1) % t.cfg.train.checkpoints.every == 0 or step + 1 == t.cfg.train.steps:
+        state = replace(state, history_sha256=history.digest(step + 1))
+        t.replicas.save_checkpoint(t.plan.folder, state, t.scheduler, t.tokenizer)
+    return state
+
+
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None = None, *,
         metrics_dir: Path = Path("metrics")) -> dict[str, float]:
     """Train and save the final policy to `cfg.train.output_dir`; returns the last step's metrics. Checkpoints
@@ -245,30 +289,19 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], plan: RunPlan | None 
         if main else contextlib.nullcontext(None)
     with run_ctx as active:
         history.log_earlier_steps()  # the steps before the checkpoint: this run then holds every step once
+        run_id = active.info.run_id if active is not None else None
         steps = StepProgress(state.step, tc.steps, enabled=main)  # a bar on a terminal, else a line a step
         for step in steps:
             started = time.perf_counter()
-            collected = t.sampler.collect(t.rollouts, t.stream, t.reward, t.keep)  # sample with tools, reward, filter
-            collected.metrics.update(outage_metrics(t.outages, collected, step))  # raises past the outage limits
+            collected = sample(t, step)  # groups sampled with tools and rewarded; the uninformative ones dropped
             sampled = time.perf_counter()
             anchored = step_openings(collected.kept, collected.dropped, tc.sampling.anchor_dropped_tokens)
-            update_metrics = update(t, collected.kept, anchored)  # advantages, loss, optimiser steps, weight sync
+            update_metrics = update(t, collected.kept, anchored)  # advantages, batches, loss, optimiser steps, sync
             last = collected.metrics | update_metrics | {"train/anchored_groups": float(len(anchored)),
                                                          "time/rollout_seconds": sampled - started,
                                                          "time/train_seconds": time.perf_counter() - sampled}
-            history.log(step, last)
-            steps.show(step, last)
-            if cfg.distributed.enabled:  # every rank says what it trained on: the load balance, in the stage's log
-                print(rank_share(t, step, collected.kept, anchored), file=sys.stderr, flush=True)
-            if active is not None and tc.sample_tables.every and step % tc.sample_tables.every == 0:
-                log_samples(active.info.run_id, step, collected.seen, collected.kept, tc.sample_tables.trajectories)
-            log_step_traces(cfg.run.traces, active.info.run_id if active else None, step, collected,
-                            lambda groups: advantages_of(groups, tc.algorithm))  # a few groups, turn by turn
-            state = TrainerState(step + 1, t.stream.cursor, t.engine.rollouts_started,
-                                 active.info.run_id if active else None)
-            if (step + 1) % tc.checkpoints.every == 0 or step + 1 == tc.steps:  # with the history it was saved after
-                state = replace(state, history_sha256=history.digest(step + 1))
-                t.replicas.save_checkpoint(plan.folder, state, t.scheduler, t.tokenizer)  # collective
+            record_step(t, StepRecords(history, steps, run_id), step, collected, anchored, last)
+            state = checkpoint_if_due(t, history, step, run_id)
         finish_run(t, output_dir)
         t.engine.close()
         # inside the MLflow run (main's: the other ranks have none): an attempt killed before its records are
@@ -318,7 +351,7 @@ def register_once(cfg: RunConfig, run_id: str, model_dir: Path, run_dir: Path, e
     if known is not None and known.run_id in (run_id, earlier):
         print(f"{model_dir}: already registered as version {known.version} by run {run_id}", file=sys.stderr)
         return
-    log_and_register(cfg.run, run_id, model_dir, **training_record(cfg, run_dir))
+    log_and_register(cfg.run, run_id, model_dir, **training_record(cfg.train, cfg.rollout, cfg.model.dtype, run_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from pipeline.config import RunConfig
+from pipeline.config.rollout import RolloutConfig
 from pipeline.config.distributed import DistributedConfig
 from pipeline.distributed import checkpointing, weight_sync
 from pipeline.distributed.build_locks import build_locks_cleared
@@ -195,9 +195,11 @@ def deepspeed_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, c
     return engine
 
 
-def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer, cfg: RunConfig) -> DeepSpeedReplicas:
-    """This rank of the data-parallel job `cfg.distributed` describes, for the training step."""
-    engine = deepspeed_engine(model, optimizer, cfg.distributed, cfg.train.update.micro_batch_size, cfg.train.optimizer.grad_clip,
-                              cfg.model.dtype)
-    return DeepSpeedReplicas(engine, push_to_rollout_engine=not cfg.rollout.sampler.in_process,
-                             push_chunk_bytes=cfg.rollout.vllm.push_chunk_mib * 2**20)
+def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer, distributed: DistributedConfig,
+                       micro_batch_size: int, grad_clip: float, dtype: str,
+                       rollout: RolloutConfig) -> DeepSpeedReplicas:
+    """This rank of the data-parallel job `distributed` describes, for the training step; weights are pushed to the
+    rollout engine when it does not sample from the trained module (`rollout.sampler`)."""
+    engine = deepspeed_engine(model, optimizer, distributed, micro_batch_size, grad_clip, dtype)
+    return DeepSpeedReplicas(engine, push_to_rollout_engine=not rollout.sampler.in_process,
+                             push_chunk_bytes=rollout.vllm.push_chunk_mib * 2**20)

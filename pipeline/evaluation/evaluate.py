@@ -24,7 +24,7 @@ likewise a judge that cannot answer stops the run with `JudgeUnavailable` before
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,14 @@ from typing import Any
 import mlflow
 
 from pipeline.config import RunConfig
+from pipeline.config.evaluate import EvaluateConfig
+from pipeline.config.model import ModelConfig
+from pipeline.config.reward import RewardConfig
+from pipeline.config.rollout import RolloutConfig
+from pipeline.config.run import TracesSection
+from pipeline.config.sandbox import SandboxConfig
+from pipeline.config.search import SearchConfig
+from pipeline.config.tools import ToolEntry
 from pipeline.data.judge_client import JudgeUnavailable
 from pipeline.evaluation.benchmarks import Benchmark, load_benchmarks
 from pipeline.evaluation.judge import judge_records
@@ -68,7 +76,11 @@ class EvaluationError(ValueError):
 
 @dataclass
 class _Plan:
-    cfg: RunConfig
+    """What the chunks read: the evaluate, rollout and reward sections, and which problems are logged as traces."""
+    evaluate: EvaluateConfig
+    rollout: RolloutConfig
+    reward: RewardConfig
+    traces: TracesSection
     benchmarks: list[Benchmark]
     engine: RolloutEngine
     store: SampleStore
@@ -80,32 +92,40 @@ def tools_needed(benchmarks: list[Benchmark]) -> tuple[ToolName, ...]:
     return tuple(sorted({tool for t in types for tool in TOOLS_FOR_TYPE.get(t, ())}))
 
 
-def load_model(cfg: RunConfig, model: str):
-    resolved = resolve_model(model, cfg.run.tracking_uri)
+def load_model(model: str, mc: ModelConfig, tracking_uri: str):
+    """`model` (a path, embedded name, hub id or MLflow URI, resolved against `tracking_uri`) in model.dtype on
+    model.device, in eval mode; with the path it resolved to."""
+    resolved = resolve_model(model, tracking_uri)
     try:
-        policy, tokenizer = load_policy(resolved, cfg.model.dtype, cfg.model.device)
+        policy, tokenizer = load_policy(resolved, mc.dtype, mc.device)
     except (OSError, ValueError) as err:
         raise EvaluationError(f"model {model!r}: cannot load: {err}") from None
     policy.eval()
     return policy, tokenizer, resolved
 
 
-def make_eval_tools(cfg: RunConfig, benchmarks: list[Benchmark], urls: Mapping[ToolName, str]) -> dict[ToolName, Tool]:
-    if cfg.evaluate.mode == "no_tools":
+def make_eval_tools(mode: str, entries: Sequence[ToolEntry], sandbox: SandboxConfig, search: SearchConfig,
+                    benchmarks: list[Benchmark], urls: Mapping[ToolName, str]) -> dict[ToolName, Tool]:
+    """The registry's tools (`rollout.tools` entries; code and search clients configured by the sandbox and search
+    sections) for evaluate.mode `tools`, none for `no_tools`; a service the benchmarks need without a URL is refused
+    before any rollout."""
+    if mode == "no_tools":
         return {}
     missing = [t for t in tools_needed(benchmarks) if t not in urls]
     if missing:
         raise EvaluationError(f"mode 'tools' needs running services for {missing}; got URLs for {sorted(urls)}")
-    return make_tools(cfg.rollout.tools, cfg.sandbox, cfg.search, urls)
+    return make_tools(entries, sandbox, search, urls)
 
 
-def sample_records(group: Group, benchmark: Benchmark, cfg: RunConfig) -> list[dict[str, Any]]:
-    """One record per trajectory: question, full response, tool calls, answer, gold, score."""
-    p, rc = group.problem, cfg.rollout
-    kind, protocol = route(p, cfg.reward), protocol_of(rc)
+def sample_records(group: Group, benchmark: Benchmark, rc: RolloutConfig, reward: RewardConfig
+                   ) -> list[dict[str, Any]]:
+    """One record per trajectory: question, full response, tool calls, answer, gold, score (scored by the reward
+    section's verifiers under the rollout section's protocol and policy-token budget)."""
+    p = group.problem
+    kind, protocol = route(p, reward), protocol_of(rc)
     out = []
     for i, t in enumerate(group.trajectories):
-        r = score_trajectory(p, t, cfg.reward, protocol=protocol, max_policy_tokens=rc.max_policy_tokens)
+        r = score_trajectory(p, t, reward, protocol=protocol, max_policy_tokens=rc.max_policy_tokens)
         out.append({
             "benchmark": benchmark.name, "category": benchmark.category, "id": p.id, "sample": i,
             "question": p.question, "gold": list(p.answers), "type": p.type, "verifier": kind,
@@ -124,7 +144,7 @@ def chunks(problems: tuple[Problem, ...], size: int) -> list[tuple[Problem, ...]
 
 
 async def _evaluate_chunks(plan: _Plan) -> None:
-    ec = plan.cfg.evaluate
+    ec = plan.evaluate
     position = 0
     # A bar with ETA over samples on a terminal, a line every 30 s elsewhere (a log, a flow's worker).
     total = sum(len(b.problems) for b in plan.benchmarks) * ec.samples
@@ -137,7 +157,7 @@ async def _evaluate_chunks(plan: _Plan) -> None:
 
 
 async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, ...], position: int) -> None:
-    ec = plan.cfg.evaluate
+    ec = plan.evaluate
     todo = [p for p in chunk if not plan.store.done(bench.name, p.id, ec.samples)]
     if not todo:
         return
@@ -150,14 +170,14 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
         raise ToolOutage(f"tool service {tool!r} failed {outages.failures[tool]} of its {outages.calls[tool]} calls in "
                          f"chunk {position} of {bench.name} (e.g. {outages.example[tool][:300]!r}); stopped before "
                          "scoring it (a resumed run samples it again)")
-    records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.cfg)]
+    records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.rollout, plan.reward)]
     try:
         judged = await judge_records(records, ec.judge)
     except JudgeUnavailable as err:  # an outage scores nothing: the chunk is judged again on resume
         raise JudgeUnavailable(f"{err}; stopped before storing chunk {position} of {bench.name} "
                                "(a resumed run judges it again)") from None
     plan.store.append(judged)
-    log_evaluation_traces(plan.cfg.run.traces, bench.name, bench.problems, [g for g in result.groups if g.problem in todo],
+    log_evaluation_traces(plan.traces, bench.name, bench.problems, [g for g in result.groups if g.problem in todo],
                           judged)  # each problem a trace in the run (pipeline.tracking.traces)
 
 
@@ -169,11 +189,13 @@ async def _evaluate(plan: _Plan) -> None:
             await tool.aclose()
 
 
-def _key(cfg: RunConfig, model_id: str) -> str:
-    ec = cfg.evaluate
+def _key(model_id: str, ec: EvaluateConfig, rollout: RolloutConfig, reward: RewardConfig, seed: int, dtype: str
+         ) -> str:
+    """The samples file's key: everything that decides what was sampled and how it was scored (a stored sample
+    is resumed only under the same key)."""
     return run_key({"model": model_id, "mode": ec.mode, "samples": ec.samples,
-                    "temperature": ec.temperature, "rollout": cfg.rollout.model_dump(), "seed": cfg.run.seed,
-                    "dtype": cfg.model.dtype, "reward": cfg.reward.scoring(), "judge": ec.judge.model_dump()})
+                    "temperature": ec.temperature, "rollout": rollout.model_dump(), "seed": seed,
+                    "dtype": dtype, "reward": reward.scoring(), "judge": ec.judge.model_dump()})
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | None = None) -> dict[str, float]:
@@ -183,26 +205,29 @@ def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], *, model_path: str | 
     for d in ec.compare_dirs:  # a bad compare dir fails now, not after the rollouts
         load_run(Path(d))
     model_name = model_path or ec.model
-    policy, tokenizer, resolved = load_model(cfg, model_name)
-    tools = make_eval_tools(cfg, benchmarks, tool_urls)
+    policy, tokenizer, resolved = load_model(model_name, cfg.model, cfg.run.tracking_uri)
+    tools = make_eval_tools(ec.mode, cfg.rollout.tools, cfg.sandbox, cfg.search, benchmarks, tool_urls)
     engine = RolloutEngine(policy, tokenizer, tools, cfg.rollout, seed=cfg.run.seed)
     return evaluate_engine(cfg, engine, benchmarks, model_name=model_name, model_id=fingerprint(resolved))
 
 
 def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benchmark], *, model_name: str,
                     model_id: str) -> dict[str, float]:
-    """The evaluation proper, given a built engine (tests pass in-process model doubles and tools)."""
+    """The evaluation proper, given a built engine (tests pass in-process model doubles and tools). It reads the
+    evaluate, rollout, reward, run (seed, traces) and model (dtype) sections, and the train and sft sections that
+    name the policy's row (`run_label`): the run's config, as the stage's entry passes it."""
     ec = cfg.evaluate
     earlier = [load_run(Path(d)) for d in ec.compare_dirs]
     out_dir = Path(ec.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    store = SampleStore(out_dir / SAMPLES_FILE, _key(cfg, model_id), resume=ec.resume)
-    asyncio.run(_evaluate(_Plan(cfg, benchmarks, engine, store)))
+    key = _key(model_id, ec, cfg.rollout, cfg.reward, cfg.run.seed, cfg.model.dtype)
+    store = SampleStore(out_dir / SAMPLES_FILE, key, resume=ec.resume)
+    asyncio.run(_evaluate(_Plan(ec, cfg.rollout, cfg.reward, cfg.run.traces, benchmarks, engine, store)))
     finish_traces()  # the problems' traces, written while it evaluated
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)
-    result = RunResult(label=run_label(cfg, model_name), model=model_name, mode=ec.mode,
+    result = RunResult(label=run_label(model_name, ec, cfg.train, cfg.sft, cfg.reward.tepo), model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
     # the headline (a DVC metric: a few short keys) in its file; in MLflow beside the pooled detail
     headline = evaluation_headline([*earlier, result], {n: b.output_dir for n, b in ec.baselines.items()})
@@ -212,7 +237,7 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     artifacts = write_reports(out_dir, result, earlier, plots=ec.plots)
     log_to_mlflow(metrics | {PREFIX + k: v for k, v in headline.items()},
                   [out_dir / METRICS_FILE, headline_file(out_dir, "eval"), out_dir / SAMPLES_FILE, out_dir / RUN_FILE,
-                   *artifacts], records, evaluation_setting(cfg, benchmarks))
+                   *artifacts], records, evaluation_setting(ec, cfg.rollout.protocol, benchmarks))
     return metrics
 
 

@@ -8,40 +8,42 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import RunConfig
+from pipeline.config.evaluate import EvaluateConfig
+from pipeline.config.reward import TepoConfig
+from pipeline.config.sft import SFTConfig
+from pipeline.config.train import TrainConfig
 
 
-def policy_label(cfg: RunConfig) -> str:
+def policy_label(train: TrainConfig, sft: SFTConfig, tepo: TepoConfig) -> str:
     """What the train stage made of its initial model, from the config that trained it (e.g. "SFT + DAPO + TEPO
-    sparse"), so that a preset's table never names an algorithm other than the one its policy was trained with."""
-    tc = cfg.train
-    starts = {Path(cfg.sft.output_dir): "SFT", Path(cfg.sft.init_model): "base"}
-    start = starts.get(Path(tc.init_model), Path(tc.init_model).name or tc.init_model)
-    parts = [start, tc.algorithm.display_name, cfg.reward.tepo.display_name]
-    return " + ".join(p for p in parts if p) + ("" if tc.update.mask_tool_output else ", tool output in the loss")
+    sparse"): train.init_model named by the sft section's input or output, the algorithm, reward.tepo and
+    train.update.mask_tool_output. So a preset's table never names an algorithm other than the one its policy was
+    trained with."""
+    starts = {Path(sft.output_dir): "SFT", Path(sft.init_model): "base"}
+    start = starts.get(Path(train.init_model), Path(train.init_model).name or train.init_model)
+    parts = [start, train.algorithm.display_name, tepo.display_name]
+    return " + ".join(p for p in parts if p) + ("" if train.update.mask_tool_output else ", tool output in the loss")
 
 
-def run_label(cfg: RunConfig, model: str) -> str:
-    """The model's row in the tables: evaluate.label when set; else what trained it (the train stage's output)
-    or its folder's name; then the mode."""
-    ec = cfg.evaluate
+def run_label(model: str, ec: EvaluateConfig, train: TrainConfig, sft: SFTConfig, tepo: TepoConfig) -> str:
+    """The model's row in the tables: evaluate.label when set; else what trained it (`policy_label`, when `model` is
+    train.output_dir) or its folder's name; then evaluate.mode."""
     if ec.label:
         return ec.label
-    if Path(model) == Path(cfg.train.output_dir):
-        name = policy_label(cfg)
+    if Path(model) == Path(train.output_dir):
+        name = policy_label(train, sft, tepo)
     else:  # a registry URI (models:/tapo-policy/3) says more whole than its last part
         name = model if ":/" in model else Path(model).name or model
     return f"{name} ({'tools' if ec.mode == 'tools' else 'no tools'})"
 
 
-def baseline_label(cfg: RunConfig, name: str) -> str:
+def baseline_label(name: str, ec: EvaluateConfig, train: TrainConfig, sft: SFTConfig, tepo: TepoConfig) -> str:
     """The row of evaluate.baselines[name] (its own label, or named after its model as `run_label` names one)."""
-    baseline = cfg.evaluate.baselines[name]
-    as_baseline = cfg.evaluate.model_copy(update={"label": baseline.label})
-    return run_label(cfg.model_copy(update={"evaluate": as_baseline}), baseline.model)
+    baseline = ec.baselines[name]
+    return run_label(baseline.model, ec.model_copy(update={"label": baseline.label}), train, sft, tepo)
 
 
-def compared_labels(cfg: RunConfig) -> tuple[str, str]:
-    """(the SFT model's row, the policy's row) in the evaluate stage's comparison under `cfg`: the two models
-    whose paired flips it reports."""
-    return baseline_label(cfg, "sft"), run_label(cfg, cfg.evaluate.model)
+def compared_labels(ec: EvaluateConfig, train: TrainConfig, sft: SFTConfig, tepo: TepoConfig) -> tuple[str, str]:
+    """(the SFT model's row, the policy's row) in the evaluate stage's comparison: the two models whose paired flips
+    it reports (evaluate.baselines.sft and evaluate.model)."""
+    return baseline_label("sft", ec, train, sft, tepo), run_label(ec.model, ec, train, sft, tepo)

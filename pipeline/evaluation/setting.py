@@ -8,7 +8,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 
-from pipeline.config import RunConfig
+from pipeline.config.evaluate import EvaluateConfig
 from pipeline.evaluation.benchmarks import Benchmark
 
 
@@ -21,9 +21,9 @@ def problems_digest(benchmarks: Sequence[Benchmark]) -> str:
     return digest.hexdigest()[:16]
 
 
-def evaluation_setting(cfg: RunConfig, benchmarks: Sequence[Benchmark]) -> dict[str, str]:
-    """The setting an evaluation's accuracy is comparable within (flat strings: MLflow tags)."""
-    ec = cfg.evaluate
+def evaluation_setting(ec: EvaluateConfig, protocol: str, benchmarks: Sequence[Benchmark]) -> dict[str, str]:
+    """The setting an evaluation's accuracy is comparable within (flat strings: MLflow tags): the problems, the
+    evaluate section's samples, temperature and mode, and the rollout's protocol."""
     return {"split": ",".join(b.name for b in benchmarks), "problems_sha256": problems_digest(benchmarks),
             "problems": str(sum(len(b.problems) for b in benchmarks)), "samples": str(ec.samples),
-            "temperature": repr(float(ec.temperature)), "protocol": cfg.rollout.protocol, "mode": ec.mode}
+            "temperature": repr(float(ec.temperature)), "protocol": protocol, "mode": ec.mode}

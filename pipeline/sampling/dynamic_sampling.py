@@ -37,7 +37,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from pipeline.config import RunConfig
+from pipeline.config.reward import RewardConfig
+from pipeline.config.rollout import RolloutConfig
+from pipeline.config.train import SamplingSection
 from pipeline.protocols import ToolProtocol, protocol_of
 from pipeline.reward import RewardScorer
 from pipeline.rl.advantage import GroupFilter
@@ -65,8 +67,9 @@ class GroupReward:
                                                                              strict=True)))
 
 
-def group_reward(cfg: RunConfig, tepo: Tepo) -> GroupReward:
-    return GroupReward(RewardScorer(cfg.reward), protocol_of(cfg.rollout), cfg.rollout.max_policy_tokens, tepo)
+def group_reward(reward: RewardConfig, rollout: RolloutConfig, tepo: Tepo) -> GroupReward:
+    """The rules of `reward` over trajectories written in `rollout`'s protocol and budget, then `tepo`."""
+    return GroupReward(RewardScorer(reward), protocol_of(rollout), rollout.max_policy_tokens, tepo)
 
 
 class Rollouts(Protocol):
@@ -159,15 +162,15 @@ class ShardedRefilling:
         return collected
 
 
-def sampler_for(cfg: RunConfig) -> Sampler:
-    """The step's sampling, chosen once at set-up (`train.sampling.refill_dropped_groups`, `distributed.enabled`)."""
-    tc = cfg.train
-    sizes = (tc.sampling.prompts_per_step, tc.sampling.max_gen_rounds, cfg.rollout.group_size)
-    if not tc.sampling.refill_dropped_groups:
+def sampler_for(sampling: SamplingSection, rollout: RolloutConfig, sharded: bool) -> Sampler:
+    """The step's sampling, chosen once at set-up (`train.sampling.refill_dropped_groups`; `sharded`: under data
+    parallelism, `distributed.enabled`)."""
+    sizes = (sampling.prompts_per_step, sampling.max_gen_rounds, rollout.group_size)
+    if not sampling.refill_dropped_groups:
         return InRounds(*sizes)
-    if cfg.rollout.schedule != "continuous":
+    if rollout.schedule != "continuous":
         raise ValueError("train.sampling.refill_dropped_groups needs rollout.schedule: continuous")
-    return ShardedRefilling(*sizes) if cfg.distributed.enabled else Refilling(*sizes)
+    return ShardedRefilling(*sizes) if sharded else Refilling(*sizes)
 
 
 def outage_metrics(guard: OutageGuard, collected: Collected, step: int) -> dict[str, float]:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from pipeline.config import RunConfig
+from pipeline.config.train import AlgorithmConfig
 from pipeline.rl.loss import needs_reference
 from pipeline.model import load_policy
 from pipeline.types import TrainBatch
@@ -54,10 +54,11 @@ class FrozenReference:
         return dataclasses.replace(batch, ref_logprobs_BT=ref_BT.to(batch.old_logprobs_BT.dtype))
 
 
-def make_reference(cfg: RunConfig, device: torch.device, held_dtype: str) -> Reference:
-    """The reference the configured loss needs, chosen once: a frozen `train.init_model`, or none. `held_dtype`: the
-    dtype the policy was loaded in (`PolicyWeights.held_dtype`), so that both start from the same weights."""
-    if not needs_reference(cfg.train.algorithm):
+def make_reference(algorithm: AlgorithmConfig, init_model: str, device: torch.device, held_dtype: str) -> Reference:
+    """The reference `algorithm`'s loss needs, chosen once: a frozen `init_model` (`train.init_model`), or none.
+    `held_dtype`: the dtype the policy was loaded in (`PolicyWeights.held_dtype`), so that both start from the same
+    weights."""
+    if not needs_reference(algorithm):
         return NoReference()
-    model, _ = load_policy(cfg.train.init_model, held_dtype, str(device))
+    model, _ = load_policy(init_model, held_dtype, str(device))
     return FrozenReference(model)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import RunConfig
+from pipeline.config.distributed import DistributedConfig
 from pipeline.model import visible_gpus
 from pipeline.outputs import write_durably, write_json_durably
 
@@ -76,22 +77,22 @@ def _flat(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def ranks_per_node(cfg: RunConfig) -> int | str:
+def ranks_per_node(distributed: DistributedConfig) -> int | str:
     """`distributed.nproc_per_node` as this process sees it run: inside a rank, the count its launcher started
     (torchrun's LOCAL_WORLD_SIZE, DeepSpeed's LOCAL_SIZE); outside, what `auto` resolves to on this machine.
     The two agree, so the stage and its ranks name the same run folder."""
-    configured = cfg.distributed.nproc_per_node
-    if not cfg.distributed.enabled or configured != "auto" or cfg.distributed.hostfile:
+    configured = distributed.nproc_per_node
+    if not distributed.enabled or configured != "auto" or distributed.hostfile:
         return configured  # one process, a count written out, or each hostfile node's slots
     launched = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE")
-    return int(launched) if launched else cfg.distributed.ranks_per_node(visible_gpus()) or 1
+    return int(launched) if launched else distributed.ranks_per_node(visible_gpus()) or 1
 
 
 def training_identity(cfg: RunConfig) -> dict[str, Any]:
     """{dotted key: value} of every setting that changes what the run computes (JSON values)."""
     dumped = cfg.model_dump(mode="json")
     flat = _flat({section: dumped[section] for section in SECTIONS}) | {
-        "distributed.nproc_per_node": ranks_per_node(cfg)}
+        "distributed.nproc_per_node": ranks_per_node(cfg.distributed)}
     return {k: v for k, v in sorted(flat.items()) if not k.startswith(NOT_IDENTITY)}
 
 

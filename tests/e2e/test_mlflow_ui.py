@@ -73,7 +73,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             with stage_run(cfg, "evaluate") as eval_id, tracked_run(cfg.run, "evaluate", {}):
                 metrics = evaluate(cfg, {})
             decision = update_champion(cfg.run, cfg.train.output_dir, metrics["all/accuracy"], eval_run_id=eval_id,
-                                       setting=evaluation_setting(cfg, load_benchmarks(cfg.evaluate)))
+                                       setting=evaluation_setting(cfg.evaluate, cfg.rollout.protocol,
+                                                                  load_benchmarks(cfg.evaluate)))
         assert decision.promoted, decision
     finally:
         os.chdir(cwd)

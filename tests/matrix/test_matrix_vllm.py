@@ -50,7 +50,7 @@ def test_one_step_on_vllm_rollouts(row: dict[str, str], tmp_path: Path, tool_url
     tr = set_up(row_config(row, tmp_path, model_dir, url), {task.tool: url})  # the trainer side
     try:
         for groups in pickle.loads(out.read_bytes()):  # a collection that keeps nothing is a skipped step
-            scored = [group_reward(cfg_vllm, tr.tepo)(g) for g in groups]
+            scored = [group_reward(cfg_vllm.reward, cfg_vllm.rollout, tr.tepo)(g) for g in groups]
             kept = [g for g in scored if tr.keep(g)]
             dropped = [g for g in scored if not tr.keep(g)]
             anchored = step_openings(kept, dropped, tr.cfg.train.sampling.anchor_dropped_tokens)

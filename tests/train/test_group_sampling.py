@@ -50,10 +50,14 @@ def params(**overrides):
     return load_config(REPO_ROOT / "params.yaml", overrides=PLAIN_RECIPE | overrides)
 
 
+def chosen(cfg):
+    return sampler_for(cfg.train.sampling, cfg.rollout, cfg.distributed.enabled)
+
+
 def test_the_sampling_is_chosen_once_and_refused_where_it_cannot_work() -> None:
-    assert type(sampler_for(params())) is InRounds
-    assert type(sampler_for(params(**{"train.sampling.refill_dropped_groups": True}))) is Refilling
-    assert type(sampler_for(params(**{"train.sampling.refill_dropped_groups": True, "distributed.enabled": True}))) \
+    assert type(chosen(params())) is InRounds
+    assert type(chosen(params(**{"train.sampling.refill_dropped_groups": True}))) is Refilling
+    assert type(chosen(params(**{"train.sampling.refill_dropped_groups": True, "distributed.enabled": True}))) \
         is ShardedRefilling
     with pytest.raises(ConfigError, match="train.sampling.refill_dropped_groups = True, rollout.schedule = turn-synchronous"):
         params(**{"train.sampling.refill_dropped_groups": True, "rollout.schedule": "turn-synchronous"})

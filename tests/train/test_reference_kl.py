@@ -98,8 +98,9 @@ def test_kl_pulls_the_policy_back_to_the_reference() -> None:
 
 def test_reference_is_chosen_once_from_the_config(tmp_path: Path) -> None:
     model_dir = build_direct_model(tmp_path / "model", sft_steps=2)
-    assert isinstance(make_reference(toy_config(tmp_path, model_dir), torch.device("cpu"), "float32"), NoReference)
-    ref = make_reference(toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}), torch.device("cpu"), "float32")
+    plain, anchored = toy_config(tmp_path, model_dir).train, toy_config(tmp_path, model_dir, **{"algorithm.kl_coef": 0.1}).train
+    assert isinstance(make_reference(plain.algorithm, plain.init_model, torch.device("cpu"), "float32"), NoReference)
+    ref = make_reference(anchored.algorithm, anchored.init_model, torch.device("cpu"), "float32")
     assert isinstance(ref, FrozenReference)
     initial, _ = load_policy(model_dir)
     assert all(torch.equal(a, b) for a, b in zip(ref.model.state_dict().values(), initial.state_dict().values()))

@@ -36,7 +36,7 @@ def cfg_with(tepo) -> RunConfig:
 
 def scored_totals(group: Group, tepo) -> tuple[float, ...]:
     cfg = cfg_with(tepo)
-    return group_reward(cfg, tepo_variant(cfg.reward))(group).totals  # the variant set_up resolves
+    return group_reward(cfg.reward, cfg.rollout, tepo_variant(cfg.reward))(group).totals  # the variant set_up resolves
 
 
 def test_sparse_tepo_keeps_reward_only_for_entropy_reducing_calls() -> None:

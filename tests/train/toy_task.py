@@ -131,10 +131,11 @@ def toy_config(root: Path, model_dir: Path, group_size: int = 8, **train: Any) -
 
 def train_key(name: str) -> str:
     """The dotted key of a `train` setting named by its field (`lr`: `train.optimizer.lr`), or by its section and
-    field joined by a double underscore where the name alone is ambiguous (`checkpoints__every`)."""
+    field joined by a double underscore where the name alone is ambiguous (`checkpoints__every`), or dotted
+    (`algorithm.kl_coef`)."""
     if "__" in name:
         return "train." + name.replace("__", ".")
-    if name in TrainConfig.model_fields:
+    if "." in name or name in TrainConfig.model_fields:  # a dotted key within train (`algorithm.kl_coef`)
         return f"train.{name}"
     found = [f"train.{section}.{name}" for section, field in TrainConfig.model_fields.items()
              if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)

@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
             ref = experiment_ref(seed, repo)
             cfg = experiments.experiment_config(ref, repo)  # its own params: the rows its evaluate stage wrote
             compare = read_compare(ref, str(Path(cfg.evaluate.output_dir) / COMPARE_FILE), repo)
-            per_seed[seed] = seed_figures(compare, *compared_labels(cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo), wall)
+            rows = compared_labels(cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo)
+            per_seed[seed] = seed_figures(compare, *rows, wall)
             print(seed_line(seed, per_seed[seed]), flush=True)
     except (LookupError, ValueError) as err:  # ValueError: also params this checkout cannot read
         sys.exit(str(err))

@@ -107,7 +107,8 @@ def beside_the_pipeline(cfg: RunConfig, benchmarks: list) -> RunConfig:
     """An ad-hoc evaluation of a policy compares with the base, SFT and current policy evaluations the tracking
     store holds under its setting (`pipeline.tracking.comparable`), downloaded beside its outputs, before the
     evaluations `evaluate.compare_dirs` names."""
-    found = comparable_evaluations(cfg.run, evaluation_setting(cfg.evaluate, cfg.rollout.protocol, benchmarks), list(cfg.evaluate.baselines),
+    setting = evaluation_setting(cfg.evaluate, cfg.rollout.protocol, benchmarks)
+    found = comparable_evaluations(cfg.run, setting, list(cfg.evaluate.baselines),
                                    Path(cfg.evaluate.output_dir) / "compared")
     print(f"compared with {len(found)} evaluation(s) under the same setting: {', '.join(map(str, found)) or 'none'}")
     dirs = tuple(str(d) for d in found) + cfg.evaluate.compare_dirs
@@ -130,13 +131,14 @@ def evaluate_flow(params: str = "params.yaml", model: str | None = None, label: 
             metrics = evaluate_task(cfg, urls, model, stage)
         print(f"accuracy {metrics['all/accuracy']:.3f} over {metrics['n_problems']:.0f} problems")
         decision = None if baseline else update_champion(
-            cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"], setting=evaluation_setting(cfg.evaluate, cfg.rollout.protocol, benchmarks),
-            eval_run_id=run_id)
+            cfg.run, model or cfg.evaluate.model, metrics["all/accuracy"],
+            setting=evaluation_setting(cfg.evaluate, cfg.rollout.protocol, benchmarks), eval_run_id=run_id)
     champion = ("champion: not a policy version (a baseline)" if decision is None else
                 f"champion: {f'moved to v{decision.version}' if decision.promoted else 'unchanged'} ({decision.reason})")
     print(f"{champion}\noutputs in {cfg.evaluate.output_dir}")
     table = (Path(cfg.evaluate.output_dir) / TABLE_FILE).read_text(encoding="utf-8").removeprefix("# Evaluation\n")
-    publish(stage, f"{stage}: {run_label(model or cfg.evaluate.model, cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo)}",
+    row = run_label(model or cfg.evaluate.model, cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo)
+    publish(stage, f"{stage}: {row}",
             f"{table}\n{champion}\n\nOutputs: `{cfg.evaluate.output_dir}`", cfg.run, run_id)
     print(table.strip())  # the stage's last words: the table, the format notes, the flips and their p-value
     return metrics

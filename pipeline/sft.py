@@ -170,6 +170,8 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
 
 
 def run(cfg: RunConfig, tool_urls: Mapping[ToolName, str], metrics_dir: Path = Path("metrics")) -> dict[str, float]:
+    """The SFT stage: seeded (run.seed, run.deterministic), the teacher's traces built with the run's tools, the model
+    fine-tuned on them and saved to sft.output_dir (the initial model as it is when sft.enabled is false)."""
     sc = cfg.sft
     # float32 master weights whatever model.dtype is; the forward runs in model.dtype (pipeline.model)
     model, tokenizer = load_policy(sc.init_model, "float32", cfg.model.device)

@@ -170,7 +170,8 @@ async def _evaluate_chunk(plan: _Plan, bench: Benchmark, chunk: tuple[Problem, .
         raise ToolOutage(f"tool service {tool!r} failed {outages.failures[tool]} of its {outages.calls[tool]} calls in "
                          f"chunk {position} of {bench.name} (e.g. {outages.example[tool][:300]!r}); stopped before "
                          "scoring it (a resumed run samples it again)")
-    records = [r for g in result.groups if g.problem in todo for r in sample_records(g, bench, plan.rollout, plan.reward)]
+    records = [r for g in result.groups if g.problem in todo
+               for r in sample_records(g, bench, plan.rollout, plan.reward)]
     try:
         judged = await judge_records(records, ec.judge)
     except JudgeUnavailable as err:  # an outage scores nothing: the chunk is judged again on resume
@@ -227,7 +228,8 @@ def evaluate_engine(cfg: RunConfig, engine: RolloutEngine, benchmarks: list[Benc
     records = store.finalize([(b.name, p.id) for b in benchmarks for p in b.problems], ec.samples)
     metrics = summarise(records, ec.pass_k) | {"resumed_samples": float(store.resumed)}
     write_json(out_dir / METRICS_FILE, metrics)
-    result = RunResult(label=run_label(model_name, ec, cfg.train, cfg.sft, cfg.reward.tepo), model=model_name, mode=ec.mode,
+    label = run_label(model_name, ec, cfg.train, cfg.sft, cfg.reward.tepo)
+    result = RunResult(label=label, model=model_name, mode=ec.mode,
                        benchmarks={b.name: b.category for b in benchmarks}, metrics=metrics, records=records)
     # the headline (a DVC metric: a few short keys) in its file; in MLflow beside the pooled detail
     headline = evaluation_headline([*earlier, result], {n: b.output_dir for n, b in ec.baselines.items()})

@@ -33,7 +33,8 @@ def compare(sft: float, rl: float, right_tool: float = 0.97, up: int = 7, down: 
 
 
 def test_the_labels_are_the_presets() -> None:
-    assert compared_labels(load_config(REPO_ROOT / learning_cpu.PRESET)) == (SFT, RL)
+    cfg = load_config(REPO_ROOT / learning_cpu.PRESET)
+    assert compared_labels(cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo) == (SFT, RL)
 
 
 def test_seed_figures_give_the_gain_in_points_the_policys_right_tool_and_the_flips() -> None:

@@ -130,8 +130,8 @@ def resume_and_export(out: Path) -> dict:
     checkpointing.export_hf(b, tok, out / "hf")
     if b.rank == 0:
         checkpointing.export_from_checkpoint(root / "checkpoints", out / "hf_offline")
-        export_checkpoint(None, root / "checkpoints", out / "cli_latest")  # the export command, either form
-        export_checkpoint(None, root / "checkpoints" / "step-000001", out / "cli_step")
+        export_checkpoint(root / "checkpoints", out / "cli_latest")  # the export command, either form
+        export_checkpoint(root / "checkpoints" / "step-000001", out / "cli_step")
     return {"state_ok": state == saved_state, "rng_ok": bool(torch.equal(draw_a, draw_b)),
             "lr": (sched_a.get_last_lr()[0], sched_b.get_last_lr()[0]),
             "step1": after_step1, "loaded": loaded, "resumed_a": gathered(a), "resumed_b": gathered(b)}

@@ -27,35 +27,42 @@ def trained(algorithm: str, tepo: str, masked: bool, start: str, label: str = ""
                              "reward": {"tepo": {"kind": tepo}}, "evaluate": {"label": label}})
 
 
+def row_of(cfg: RunConfig, model: str) -> str:
+    """`model`'s row under `cfg`, from the sections the evaluate stage passes (evaluate, train, sft, reward.tepo)."""
+    return run_label(model, cfg.evaluate, cfg.train, cfg.sft, cfg.reward.tepo)
+
+
 @pytest.mark.parametrize(("algorithm", "tepo", "masked", "start"), TRAINING)
 def test_the_policys_row_says_how_it_was_trained(algorithm: str, tepo: str, masked: bool, start: str) -> None:
     cfg = trained(algorithm, tepo, masked, start)
     expected = " + ".join(p for p in (STARTS[start], ALGORITHMS[algorithm], TEPO[tepo]) if p)
     expected += "" if masked else ", tool output in the loss"
-    assert policy_label(cfg) == expected
-    assert run_label(cfg, cfg.train.output_dir) == run_label(cfg, "./models/policy/") == f"{expected} (tools)"
+    assert policy_label(cfg.train, cfg.sft, cfg.reward.tepo) == expected
+    assert row_of(cfg, cfg.train.output_dir) == row_of(cfg, "./models/policy/") == f"{expected} (tools)"
 
 
 def test_every_way_of_training_has_a_row_of_its_own() -> None:
-    labels = {run_label(cfg := trained(*t), cfg.evaluate.model) for t in TRAINING}
+    labels = {row_of(cfg := trained(*t), cfg.evaluate.model) for t in TRAINING}
     assert len(labels) == len(TRAINING)
 
 
 def test_a_label_set_by_hand_wins_and_other_models_are_named_after_their_folder() -> None:
     cfg = trained("grpo", "dense", True, "models/sft", label="mine")
-    assert run_label(cfg, cfg.evaluate.model) == run_label(cfg, "models/other") == "mine"
+    assert row_of(cfg, cfg.evaluate.model) == row_of(cfg, "models/other") == "mine"
     cfg = trained("grpo", "dense", True, "models/sft")
-    assert run_label(cfg, "runs/train/step8/") == "step8 (tools)"
-    assert run_label(cfg, "models:/tapo-policy/3") == "models:/tapo-policy/3 (tools)"
+    assert row_of(cfg, "runs/train/step8/") == "step8 (tools)"
+    assert row_of(cfg, "models:/tapo-policy/3") == "models:/tapo-policy/3 (tools)"
     no_tools = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"mode": "no_tools"})})
-    assert run_label(no_tools, "models/policy") == "SFT + GRPO + TEPO dense (no tools)"
+    assert row_of(no_tools, "models/policy") == "SFT + GRPO + TEPO dense (no tools)"
 
 
 def test_the_baselines_keep_their_labels_and_one_without_is_named_after_its_model() -> None:
     cfg = load_config(REPO_ROOT / "params.yaml")
-    assert (baseline_label(cfg, "base"), baseline_label(cfg, "sft")) == ("base (tools)", "SFT (tools)")
+    trained_by = (cfg.train, cfg.sft, cfg.reward.tepo)
+    rows = (baseline_label("base", cfg.evaluate, *trained_by), baseline_label("sft", cfg.evaluate, *trained_by))
+    assert rows == ("base (tools)", "SFT (tools)")
     unnamed = config_from_dict({"evaluate": {"baselines": {"sft": {"model": "models/sft", "output_dir": "m/s"}}}})
-    assert baseline_label(unnamed, "sft") == "sft (tools)"
+    assert baseline_label("sft", unnamed.evaluate, unnamed.train, unnamed.sft, unnamed.reward.tepo) == "sft (tools)"
 
 
 PRESETS = sorted((REPO_ROOT / "configs" / "experiments").glob("*.yaml"))
@@ -67,7 +74,7 @@ def test_a_preset_that_trains_otherwise_than_the_main_job_has_another_policy_row
     trains_otherwise = (main.train.algorithm.kind, main.reward.tepo.kind, main.train.update.mask_tool_output,
                         main.train.init_model) != (arm.train.algorithm.kind, arm.reward.tepo.kind,
                                                    arm.train.update.mask_tool_output, arm.train.init_model)
-    main_rows, arm_rows = compared_labels(main), compared_labels(arm)
+    main_rows, arm_rows = (compared_labels(c.evaluate, c.train, c.sft, c.reward.tepo) for c in (main, arm))
     assert main_rows[0] == arm_rows[0] == "SFT (tools)"
     assert (main_rows[1] != arm_rows[1]) == trains_otherwise
     assert main_rows[1] == "SFT + DAPO (tools)"
@@ -87,4 +94,4 @@ def test_the_evaluate_flow_names_a_model_given_by_hand_after_itself(monkeypatch:
     cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"label": "SFT + DAPO (tools)"})})
     place = placement("evaluate", "params.yaml", label=label or model, out=None, ad_hoc=model is not None)
     configured = with_overrides(cfg, label, place, model)
-    assert run_label(configured, model or configured.evaluate.model) == row
+    assert row_of(configured, model or configured.evaluate.model) == row

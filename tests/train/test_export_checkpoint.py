@@ -37,7 +37,8 @@ def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_di
                                       str(checkpoints / "step-000001"), str(tmp_path / "step1")])
     export_cli()
     first = load_file(tmp_path / "step1" / "model.safetensors")
-    last = load_file(export_checkpoint(cfg, checkpoints / "step-000002", tmp_path / "step2") / "model.safetensors")
+    step2 = export_checkpoint(checkpoints / "step-000002", tmp_path / "step2", cfg.train, cfg.model.dtype)
+    last = load_file(step2 / "model.safetensors")
     assert sorted(last) == sorted(final) == sorted(first)  # plain parameter names, a LoRA adapter merged
     assert all(torch.equal(last[name], final[name]) for name in final)
     assert not all(torch.equal(first[name], final[name]) for name in final)  # step 2 trained on from step 1
@@ -46,5 +47,6 @@ def test_the_last_checkpoint_exports_as_the_final_model(tmp_path: Path, model_di
 
 def test_a_directory_without_weights_is_refused_by_name(tmp_path: Path, model_dir: Path) -> None:
     (tmp_path / "step-000009").mkdir()  # there, but not a checkpoint (one that is not there: test_run_folder.py)
+    cfg = toy_config(tmp_path, model_dir)
     with pytest.raises(FileNotFoundError, match="step-000009: no model.safetensors"):
-        export_checkpoint(toy_config(tmp_path, model_dir), tmp_path / "step-000009", tmp_path / "out")
+        export_checkpoint(tmp_path / "step-000009", tmp_path / "out", cfg.train, cfg.model.dtype)

@@ -191,7 +191,7 @@ def test_exporting_a_checkpoint_that_is_not_there_lists_those_that_are(
     existing = [run_folder(configs[steps]) / "checkpoints" / name
                 for steps, name in ((3, "step-000002"), (3, "step-000003"), (2, "step-000001"), (2, "step-000002"))]
     with pytest.raises(CheckpointNotFound) as err:
-        export_checkpoint(configs[3], pruned, tmp_path / "out")
+        export_checkpoint(pruned, tmp_path / "out", configs[3].train, configs[3].model.dtype)
     assert str(err.value).startswith(f"{pruned}: no such checkpoint")
     assert all(str(path) in str(err.value) for path in existing)
     monkeypatch.setattr(sys, "argv", ["export", str(pruned), str(tmp_path / "out")])

@@ -190,3 +190,38 @@ def test_the_checker_catches_what_it_should(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = violations()
     assert (found == []) is ok, found
+
+
+# Where the run's whole config may go: the stage recipes (train, sft, evaluation's run and its evaluation proper,
+# which reads 7 of the 11 sections), the run's owner (a run's identity and inputs are digests of all of it) and the
+# experiment overrides (a diff of two whole configs). Every other function is handed the sections or fields it
+# reads (issue "each function gets what it reads").
+WHOLE_CONFIG_READERS = {
+    "pipeline/train.py", "pipeline/sft.py", "pipeline/evaluation/evaluate.py",
+    "pipeline/training_run/plan.py", "pipeline/training_run/folder.py", "pipeline/training_run/inputs.py",
+    "pipeline/config/overrides.py",
+}
+
+
+def whole_config_parameters(root: Path) -> dict[str, list[str]]:
+    """{module: [function, ...]} for each function of pipeline/ with a parameter annotated `RunConfig`."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(a.annotation is not None and "RunConfig" in ast.unparse(a.annotation) for a in arguments):
+                    found.setdefault(path.relative_to(root).as_posix(), []).append(node.name)
+    return found
+
+
+def test_the_whole_run_config_reaches_only_the_recipes_and_the_run_owner() -> None:
+    readers = whole_config_parameters(ROOT)
+    assert set(readers) <= WHOLE_CONFIG_READERS, {m: f for m, f in readers.items() if m not in WHOLE_CONFIG_READERS}
+
+
+def test_the_config_reach_check_sees_a_leaf_that_takes_the_whole_config(tmp_path: Path) -> None:
+    (tmp_path / "pipeline" / "tools").mkdir(parents=True)
+    (tmp_path / "pipeline" / "tools" / "leaf.py").write_text(
+        "from pipeline.config import RunConfig\n\ndef clients(cfg: 'RunConfig', urls: dict) -> list:\n    return []\n")
+    assert whole_config_parameters(tmp_path) == {"pipeline/tools/leaf.py": ["clients"]}

@@ -32,7 +32,7 @@ from pipeline.paths import REPO_ROOT
 from sandbox.search.build_index import build_index
 from pipeline.services.processes import ServiceProcess, ServiceSupervisor, free_port, python_service, redis_service
 from pipeline.tools.code import CodeSandboxClient
-from tests.helpers.tools import registry
+from pipeline.tools.factory import make_tools
 from pipeline.tools.search import SearchClient
 from pipeline.train import set_up
 from pipeline.sampling.dynamic_sampling import outage_metrics
@@ -156,8 +156,8 @@ def _no_waiting(cfg):
 
 
 def _killing_tools(monkeypatch: pytest.MonkeyPatch, service: ServiceProcess, n: int) -> None:
-    def tools(cfg, urls):
-        made = registry(cfg, urls)
+    def tools(entries, sandbox, search, urls):
+        made = make_tools(entries, sandbox, search, urls)
         return {**made, "code": KillAfter(made["code"], service, n)}
     monkeypatch.setattr(pipeline.train, "make_tools", tools)
 

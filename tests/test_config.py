@@ -12,7 +12,7 @@ import pydantic
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError, RunConfig, load_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -107,3 +107,19 @@ def test_the_rollout_backend_is_a_typed_choice_no_module_compares_by_name(repo_r
                  for path in sorted((repo_root / folder).rglob("*.py"))
                  for n, line in enumerate(path.read_text().splitlines(), 1) if compared.search(line)]
     assert not offenders, offenders
+
+
+def test_a_key_of_the_flat_train_section_is_refused_naming_where_it_moved(tmp_path: Path) -> None:
+    from pipeline.config.train import MOVED_KEYS
+
+    assert len(MOVED_KEYS) == 27  # every key train had besides algorithm, finetune, init_model, train_file, steps, output_dir
+    for old, new in MOVED_KEYS.items():  # each target is a key of today's schema, and no old key still is one
+        section, _, leaf = new.removeprefix("train.").partition(".")
+        assert leaf in type(getattr(RunConfig().train, section)).model_fields, new
+        assert old.removeprefix("train.") not in type(RunConfig().train).model_fields, old
+    path = tmp_path / "old.yaml"
+    path.write_text("extends: defaults\ntrain:\n  lr: 3e-6\n  checkpoint_every: 2\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert f"{path}: train.lr: unknown key (moved to train.optimizer.lr)" in str(refused.value)
+    assert f"{path}: train.checkpoint_every: unknown key (moved to train.checkpoints.every)" in str(refused.value)

@@ -25,6 +25,7 @@ from pipeline.config.base import StageConfig
 from pipeline.config.combinations import refusals
 from pipeline.config.params_file import (CLASS_DEFAULTS, EXTENDS, ConfigError, ParamsLoader, missing_keys,
                                           read_params, resolve_extends)
+from pipeline.config.train import MOVED_KEYS
 from pipeline.config.sections import (
     CurateConfig,
     DistributedConfig,
@@ -70,6 +71,8 @@ def _format_errors(err: ValidationError, source: str) -> list[str]:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] == "extra_forbidden" and key in MOVED_KEYS:
+            msg += f" (moved to {MOVED_KEYS[key]})"
         lines.append(f"{source}: {key}: {msg}")
     return lines
 

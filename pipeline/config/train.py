@@ -243,3 +243,17 @@ class TrainConfig(StageConfig):
             raise ValueError("train.sampling.refill_dropped_groups needs train.algorithm.dynamic_sampling true "
                              "(it replaces the groups dynamic sampling drops)")
         return self
+
+
+# Where the keys of train's one flat section went when it was split by concern (a params file written before that
+# is told, key by key, where each moved: pipeline.config reports them beside "unknown key")
+MOVED_KEYS: dict[str, str] = {
+    **{f"train.{k}": f"train.{section}.{k}" for section, model in (
+        ("optimizer", OptimizerSection), ("update", UpdateSection), ("sampling", SamplingSection))
+       for k in model.model_fields},
+    "train.checkpoint_every": "train.checkpoints.every", "train.checkpoint_dir": "train.checkpoints.dir",
+    "train.resume": "train.checkpoints.resume", "train.log_full_checkpoints": "train.checkpoints.log_full",
+    "train.max_step_outage_share": "train.outages.max_step_share",
+    "train.max_run_outage_share": "train.outages.max_run_share",
+    "train.log_samples_every": "train.sample_tables.every", "train.log_samples": "train.sample_tables.trajectories",
+}

@@ -88,23 +88,23 @@ class ShardedRollouts:
 
     engine: RolloutEngine
 
-    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+    def rollout(self, problems: list[Problem], group_size: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult:
         if refill is not None:
             raise ValueError("a sharded rollout refills through refilled_rollout (each rank from its own reserve)")
         mine = problem_shard(len(problems), dist.get_rank(), dist.get_world_size())
-        local = self.engine.rollout([problems[i] for i in mine], n, temperature=temperature, keys=mine) \
+        local = self.engine.rollout([problems[i] for i in mine], group_size, temperature=temperature, keys=mine) \
             if mine else self._nothing_to_sample()
         return gathered_in_order(mine, local, len(problems))
 
-    def refilled_rollout(self, window: list[Problem], target: int, n: int,
+    def refilled_rollout(self, window: list[Problem], target: int, group_size: int,
                          rank_refill: Callable[[int, list[Problem]], Refill]) -> RolloutResult:
         """Sample this rank's share of `window[:target]`, refilled (`rank_refill(its share, its reserve)`)
         from its round-robin share of `window[target:]`; every rank's groups, in window order."""
         mine, reserve = window_shares(target, len(window), dist.get_rank(), dist.get_world_size())
         refill = rank_refill(len(mine), [window[i] for i in reserve])
         # a refill draws its reserve in order: the k-th problem drawn is window[(mine + reserve)[k]]
-        local = self.engine.rollout([window[i] for i in mine], n, refill=refill, keys=mine + reserve) \
+        local = self.engine.rollout([window[i] for i in mine], group_size, refill=refill, keys=mine + reserve) \
             if mine else self._nothing_to_sample()
         drawn = (mine + reserve)[: len(local.groups)]
         return gathered_in_order(drawn, local, len(window))

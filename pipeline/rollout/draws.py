@@ -1,5 +1,5 @@
 """A rollout's rows: how a problem becomes a row and a finished row a trajectory (`RowCodec`), and the rollout's
-problems in draw order with their `n` rows each, each row's generator seeded by its key (`Draws`).
+problems in draw order with their `group_size` rows each, each row's generator seeded by its key (`Draws`).
 
 A row's key is its problem's place in the whole batch (by default its position in the draw order; a caller that
 samples part of a batch, one rank of `pipeline.distributed.sharding`, passes the places) and its index in the
@@ -63,10 +63,10 @@ class RowCodec:
 
 
 class Draws:
-    """A rollout's problems in draw order and their rows, `n` each (see the module)."""
+    """A rollout's problems in draw order and their rows, `group_size` each (see the module)."""
 
-    def __init__(self, rows: RowCodec, n: int, rollout_seed: int, keys: Ordered[int] | None = None) -> None:
-        self.rows, self.n, self.rollout_seed, self.keys = rows, n, rollout_seed, keys
+    def __init__(self, rows: RowCodec, group_size: int, rollout_seed: int, keys: Ordered[int] | None = None) -> None:
+        self.rows, self.group_size, self.rollout_seed, self.keys = rows, group_size, rollout_seed, keys
         self.problems: list[Problem] = []
         self.seqs: list[Sequence] = []
         self.unfinished: list[int] = []  # per problem: its rows still running
@@ -76,24 +76,24 @@ class Draws:
         first = len(self.problems)
         if self.keys is not None and first + len(problems) > len(self.keys):
             raise ValueError(f"the rollout drew {first + len(problems)} problems but was given {len(self.keys)} keys")
-        new = [self.rows.row(p) for p in problems for _ in range(self.n)]
+        new = [self.rows.row(p) for p in problems for _ in range(self.group_size)]
         for index, seq in enumerate(new, start=len(self.seqs)):  # one generator per row
-            k, j = divmod(index, self.n)
+            k, j = divmod(index, self.group_size)
             key = k if self.keys is None else self.keys[k]
-            seq.rng.manual_seed(self.rollout_seed * 100_003 + key * self.n + j)
+            seq.rng.manual_seed(self.rollout_seed * 100_003 + key * self.group_size + j)
             seq.draw_index = index
         self.problems += problems
         self.seqs += new
-        self.unfinished += [self.n] * len(problems)
+        self.unfinished += [self.group_size] * len(problems)
         return new
 
     def group_of(self, seq: Sequence) -> int:
         """The index of the row's problem."""
-        return seq.draw_index // self.n
+        return seq.draw_index // self.group_size
 
     def group(self, k: int) -> Group:
         """Problem k's finished group (built once)."""
         if k not in self._groups:
-            seqs = self.seqs[k * self.n:(k + 1) * self.n]
+            seqs = self.seqs[k * self.group_size:(k + 1) * self.group_size]
             self._groups[k] = Group(self.problems[k], tuple(self.rows.trajectory(s) for s in seqs))
         return self._groups[k]

@@ -91,11 +91,11 @@ class RolloutEngine:
         self.rollouts_started = 0  # seeds each rollout's generators (saved in checkpoints; evaluation sets it)
         self._schedule = schedule_for(cfg)  # resolved once
 
-    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+    def rollout(self, problems: list[Problem], group_size: int, *, temperature: float | None = None,
                 refill: Refill | None = None, keys: Ordered[int] | None = None) -> RolloutResult:
-        """Sample `n` trajectories per problem (synchronous wrapper around `arollout`)."""
+        """Sample `group_size` trajectories per problem (synchronous wrapper around `arollout`)."""
         try:
-            return self._runner.run(self.arollout(problems, n, temperature=temperature, refill=refill, keys=keys))
+            return self._runner.run(self.arollout(problems, group_size, temperature=temperature, refill=refill, keys=keys))
         except BaseException:  # e.g. a stage's SIGTERM, raised inside the loop: the rollout's task is left pending
             self._abandon_open_runs()  # and its decoder thread, waiting for it, would hold the process at exit
             raise
@@ -120,9 +120,9 @@ class RolloutEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def arollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+    async def arollout(self, problems: list[Problem], group_size: int, *, temperature: float | None = None,
                        refill: Refill | None = None, keys: Ordered[int] | None = None) -> RolloutResult:
-        """`n` trajectories per problem; with `refill`, each finished group is handed to it (on the
+        """`group_size` trajectories per problem; with `refill`, each finished group is handed to it (on the
         event loop, in the order groups finish) and the problems it returns are sampled too. `keys`: each
         problem's place in the whole batch, in draw order (the input problems, then the refills'); by default
         their positions here (see the module)."""
@@ -138,7 +138,7 @@ class RolloutEngine:
         self.rollouts_started += 1
         rollout_seed = self.seed * 1_000_003 + self.rollouts_started
         decoder = self.backend.decoder(params, seed=rollout_seed)
-        draws = Draws(self.rows, n, rollout_seed, keys)
+        draws = Draws(self.rows, group_size, rollout_seed, keys)
         draws.add(problems)
         tools = ToolRunner(self.tools, self.cfg.tool_concurrency)
         run = Episodes(draws, self.renderer, tools, self.limits, self._schedule, refill)

@@ -75,7 +75,7 @@ def group_reward(reward: RewardConfig, rollout: RolloutConfig, tepo: Tepo) -> Gr
 class Rollouts(Protocol):
     """A `RolloutEngine`, or `pipeline.distributed.sharding.ShardedRollouts` over one."""
 
-    def rollout(self, problems: list[Problem], n: int, *, temperature: float | None = None,
+    def rollout(self, problems: list[Problem], group_size: int, *, temperature: float | None = None,
                 refill: Refill | None = None) -> RolloutResult: ...
 
 
@@ -83,7 +83,7 @@ class Rollouts(Protocol):
 class ShardRollouts(Protocol):
     """`pipeline.distributed.sharding.ShardedRollouts`: rollouts of a window shared out among the ranks."""
 
-    def refilled_rollout(self, window: list[Problem], target: int, n: int,
+    def refilled_rollout(self, window: list[Problem], target: int, group_size: int,
                          rank_refill: Callable[[int, list[Problem]], Refill]) -> RolloutResult: ...
 
 

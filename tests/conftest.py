@@ -90,9 +90,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
-TIER_ORDER = ("e2e", "integration", "unit")
-
-
 def tier_of(item: pytest.Item) -> str:
     declared = [name for name in TIERS if item.get_closest_marker(name) is not None]
     if declared:
@@ -108,13 +105,5 @@ def tier_of(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tiers = {item: tier_of(item) for item in items}
-    for item, tier in tiers.items():
-        item.add_marker(tier)
-    # The heaviest files first, each file whole and in its own order: pytest-xdist's loadfile hands out files in
-    # this order, so the minutes-long end-to-end files start at once on both workers and the many short unit
-    # files fill the end (in file order the longest ones started last, leaving one worker idle for minutes)
-    heaviest = {}
-    for item, tier in tiers.items():
-        heaviest[item.path] = min(heaviest.get(item.path, len(TIER_ORDER)), TIER_ORDER.index(tier))
-    items.sort(key=lambda item: heaviest[item.path])
+    for item in items:
+        item.add_marker(tier_of(item))

@@ -44,7 +44,7 @@ def stage_layout(cfg: RunConfig, tools: tuple[ToolName, ...]) -> RankLayout | No
         raise SystemExit("the train stage launches its ranks itself (params: distributed.nproc_per_node, nnodes, "
                          "launcher): run `python -m flows.train` (or `dvc repro`) without torchrun or deepspeed")
     where = rank_layout(cfg.distributed)
-    needed = ("deepspeed", "mlflow", *cfg.rollout.sampler.packages)
+    needed = ("deepspeed", "mlflow", *cfg.rollout.generation.packages)
     if missing := lacking(where.python, needed):
         whose = "the stage's own Python" if where.python == sys.executable else "distributed.python"
         raise SystemExit(

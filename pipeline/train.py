@@ -179,7 +179,7 @@ def placed(cfg: RunConfig, model: PreTrainedModel, optimizer: torch.optim.Optimi
 
     # Under ZeRO-3 the trained parameters become shards: an in-process backend samples from a full copy (vLLM has
     # its own)
-    copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.sampler.in_process else None
+    copied = copy.deepcopy(model) if cfg.distributed.zero_stage == 3 and cfg.rollout.generation.in_process else None
     replicas = deepspeed_replicas(model, optimizer, cfg.distributed, cfg.train.update.micro_batch_size,
                                   cfg.train.optimizer.grad_clip, cfg.model.dtype, cfg.rollout)
     if copied is not None:  # the copy holds the weights as the engine trains them (DeepSpeed may have cast them)

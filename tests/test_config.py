@@ -94,14 +94,14 @@ def test_params_yaml_is_complete_at_every_depth(repo_root: Path) -> None:
 
 
 def test_the_rollout_backend_is_a_typed_choice_no_module_compares_by_name(repo_root: Path) -> None:
-    """What a run needs of its backend is read from `rollout.sampler` (`SamplerBackend`), said once in
+    """What a run needs of its backend is read from `rollout.generation` (`GenerationBackend`), said once in
     pipeline/config/rollout.py; a module that compared `rollout.backend` with a name would escape that."""
     from typing import get_args
 
     from pipeline.config.rollout import BACKENDS, RolloutConfig
 
     assert set(BACKENDS) == set(get_args(RolloutConfig.model_fields["backend"].annotation))
-    assert all(RolloutConfig(backend=name).sampler.name == name for name in BACKENDS)  # type: ignore[arg-type]
+    assert all(RolloutConfig(backend=name).generation.name == name for name in BACKENDS)  # type: ignore[arg-type]
     compared = re.compile(r"\.backend\s*(==|!=|\bin\b|\bnot in\b)")
     offenders = [f"{path}:{n}" for folder in ("pipeline", "flows", "sandbox")
                  for path in sorted((repo_root / folder).rglob("*.py"))

@@ -87,11 +87,11 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
                 "tool-output tokens were never sampled, so they have no sampling log-probs to form the importance "
                 "ratio with (train.update.mask_tool_output false needs train.update.logprobs_source recompute)"),
     Unsupported(("reward.tepo.kind", "rollout.backend"),
-                lambda c: c.reward.tepo.kind != "off" and not c.rollout.sampler.records_entropies,
+                lambda c: c.reward.tepo.kind != "off" and not c.rollout.generation.records_entropies,
                 "TEPO needs the sampling entropies, which the vllm backend does not record "
                 "(use rollout.backend hf or reward.tepo.kind off)"),
     Unsupported(("rollout.backend", "rollout.top_p", "rollout.temperature", "train.update.logprobs_source"),
-                lambda c: (not c.rollout.sampler.untruncated_logprobs and c.train.update.logprobs_source == "rollout"
+                lambda c: (not c.rollout.generation.untruncated_logprobs and c.train.update.logprobs_source == "rollout"
                            and vllm_logprobs_mode(c.rollout.temperature, c.rollout.top_p) is None),
                 "vLLM records log-probs renormalised over the nucleus at this temperature, which the update "
                 "would compare with untruncated ones (set train.update.logprobs_source recompute, rollout.top_p 1, "

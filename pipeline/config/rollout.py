@@ -17,7 +17,7 @@ from pipeline.config.tools import ChatToolsConfig, CodeToolEntry, SearchToolEntr
 
 
 @dataclass(frozen=True)
-class SamplerBackend:
+class GenerationBackend:
     """What the rest of a run needs to know about a generation backend, said once here so that no module
     compares `rollout.backend` with a name (`pipeline.rollout.backends.make_backend` builds the engine)."""
 
@@ -29,10 +29,10 @@ class SamplerBackend:
     packages: tuple[str, ...]  # what a process that builds it must import
 
 
-BACKENDS: dict[str, SamplerBackend] = {
-    "hf": SamplerBackend("hf", in_process=True, decoding_clock=True, records_entropies=True,
+BACKENDS: dict[str, GenerationBackend] = {
+    "hf": GenerationBackend("hf", in_process=True, decoding_clock=True, records_entropies=True,
                          untruncated_logprobs=True, packages=()),
-    "vllm": SamplerBackend("vllm", in_process=False, decoding_clock=False, records_entropies=False,
+    "vllm": GenerationBackend("vllm", in_process=False, decoding_clock=False, records_entropies=False,
                            untruncated_logprobs=False, packages=("vllm",)),
 }
 
@@ -125,7 +125,7 @@ class RolloutConfig(StageConfig):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig, description="Placement and memory of the vLLM engine.")
 
     @property
-    def sampler(self) -> SamplerBackend:
+    def generation(self) -> GenerationBackend:
         """The backend `backend` names, as the typed choice the rest of a run reads."""
         return BACKENDS[self.backend]
 

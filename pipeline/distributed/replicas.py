@@ -199,7 +199,7 @@ def deepspeed_replicas(model: PreTrainedModel, optimizer: torch.optim.Optimizer,
                        micro_batch_size: int, grad_clip: float, dtype: str,
                        rollout: RolloutConfig) -> DeepSpeedReplicas:
     """This rank of the data-parallel job `distributed` describes, for the training step; weights are pushed to the
-    rollout engine when it does not sample from the trained module (`rollout.sampler`)."""
+    rollout engine when it does not sample from the trained module (`rollout.generation`)."""
     engine = deepspeed_engine(model, optimizer, distributed, micro_batch_size, grad_clip, dtype)
-    return DeepSpeedReplicas(engine, push_to_rollout_engine=not rollout.sampler.in_process,
+    return DeepSpeedReplicas(engine, push_to_rollout_engine=not rollout.generation.in_process,
                              push_chunk_bytes=rollout.vllm.push_chunk_mib * 2**20)

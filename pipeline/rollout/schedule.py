@@ -245,6 +245,6 @@ def schedule_for(cfg: RolloutConfig) -> Callable[[RowQueue], Schedule]:
     requests itself, as they come). Resolved once; called with each rollout's queue."""
     if cfg.schedule == "turn-synchronous":
         return TurnSynchronous
-    if cfg.sampler.decoding_clock and cfg.readmit_after_steps > 0:
+    if cfg.generation.decoding_clock and cfg.readmit_after_steps > 0:
         return partial(Clocked, delay=cfg.readmit_after_steps)
     return OnArrival

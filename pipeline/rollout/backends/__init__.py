@@ -16,7 +16,7 @@ def make_backend(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg
     """The generation backend named by `rollout.backend`; vLLM is imported only when selected
     (a missing install raises `VLLMUnavailable` naming the fix). The vllm backend loads the model
     from its directory (`model.name_or_path`) and takes new weights through `update_weights`."""
-    if not cfg.sampler.in_process:
+    if not cfg.generation.in_process:
         from pipeline.rollout.backends.vllm import VLLMBackend
 
         # no mode matches the update's log-probs: the update recomputes them (config.combinations refuses the
